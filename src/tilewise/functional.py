@@ -1,0 +1,144 @@
+"""Public functional API: ``torch.library`` custom ops with autograd and fake-tensor support.
+
+Each op is a custom op so that ``torch.compile(fullgraph=True)`` treats it as one opaque node, and
+its backward is a custom op of its own so compiled backward graphs call the fused kernel too.
+Kernel-or-reference dispatch happens inside the op implementations (``tilewise.runtime.dispatch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from tilewise.ops import bias_act as _bias_act
+from tilewise.ops import layernorm as _layernorm
+
+__all__ = ["bias_act", "layer_norm"]
+
+
+def _fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
+    """Custom ops may not return an input: copy in the rare reference paths that would."""
+    return out.clone() if any(out is t for t in inputs) else out
+
+
+# --- bias + activation ------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tilewise::bias_act", mutates_args=())
+def _bias_act_op(x: Tensor, bias: Tensor | None, activation: str, dim: int) -> Tensor:
+    return _fresh(_bias_act.forward(x, bias, activation, dim), x)
+
+
+@_bias_act_op.register_fake
+def _(x, bias, activation, dim):
+    _bias_act.validate(x, bias, activation, dim)
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("tilewise::bias_act_backward", mutates_args=())
+def _bias_act_backward_op(
+    grad: Tensor, x: Tensor, bias: Tensor | None, activation: str, dim: int
+) -> tuple[Tensor, Tensor]:
+    dx, db = _bias_act.backward(grad, x, bias, activation, dim)
+    return _fresh(dx, grad, x), (db if db is not None else x.new_empty(0))
+
+
+@_bias_act_backward_op.register_fake
+def _(grad, x, bias, activation, dim):
+    db = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+    return torch.empty_like(x), db
+
+
+def _bias_act_setup(ctx, inputs, output):
+    x, bias, activation, dim = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.activation, ctx.dim = activation, dim
+
+
+def _bias_act_backward(ctx, grad):
+    x, bias = ctx.saved_tensors
+    dx, db = _bias_act_backward_op(grad, x, bias, ctx.activation, ctx.dim)
+    return dx, (db if bias is not None else None), None, None
+
+
+_bias_act_op.register_autograd(_bias_act_backward, setup_context=_bias_act_setup)
+
+
+def bias_act(x: Tensor, bias: Tensor | None = None, activation: str = "relu", dim: int = -1) -> Tensor:
+    """``act(x + bias)`` with ``bias`` broadcast along ``dim``, in one pass over memory.
+
+    ``activation`` is one of "none", "relu", "gelu" (erf form), "silu". ``bias`` may be fp32 with
+    a half-precision ``x`` (mixed precision); math is fp32, the output has ``x``'s dtype.
+    """
+    return _bias_act_op(x, bias, activation, dim)
+
+
+# --- layer norm -------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tilewise::layer_norm", mutates_args=())
+def _layer_norm_op(
+    x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None,
+    eps: float, relu: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _layernorm.forward(x, normalized_shape, weight, bias, eps, relu)
+
+
+@_layer_norm_op.register_fake
+def _(x, normalized_shape, weight, bias, eps, relu):
+    _layernorm.validate(x, normalized_shape, weight, bias)
+    rows = x.numel() // max(1, _layernorm.row_size(normalized_shape))
+    stats = x.new_empty((rows,), dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, stats.clone()
+
+
+@torch.library.custom_op("tilewise::layer_norm_backward", mutates_args=())
+def _layer_norm_backward_op(
+    grad: Tensor, x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
+    bias: Tensor | None, mean: Tensor, rstd: Tensor, relu: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = _layernorm.backward(grad, x, normalized_shape, weight, bias, mean, rstd, relu)
+    empty = x.new_empty(0)
+    return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
+
+
+@_layer_norm_backward_op.register_fake
+def _(grad, x, normalized_shape, weight, bias, mean, rstd, relu):
+    dw = torch.empty_like(weight) if weight is not None else x.new_empty(0)
+    db = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), dw, db
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, bias, eps, relu = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd)
+    ctx.normalized_shape, ctx.relu = list(normalized_shape), relu
+
+
+def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layer_norm_backward_op(
+        grad, x, ctx.normalized_shape, weight, bias, mean, rstd, ctx.relu
+    )
+    return (dx, None, dw if weight is not None else None, db if bias is not None else None,
+            None, None)
+
+
+_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+def layer_norm(
+    x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
+    bias: Tensor | None = None, eps: float = 1e-5, relu: bool = False,
+) -> Tensor:
+    """LayerNorm over the trailing ``normalized_shape`` dims, optionally followed by a fused ReLU.
+
+    Statistics and math are fp32; ``weight``/``bias`` may be fp32 with a half-precision ``x``.
+    """
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    y, _, _ = _layer_norm_op(x, list(normalized_shape), weight, bias, float(eps), bool(relu))
+    return y

@@ -1,0 +1,1 @@
+"""Kernels and host launch code, one module per op family."""

@@ -1,0 +1,192 @@
+"""Fused bias + activation: ``y = act(x + b)`` with ``b`` broadcast along one dim of ``x``.
+
+Forward is one pass over ``x`` (read) and ``y`` (write). Backward is one pass that reads ``dy`` and
+``x``, writes ``dx`` and reduces the bias gradient on chip into per-program fp32 partials, which a
+second tiny reduction sums (deterministic; no atomics).
+
+Layouts with a kernel: the bias dim is the innermost in memory, i.e. ``x`` contiguous with the
+bias on its last dim, or a 4-D channels_last ``x`` with the bias on dim 1 (conv outputs).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilewise.ops._common import (
+    TileConfig,
+    act_bwd,
+    act_fwd,
+    act_grad_reference,
+    act_reference,
+    activation_code,
+    next_pow2,
+    num_sms,
+)
+from tilewise.runtime import dispatch
+
+OP = "bias_act"
+
+
+@triton.jit
+def _bias_act_fwd_kernel(
+    x_ptr, b_ptr, y_ptr, M, N,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        z = z + b[None, :]
+    y = act_fwd(z, ACT)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bias_act_bwd_kernel(
+    dy_ptr, x_ptr, b_ptr, dx_ptr, dbp_ptr, M, N, ROWS_PER_PROG,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row0 = pid_m * ROWS_PER_PROG
+    for r in range(0, ROWS_PER_PROG, BLOCK_M):
+        rows = row0 + r + tl.arange(0, BLOCK_M)
+        mask = (rows[:, None] < M) & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z = z + b[None, :]
+        dz = act_bwd(dy, z, ACT)
+        dz = tl.where(mask, dz, 0.0)
+        tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
+        acc += tl.sum(dz, axis=0)
+    if HAS_BIAS:
+        tl.store(dbp_ptr + pid_m * N + cols, acc, mask=cmask)
+
+
+def reference(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1):
+    """Plain PyTorch ``act(x + b)``: the numerical reference and the eager baseline."""
+    z = x if bias is None else x + _broadcast(bias, x, dim)
+    return act_reference(z, activation)
+
+
+def reference_backward(dy, x, bias, activation: str, dim: int = -1):
+    """Plain PyTorch gradients of ``reference`` (fp32 math), returns (dx, dbias or None)."""
+    z = x.float() if bias is None else x.float() + _broadcast(bias.float(), x, dim)
+    dz = act_grad_reference(dy.float(), z, activation)
+    db = None
+    if bias is not None:
+        d = dim % x.ndim
+        db = dz.sum(dim=[i for i in range(x.ndim) if i != d]).to(bias.dtype)
+    return dz.to(x.dtype), db
+
+
+def _broadcast(bias: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    shape = [1] * x.ndim
+    shape[dim % x.ndim] = -1
+    return bias.view(shape)
+
+
+def _rows_view(t: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """[M, N] view of ``t`` with the bias dim innermost in memory, or None if there is none."""
+    d = dim % t.ndim
+    n = t.shape[d]
+    if d == t.ndim - 1 and t.is_contiguous():
+        return t.view(-1, n)
+    if t.ndim == 4 and d == 1 and t.is_contiguous(memory_format=torch.channels_last):
+        return t.permute(0, 2, 3, 1).reshape(-1, n)  # a view: this permutation is contiguous
+    return None
+
+
+def validate(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int) -> None:
+    """Raise ``ValueError`` naming the bad argument."""
+    activation_code(activation)
+    if not -x.ndim <= dim < x.ndim or x.ndim == 0:
+        raise ValueError(f"tilewise.{OP}: argument 'dim'={dim} is out of range for x.ndim={x.ndim}")
+    if bias is not None:
+        dispatch.check_same_device(OP, x=x, bias=bias)
+        dispatch.check_param_dtype(OP, x, bias=bias)
+        if bias.ndim != 1 or bias.shape[0] != x.shape[dim]:
+            raise ValueError(
+                f"tilewise.{OP}: argument 'bias' has shape {tuple(bias.shape)}, expected "
+                f"({x.shape[dim]},) to match x.shape[{dim}]"
+            )
+
+
+def _config(m: int, n: int, elem_bytes: int) -> TileConfig:
+    block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)
+    block_m = max(1, min(next_pow2(m), 4096 // block_n))
+    return TileConfig(block_m=block_m, block_n=block_n, num_warps=4)
+
+
+def _kernel_views(op: str, x: torch.Tensor, dim: int, *others: torch.Tensor):
+    if not dispatch.use_kernel(op, [x, *others]):
+        return None
+    views = [_rows_view(t, dim) for t in (x, *others)]
+    if any(v is None for v in views) or any(t.stride() != x.stride() for t in others):
+        dispatch.fallback(op, "layout: the bias dim must be innermost in memory "
+                          "(contiguous with bias on the last dim, or channels_last with dim=1)")
+        return None
+    return views
+
+
+def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu", dim: int = -1):
+    """``act(x + bias)``, bias broadcast along ``dim``; kernel or reference as dispatch decides."""
+    validate(x, bias, activation, dim)
+    views = _kernel_views(OP, x, dim)
+    if views is None:
+        return reference(x, bias, activation, dim)
+    y = torch.empty_like(x)
+    xv, yv = views[0], _rows_view(y, dim)
+    m, n = xv.shape
+    cfg = _config(m, n, x.element_size())
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    _bias_act_fwd_kernel[grid](
+        xv, xv if bias is None else bias, yv, m, n,
+        HAS_BIAS=bias is not None, ACT=activation_code(activation),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    )
+    return y
+
+
+def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activation: str,
+             dim: int = -1):
+    """Returns ``(dx, dbias)``; ``dbias`` is None when ``bias`` is None."""
+    validate(x, bias, activation, dim)
+    dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
+    if dy.shape != x.shape:
+        raise ValueError(f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, "
+                         f"expected {tuple(x.shape)}")
+    if dy.dtype != x.dtype or dy.stride() != x.stride():
+        dy = torch.empty_like(x).copy_(dy)  # x's dtype and memory layout
+    views = _kernel_views(OP + "_backward", x, dim, dy)
+    if views is None:
+        return reference_backward(dy, x, bias, activation, dim)
+    xv, dyv = views
+    dx = torch.empty_like(x)
+    dxv = _rows_view(dx, dim)
+    m, n = xv.shape
+    cfg = _config(m, n, x.element_size())
+    n_blocks = triton.cdiv(n, cfg.block_n)
+    progs_m = min(triton.cdiv(m, cfg.block_m), max(1, 8 * num_sms(x.device) // n_blocks))
+    rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), cfg.block_m) * cfg.block_m
+    progs_m = triton.cdiv(m, rows_per_prog)
+    partial = (torch.empty((progs_m, n), device=x.device, dtype=torch.float32)
+               if bias is not None else dxv)
+    _bias_act_bwd_kernel[(progs_m, n_blocks)](
+        dyv, xv, xv if bias is None else bias, dxv, partial, m, n, rows_per_prog,
+        HAS_BIAS=bias is not None, ACT=activation_code(activation),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    )
+    db = partial.sum(0).to(bias.dtype) if bias is not None else None
+    return dx, db

@@ -1,0 +1,309 @@
+"""LayerNorm over the trailing dims with an optional fused ReLU, forward and backward.
+
+Rows of up to ``MAX_FUSED_N`` elements are held on chip: forward is one read of ``x`` and one write
+of ``y``; backward one read of ``x`` and ``dy``, one write of ``dx``, with the weight and bias
+gradients reduced on chip into per-program fp32 partials (deterministic). Longer rows loop over
+chunks (``x`` is read twice per pass; the weight/bias gradients then use PyTorch reductions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from tilewise.ops._common import TileConfig, next_pow2, num_sms
+from tilewise.runtime import dispatch
+
+OP = "layer_norm"
+MAX_FUSED_N = 16384
+CHUNK_N = 4096
+
+
+@triton.jit
+def _ln_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if RELU:
+        y = tl.where(y < 0.0, 0.0, y)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=rmask)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _ln_fwd_looped_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * N
+    shift = tl.load(x_ptr + base).to(tl.float32)  # shifted sums keep the variance accurate
+    s1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + base + cols, mask=cols < N, other=0.0).to(tl.float32)
+        d = tl.where(cols < N, x - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    m1 = tl.sum(s1, axis=0) / N
+    var = tl.maximum(tl.sum(s2, axis=0) / N - m1 * m1, 0.0)
+    mean = shift + m1
+    rstd = 1.0 / tl.sqrt(var + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if RELU:
+            y = tl.where(y < 0.0, 0.0, y)
+        tl.store(y_ptr + base + cols, y.to(y_ptr.dtype.element_ty), mask=cmask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                  RELU: tl.constexpr):
+    """Per-tile pieces of the backward: (dy after the ReLU mask, xhat, dy * w)."""
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    if RELU:
+        y = xhat
+        if HAS_W:
+            y = y * w[None, :]
+        if HAS_B:
+            y = y + b[None, :]
+        dy = tl.where(y <= 0.0, 0.0, dy)
+    g = dy
+    if HAS_W:
+        g = dy * w[None, :]
+    return dy, xhat, g
+
+
+@triton.jit
+def _ln_bwd_kernel(
+    dy_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, dwp_ptr, dbp_ptr,
+    M, N, ROWS_PER_PROG,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
+    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row0 = pid * ROWS_PER_PROG
+    for r in range(0, ROWS_PER_PROG, BLOCK_M):
+        rows = row0 + r + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
+        c1 = tl.sum(xhat * g, axis=1) / N
+        c2 = tl.sum(g, axis=1) / N
+        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if HAS_B:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_W:
+        tl.store(dwp_ptr + pid * N + cols, dw_acc, mask=cmask)
+    if HAS_B:
+        tl.store(dbp_ptr + pid * N + cols, db_acc, mask=cmask)
+
+
+@triton.jit
+def _ln_bwd_looped_kernel(
+    dy_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, N,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * N
+    mean = tl.load(mean_ptr + row + tl.arange(0, 1))
+    rstd = tl.load(rstd_ptr + row + tl.arange(0, 1))
+    a1 = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    a2 = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = cmask[None, :]
+        dy = tl.load(dy_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
+        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
+        a1 += xhat * g
+        a2 += g
+    c1 = tl.sum(a1, axis=1) / N
+    c2 = tl.sum(a2, axis=1) / N
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = cmask[None, :]
+        dy = tl.load(dy_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
+        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
+        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + base + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def row_size(normalized_shape: Sequence[int]) -> int:
+    return math.prod(int(s) for s in normalized_shape)
+
+
+def validate(x, normalized_shape, weight, bias) -> None:
+    """Raise ``ValueError`` naming the bad argument."""
+    shape = tuple(int(s) for s in normalized_shape)
+    if len(shape) == 0 or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'normalized_shape'={list(shape)} must be the trailing dims "
+            f"of x, whose shape is {tuple(x.shape)}"
+        )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != shape:
+            raise ValueError(f"tilewise.{OP}: argument '{name}' has shape {tuple(p.shape)}, "
+                             f"expected {shape}")
+    dispatch.check_same_device(OP, x=x, weight=weight, bias=bias)
+    dispatch.check_param_dtype(OP, x, weight=weight, bias=bias)
+
+
+def _affine_relu(xhat, weight, bias, relu):
+    y = xhat if weight is None else xhat * weight.float()
+    y = y if bias is None else y + bias.float()
+    return torch.relu(y) if relu else y
+
+
+def reference(x, normalized_shape, weight, bias, eps: float, relu: bool):
+    """fp32-math PyTorch LayerNorm (+ReLU) returning (y, mean, rstd) like the kernel."""
+    n = row_size(normalized_shape)
+    xf = x.float().reshape(-1, n)
+    mean = xf.mean(dim=1)
+    rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(dim=1) + eps)
+    xhat = ((xf - mean[:, None]) * rstd[:, None]).view(x.shape)
+    y = _affine_relu(xhat, weight, bias, relu)
+    return y.to(x.dtype).contiguous(), mean, rstd
+
+
+def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool):
+    """PyTorch (fp32 math) gradients of ``reference``: (dx, dweight, dbias)."""
+    n = row_size(normalized_shape)
+    xf = x.float().reshape(-1, n)
+    xhat = (xf - mean[:, None]) * rstd[:, None]
+    w = weight.float().reshape(-1) if weight is not None else None
+    b = bias.float().reshape(-1) if bias is not None else None
+    g = dy.float().reshape(-1, n)
+    if relu:
+        g = torch.where(_affine_relu(xhat, w, b, False) <= 0, torch.zeros_like(g), g)
+    dw = (g * xhat).sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None
+    db = g.sum(0).view(bias.shape).to(bias.dtype) if bias is not None else None
+    gw = g * w if w is not None else g
+    c1 = (xhat * gw).mean(dim=1, keepdim=True)
+    c2 = gw.mean(dim=1, keepdim=True)
+    dx = ((gw - xhat * c1 - c2) * rstd[:, None]).view(x.shape).to(x.dtype)
+    return dx, dw, db
+
+
+def _config(m: int, n: int) -> TileConfig:
+    block_n = next_pow2(n)
+    block_m = max(1, min(next_pow2(m), 4096 // block_n))
+    warps = min(16, max(4, next_pow2(block_m * block_n // 512)))
+    return TileConfig(block_m=block_m, block_n=block_n, num_warps=warps)
+
+
+def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu: bool = False):
+    """Returns (y, mean, rstd); ``mean``/``rstd`` are fp32 per row, saved for the backward."""
+    validate(x, normalized_shape, weight, bias)
+    if not dispatch.use_kernel(OP, [x]):
+        return reference(x, normalized_shape, weight, bias, eps, relu)
+    n = row_size(normalized_shape)
+    xv = x.contiguous().view(-1, n)
+    m = xv.shape[0]
+    y = torch.empty_like(xv)
+    mean = torch.empty(m, device=x.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    w = weight.contiguous() if weight is not None else xv
+    b = bias.contiguous() if bias is not None else xv
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
+    if n <= MAX_FUSED_N:
+        cfg = _config(m, n)
+        _ln_fwd_kernel[(triton.cdiv(m, cfg.block_m),)](
+            xv, w, b, y, mean, rstd, m, n, eps, **flags,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        )
+    else:
+        _ln_fwd_looped_kernel[(m,)](xv, w, b, y, mean, rstd, n, eps, **flags,
+                                    BLOCK_N=CHUNK_N, num_warps=8)
+    return y.view(x.shape), mean, rstd
+
+
+def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = False):
+    """Returns (dx, dweight or None, dbias or None)."""
+    validate(x, normalized_shape, weight, bias)
+    dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
+    if dy.shape != x.shape:
+        raise ValueError(f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, "
+                         f"expected {tuple(x.shape)}")
+    if not dispatch.use_kernel(OP + "_backward", [x, dy]):
+        return reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu)
+    n = row_size(normalized_shape)
+    xv = x.contiguous().view(-1, n)
+    dyv = dy.to(x.dtype).contiguous().view(-1, n)
+    m = xv.shape[0]
+    dx = torch.empty_like(xv)
+    w = weight.contiguous() if weight is not None else xv
+    b = bias.contiguous() if bias is not None else xv
+    flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
+    if n > MAX_FUSED_N:
+        _ln_bwd_looped_kernel[(m,)](dyv, xv, w, b, mean, rstd, dx, n, **flags,
+                                    BLOCK_N=CHUNK_N, num_warps=8)
+        _, dw, db = reference_backward(dyv, xv, (n,), weight, bias, mean, rstd, relu)
+        dw = dw.view(weight.shape) if dw is not None else None
+        db = db.view(bias.shape) if db is not None else None
+        return dx.view(x.shape), dw, db
+    cfg = _config(m, n)
+    progs = min(triton.cdiv(m, cfg.block_m), 4 * num_sms(x.device))
+    rows_per_prog = triton.cdiv(triton.cdiv(m, progs), cfg.block_m) * cfg.block_m
+    progs = triton.cdiv(m, rows_per_prog)
+    dwp = torch.empty((progs, n), device=x.device, dtype=torch.float32)
+    dbp = torch.empty((progs, n), device=x.device, dtype=torch.float32)
+    _ln_bwd_kernel[(progs,)](
+        dyv, xv, w, b, mean, rstd, dx, dwp, dbp, m, n, rows_per_prog, **flags,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+    )
+    dw = dwp.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None
+    db = dbp.sum(0).view(bias.shape).to(bias.dtype) if bias is not None else None
+    return dx.view(x.shape), dw, db

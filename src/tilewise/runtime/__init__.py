@@ -1,0 +1,1 @@
+"""Dispatch between kernels and references; (later) CUDA-graph capture and config caches."""
