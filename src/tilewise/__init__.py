@@ -1,8 +1,8 @@
 """tilewise: Triton kernels and a low-overhead runtime for PyTorch convnets and MLPs."""
 
-from tilewise import functional
+from tilewise import functional, nn
 from tilewise.functional import bias_act, layer_norm
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "bias_act", "functional", "layer_norm"]
+__all__ = ["__version__", "bias_act", "functional", "layer_norm", "nn"]

@@ -66,7 +66,9 @@ def _bias_act_backward(ctx, grad):
 _bias_act_op.register_autograd(_bias_act_backward, setup_context=_bias_act_setup)
 
 
-def bias_act(x: Tensor, bias: Tensor | None = None, activation: str = "relu", dim: int = -1) -> Tensor:
+def bias_act(
+    x: Tensor, bias: Tensor | None = None, activation: str = "relu", dim: int = -1
+) -> Tensor:
     """``act(x + bias)`` with ``bias`` broadcast along ``dim``, in one pass over memory.
 
     ``activation`` is one of "none", "relu", "gelu" (erf form), "silu". ``bias`` may be fp32 with
@@ -80,8 +82,12 @@ def bias_act(x: Tensor, bias: Tensor | None = None, activation: str = "relu", di
 
 @torch.library.custom_op("tilewise::layer_norm", mutates_args=())
 def _layer_norm_op(
-    x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None, bias: Tensor | None,
-    eps: float, relu: bool,
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _layernorm.forward(x, normalized_shape, weight, bias, eps, relu)
 
@@ -96,8 +102,14 @@ def _(x, normalized_shape, weight, bias, eps, relu):
 
 @torch.library.custom_op("tilewise::layer_norm_backward", mutates_args=())
 def _layer_norm_backward_op(
-    grad: Tensor, x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
-    bias: Tensor | None, mean: Tensor, rstd: Tensor, relu: bool,
+    grad: Tensor,
+    x: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = _layernorm.backward(grad, x, normalized_shape, weight, bias, mean, rstd, relu)
     empty = x.new_empty(0)
@@ -123,16 +135,26 @@ def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
     dx, dw, db = _layer_norm_backward_op(
         grad, x, ctx.normalized_shape, weight, bias, mean, rstd, ctx.relu
     )
-    return (dx, None, dw if weight is not None else None, db if bias is not None else None,
-            None, None)
+    return (
+        dx,
+        None,
+        dw if weight is not None else None,
+        db if bias is not None else None,
+        None,
+        None,
+    )
 
 
 _layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
 
 
 def layer_norm(
-    x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
-    bias: Tensor | None = None, eps: float = 1e-5, relu: bool = False,
+    x: Tensor,
+    normalized_shape: Sequence[int] | int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    relu: bool = False,
 ) -> Tensor:
     """LayerNorm over the trailing ``normalized_shape`` dims, optionally followed by a fused ReLU.
 

@@ -1,4 +1,4 @@
-"""One table of ops: problem parameters, input makers, tilewise and reference callables, bytes, flops.
+"""The op registry: params, inputs, tilewise and reference callables, bytes and flops.
 
 Tests and benchmarks iterate over ``OPS`` instead of knowing each op, so adding an op here makes it
 measurable by ``tilewise bench`` and checkable by the generic tests.

@@ -12,8 +12,9 @@ from tilewise.ops._common import activation_code
 class BiasAct(nn.Module):
     """A learnable bias added along ``dim`` and an activation, fused: ``act(x + bias)``."""
 
-    def __init__(self, num_features: int, activation: str = "relu", dim: int = -1,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self, num_features: int, activation: str = "relu", dim: int = -1, device=None, dtype=None
+    ) -> None:
         super().__init__()
         activation_code(activation)
         self.activation, self.dim = activation, dim
@@ -29,10 +30,24 @@ class BiasAct(nn.Module):
 class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` with tilewise kernels and an optional fused ReLU after the affine."""
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, relu: bool = False, device=None, dtype=None) -> None:
-        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine,
-                         bias=bias, device=device, dtype=dtype)
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        relu: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(
+            normalized_shape,
+            eps=eps,
+            elementwise_affine=elementwise_affine,
+            bias=bias,
+            device=device,
+            dtype=dtype,
+        )
         self.relu = relu
 
     @classmethod

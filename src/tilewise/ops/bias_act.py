@@ -24,15 +24,22 @@ from tilewise.ops._common import (
     next_pow2,
     num_sms,
 )
-from tilewise.runtime import dispatch
+from tilewise.runtime import alloc, dispatch
 
 OP = "bias_act"
 
 
 @triton.jit
 def _bias_act_fwd_kernel(
-    x_ptr, b_ptr, y_ptr, M, N,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,8 +55,18 @@ def _bias_act_fwd_kernel(
 
 @triton.jit
 def _bias_act_bwd_kernel(
-    dy_ptr, x_ptr, b_ptr, dx_ptr, dbp_ptr, M, N, ROWS_PER_PROG,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    dy_ptr,
+    x_ptr,
+    b_ptr,
+    dx_ptr,
+    dbp_ptr,
+    M,
+    N,
+    ROWS_PER_PROG,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -134,8 +151,11 @@ def _kernel_views(op: str, x: torch.Tensor, dim: int, *others: torch.Tensor):
         return None
     views = [_rows_view(t, dim) for t in (x, *others)]
     if any(v is None for v in views) or any(t.stride() != x.stride() for t in others):
-        dispatch.fallback(op, "layout: the bias dim must be innermost in memory "
-                          "(contiguous with bias on the last dim, or channels_last with dim=1)")
+        dispatch.fallback(
+            op,
+            "layout: the bias dim must be innermost in memory "
+            "(contiguous with bias on the last dim, or channels_last with dim=1)",
+        )
         return None
     return views
 
@@ -146,34 +166,43 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
     views = _kernel_views(OP, x, dim)
     if views is None:
         return reference(x, bias, activation, dim)
-    y = torch.empty_like(x)
+    y = alloc.empty_like(x)
     xv, yv = views[0], _rows_view(y, dim)
     m, n = xv.shape
     cfg = _config(m, n, x.element_size())
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
     _bias_act_fwd_kernel[grid](
-        xv, xv if bias is None else bias, yv, m, n,
-        HAS_BIAS=bias is not None, ACT=activation_code(activation),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        xv,
+        xv if bias is None else bias,
+        yv,
+        m,
+        n,
+        HAS_BIAS=bias is not None,
+        ACT=activation_code(activation),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
     )
     return y
 
 
-def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activation: str,
-             dim: int = -1):
+def backward(
+    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1
+):
     """Returns ``(dx, dbias)``; ``dbias`` is None when ``bias`` is None."""
     validate(x, bias, activation, dim)
     dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
     if dy.shape != x.shape:
-        raise ValueError(f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, "
-                         f"expected {tuple(x.shape)}")
+        raise ValueError(
+            f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, expected {tuple(x.shape)}"
+        )
     if dy.dtype != x.dtype or dy.stride() != x.stride():
-        dy = torch.empty_like(x).copy_(dy)  # x's dtype and memory layout
+        dy = alloc.empty_like(x).copy_(dy)  # x's dtype and memory layout
     views = _kernel_views(OP + "_backward", x, dim, dy)
     if views is None:
         return reference_backward(dy, x, bias, activation, dim)
     xv, dyv = views
-    dx = torch.empty_like(x)
+    dx = alloc.empty_like(x)
     dxv = _rows_view(dx, dim)
     m, n = xv.shape
     cfg = _config(m, n, x.element_size())
@@ -181,12 +210,23 @@ def backward(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activ
     progs_m = min(triton.cdiv(m, cfg.block_m), max(1, 8 * num_sms(x.device) // n_blocks))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = triton.cdiv(m, rows_per_prog)
-    partial = (torch.empty((progs_m, n), device=x.device, dtype=torch.float32)
-               if bias is not None else dxv)
+    partial = (
+        alloc.empty((progs_m, n), device=x.device, dtype=torch.float32) if bias is not None else dxv
+    )
     _bias_act_bwd_kernel[(progs_m, n_blocks)](
-        dyv, xv, xv if bias is None else bias, dxv, partial, m, n, rows_per_prog,
-        HAS_BIAS=bias is not None, ACT=activation_code(activation),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        dyv,
+        xv,
+        xv if bias is None else bias,
+        dxv,
+        partial,
+        m,
+        n,
+        rows_per_prog,
+        HAS_BIAS=bias is not None,
+        ACT=activation_code(activation),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
     )
     db = partial.sum(0).to(bias.dtype) if bias is not None else None
     return dx, db

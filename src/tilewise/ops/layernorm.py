@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from tilewise.ops._common import TileConfig, next_pow2, num_sms
-from tilewise.runtime import dispatch
+from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
 MAX_FUSED_N = 16384
@@ -25,9 +25,20 @@ CHUNK_N = 4096
 
 @triton.jit
 def _ln_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -53,8 +64,18 @@ def _ln_fwd_kernel(
 
 @triton.jit
 def _ln_fwd_looped_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    N,
+    eps,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = row.to(tl.int64) * N
@@ -88,8 +109,9 @@ def _ln_fwd_looped_kernel(
 
 
 @triton.jit
-def _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                  RELU: tl.constexpr):
+def _ln_grad_tile(
+    dy, x, mean, rstd, w, b, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr
+):
     """Per-tile pieces of the backward: (dy after the ReLU mask, xhat, dy * w)."""
     xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
     if RELU:
@@ -107,10 +129,23 @@ def _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W: tl.constexpr, HAS_B: tl.
 
 @triton.jit
 def _ln_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, dwp_ptr, dbp_ptr,
-    M, N, ROWS_PER_PROG,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dwp_ptr,
+    dbp_ptr,
+    M,
+    N,
+    ROWS_PER_PROG,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -146,8 +181,18 @@ def _ln_bwd_kernel(
 
 @triton.jit
 def _ln_bwd_looped_kernel(
-    dy_ptr, x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, N,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr, BLOCK_N: tl.constexpr,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RELU: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     row = tl.program_id(0)
     base = row.to(tl.int64) * N
@@ -188,15 +233,16 @@ def row_size(normalized_shape: Sequence[int]) -> int:
 def validate(x, normalized_shape, weight, bias) -> None:
     """Raise ``ValueError`` naming the bad argument."""
     shape = tuple(int(s) for s in normalized_shape)
-    if len(shape) == 0 or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+    if len(shape) == 0 or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape) :]) != shape:
         raise ValueError(
             f"tilewise.{OP}: argument 'normalized_shape'={list(shape)} must be the trailing dims "
             f"of x, whose shape is {tuple(x.shape)}"
         )
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(p.shape) != shape:
-            raise ValueError(f"tilewise.{OP}: argument '{name}' has shape {tuple(p.shape)}, "
-                             f"expected {shape}")
+            raise ValueError(
+                f"tilewise.{OP}: argument '{name}' has shape {tuple(p.shape)}, expected {shape}"
+            )
     dispatch.check_same_device(OP, x=x, weight=weight, bias=bias)
     dispatch.check_param_dtype(OP, x, weight=weight, bias=bias)
 
@@ -252,21 +298,33 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
     n = row_size(normalized_shape)
     xv = x.contiguous().view(-1, n)
     m = xv.shape[0]
-    y = torch.empty_like(xv)
-    mean = torch.empty(m, device=x.device, dtype=torch.float32)
-    rstd = torch.empty_like(mean)
+    y = alloc.empty_like(xv)
+    mean = alloc.empty(m, device=x.device, dtype=torch.float32)
+    rstd = alloc.empty_like(mean)
     w = weight.contiguous() if weight is not None else xv
     b = bias.contiguous() if bias is not None else xv
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n <= MAX_FUSED_N:
         cfg = _config(m, n)
         _ln_fwd_kernel[(triton.cdiv(m, cfg.block_m),)](
-            xv, w, b, y, mean, rstd, m, n, eps, **flags,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            xv,
+            w,
+            b,
+            y,
+            mean,
+            rstd,
+            m,
+            n,
+            eps,
+            **flags,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
         )
     else:
-        _ln_fwd_looped_kernel[(m,)](xv, w, b, y, mean, rstd, n, eps, **flags,
-                                    BLOCK_N=CHUNK_N, num_warps=8)
+        _ln_fwd_looped_kernel[(m,)](
+            xv, w, b, y, mean, rstd, n, eps, **flags, BLOCK_N=CHUNK_N, num_warps=8
+        )
     return y.view(x.shape), mean, rstd
 
 
@@ -275,21 +333,23 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     validate(x, normalized_shape, weight, bias)
     dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
     if dy.shape != x.shape:
-        raise ValueError(f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, "
-                         f"expected {tuple(x.shape)}")
+        raise ValueError(
+            f"tilewise.{OP}: argument 'grad' has shape {tuple(dy.shape)}, expected {tuple(x.shape)}"
+        )
     if not dispatch.use_kernel(OP + "_backward", [x, dy]):
         return reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu)
     n = row_size(normalized_shape)
     xv = x.contiguous().view(-1, n)
     dyv = dy.to(x.dtype).contiguous().view(-1, n)
     m = xv.shape[0]
-    dx = torch.empty_like(xv)
+    dx = alloc.empty_like(xv)
     w = weight.contiguous() if weight is not None else xv
     b = bias.contiguous() if bias is not None else xv
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n > MAX_FUSED_N:
-        _ln_bwd_looped_kernel[(m,)](dyv, xv, w, b, mean, rstd, dx, n, **flags,
-                                    BLOCK_N=CHUNK_N, num_warps=8)
+        _ln_bwd_looped_kernel[(m,)](
+            dyv, xv, w, b, mean, rstd, dx, n, **flags, BLOCK_N=CHUNK_N, num_warps=8
+        )
         _, dw, db = reference_backward(dyv, xv, (n,), weight, bias, mean, rstd, relu)
         dw = dw.view(weight.shape) if dw is not None else None
         db = db.view(bias.shape) if db is not None else None
@@ -298,11 +358,25 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     progs = min(triton.cdiv(m, cfg.block_m), 4 * num_sms(x.device))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = triton.cdiv(m, rows_per_prog)
-    dwp = torch.empty((progs, n), device=x.device, dtype=torch.float32)
-    dbp = torch.empty((progs, n), device=x.device, dtype=torch.float32)
+    dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+    dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
     _ln_bwd_kernel[(progs,)](
-        dyv, xv, w, b, mean, rstd, dx, dwp, dbp, m, n, rows_per_prog, **flags,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        dyv,
+        xv,
+        w,
+        b,
+        mean,
+        rstd,
+        dx,
+        dwp,
+        dbp,
+        m,
+        n,
+        rows_per_prog,
+        **flags,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
     )
     dw = dwp.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None
     db = dbp.sum(0).view(bias.shape).to(bias.dtype) if bias is not None else None

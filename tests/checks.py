@@ -1,0 +1,42 @@
+"""Shared judging helpers: the three-way tolerance rule and device/dtype parametrization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CPU_DTYPES = [torch.float32, torch.float16]  # the interpreter gets bf16 wrong
+
+# (device, dtype) cases: tiny shapes through the interpreter on CPU; all dtypes on the GPU.
+DEVICE_DTYPES = [pytest.param("cpu", dt, id=f"cpu-{str(dt)[6:]}") for dt in CPU_DTYPES] + [
+    pytest.param("cuda", dt, id=f"cuda-{str(dt)[6:]}", marks=pytest.mark.gpu)
+    for dt in (torch.float32, torch.float16, torch.bfloat16)
+]
+
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def assert_three_way(out, out_torch, ref64, atol: float, what: str, seed: int | None = None):
+    """``|out - ref| <= 2 |out_torch - ref| + atol`` elementwise, ``ref`` computed in fp64.
+
+    NaN in ``ref`` must be NaN in ``out``; NaN anywhere else fails.
+    """
+    assert out.shape == ref64.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
+    o, t, r = out.detach().double().cpu(), out_torch.detach().double().cpu(), ref64.double().cpu()
+    ref_nan = torch.isnan(r)
+    assert torch.equal(torch.isnan(o), ref_nan), f"{what}: NaN pattern differs (seed {seed})"
+    finite = ~ref_nan
+    err = (o - r).abs()[finite]
+    bound = (2 * (t - r).abs() + atol)[finite]
+    bad = ~(err <= bound)
+    if bad.any():
+        worst = (err - bound).argmax()
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{bad.numel()} elements outside the three-way bound; "
+            f"worst err {err[worst].item():.3e} > bound {bound[worst].item():.3e} (seed {seed})"
+        )
+
+
+def leaf(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    """A fresh leaf copy that requires grad (optionally cast)."""
+    return t.detach().to(dtype or t.dtype).clone().requires_grad_(True)

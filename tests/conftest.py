@@ -1,0 +1,37 @@
+"""Test setup: CPU runs use the Triton interpreter so the real kernels execute on tiny shapes."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must happen before tilewise (and its @triton.jit kernels) is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from tilewise.runtime import alloc  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs these)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_outputs():
+    """Every kernel output starts as NaN, so an element the kernel forgot to write fails."""
+    with alloc.poison_outputs():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def rng_seed():
+    """A fresh seed per test, so every run draws new inputs; failures print it."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    return seed

@@ -1,0 +1,166 @@
+"""Fused bias + activation: forward and gradients against fp64, layouts, fallbacks, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
+
+import tilewise
+from tilewise.ops import bias_act as ops
+from tilewise.runtime import dispatch
+
+ACTS = ["none", "relu", "gelu", "silu"]
+SHAPES = [(1, 1), (3, 5), (37, 19), (2, 3, 130), (5, 64)]
+GPU_SHAPES = [(4097, 4096), (3, 100_003), (1000, 77)]
+
+
+def _run_case(x0, b0, activation, dim, dtype, seed):
+    """Forward + backward through tilewise, torch in ``dtype`` and torch in fp64; judge all."""
+    grad = torch.randn_like(x0, dtype=dtype)
+    outs = {}
+    for name, dt, fn in (
+        ("tw", dtype, tilewise.bias_act),
+        ("torch", dtype, ops.reference),
+        ("ref", torch.float64, ops.reference),
+    ):
+        x, b = leaf(x0, dt), (leaf(b0, dt) if b0 is not None else None)
+        if name == "tw" and x0.dim() == 4 and x0.is_contiguous(memory_format=torch.channels_last):
+            x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+        y = fn(x, b, activation, dim)
+        y.backward(grad.to(dt))
+        outs[name] = (y, x.grad, b.grad if b is not None else None)
+    atol = ATOL[dtype]
+    for i, what in enumerate(("y", "dx", "dbias")):
+        if outs["tw"][i] is None:
+            continue
+        scale = x0.numel() / x0.shape[dim] if what == "dbias" else 1.0
+        assert_three_way(
+            outs["tw"][i],
+            outs["torch"][i],
+            outs["ref"][i],
+            atol * max(1.0, scale**0.5),
+            f"bias_act {activation} {what}",
+            seed,
+        )
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_forward_backward(device, dtype, activation, has_bias, rng_seed):
+    shapes = SHAPES if device == "cpu" else SHAPES + GPU_SHAPES
+    for shape in shapes:
+        x = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn(shape[-1], device=device, dtype=dtype) if has_bias else None
+        _run_case(x, b, activation, -1, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_channels_last_bias_on_dim1(device, dtype, rng_seed):
+    x = torch.randn(2, 6, 3, 5, device=device, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+    b = torch.randn(6, device=device, dtype=dtype)
+    assert dispatch.use_kernel("bias_act", [x]) == (device == "cuda" or dispatch.INTERPRET)
+    assert ops._rows_view(x, 1) is not None, "channels_last with dim=1 must take the kernel path"
+    _run_case(x, b, "silu", 1, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("layout", ["nchw_dim1", "transposed"])
+def test_unsupported_layouts_fall_back_correctly(layout, caplog, rng_seed):
+    x = torch.randn(2, 6, 3, 5) if layout == "nchw_dim1" else torch.randn(7, 9).t()
+    dim = 1 if layout == "nchw_dim1" else -1
+    assert ops._rows_view(x, dim) is None
+    b = torch.randn(x.shape[dim])
+    with caplog.at_level("WARNING", logger="tilewise"):
+        _run_case(x, b, "gelu", dim, torch.float32, rng_seed)
+
+
+def test_mixed_precision_fp32_bias(rng_seed):
+    x = torch.randn(9, 24, dtype=torch.float16)
+    b = torch.randn(24, dtype=torch.float32)
+    y = tilewise.bias_act(x, b, "relu")
+    assert y.dtype == torch.float16
+    ref = torch.relu(x.double() + b.double())
+    torch_same = torch.relu(x + b.half())
+    assert_three_way(y, torch_same, ref, ATOL[torch.float16], "mixed bias", rng_seed)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_nan_inf_propagate(activation):
+    x = torch.randn(4, 8)
+    x[0, 1], x[1, 2], x[2, 3] = float("nan"), float("inf"), float("-inf")
+    b = torch.zeros(8)
+    y = tilewise.bias_act(x, b, activation)
+    expect = ops.reference(x, b, activation)
+    assert torch.isnan(y[0, 1])
+    if activation in ("none", "relu"):  # gelu/silu at +-inf differ between PyTorch backends
+        assert torch.equal(y.isnan(), expect.isnan()) and torch.equal(y.isinf(), expect.isinf())
+    finite = torch.ones_like(x, dtype=torch.bool)
+    finite[0, 1] = finite[1, 2] = finite[2, 3] = False
+    torch.testing.assert_close(y[finite], expect[finite])
+
+
+def test_bad_input_names_the_argument():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.bias_act(x, torch.randn(7))
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.bias_act(x, torch.randn(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.bias_act(x, torch.randn(8, device="meta"))
+    with pytest.raises(ValueError, match="'activation'"):
+        tilewise.bias_act(x, torch.randn(8), "tanh")
+    with pytest.raises(ValueError, match="'dim'"):
+        tilewise.bias_act(x, torch.randn(8), "relu", dim=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="GPU runs do not use the interpreter")
+def test_kernel_runs_on_cpu_interpreter():
+    """CPU tests must exercise the Triton kernel, not the reference."""
+    x = torch.randn(3, 8)
+    assert dispatch.INTERPRET, "tests must run with TRITON_INTERPRET=1 on CPU"
+    assert dispatch.use_kernel("bias_act", [x])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    x = torch.randn(5, 12, device=device, requires_grad=True)
+    b = torch.randn(12, device=device, requires_grad=True)
+    torch.library.opcheck(tilewise.functional._bias_act_op, (x, b, "gelu", -1))
+    torch.library.opcheck(tilewise.functional._bias_act_op, (x, None, "relu", -1))
+    g = torch.randn(5, 12, device=device)
+    torch.library.opcheck(
+        tilewise.functional._bias_act_backward_op, (g, x.detach(), b.detach(), "silu", -1)
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph(device, rng_seed):
+    backend = "inductor" if device == "cuda" else "aot_eager"  # CPU: no C++ build in CI
+
+    def f(x, b):
+        return tilewise.bias_act(x * 2.0, b, "silu").sum()
+
+    x = torch.randn(6, 16, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    out = compiled(x, b)
+    out.backward()
+    gx, gb = x.grad.clone(), b.grad.clone()
+    x.grad = b.grad = None
+    f(x, b).backward()
+    torch.testing.assert_close(out, f(x, b))
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gb, b.grad)
+
+
+def test_module_drop_in(rng_seed):
+    m = tilewise.nn.BiasAct(10, activation="gelu")
+    with torch.no_grad():
+        m.bias.normal_()
+    x = torch.randn(3, 10)
+    torch.testing.assert_close(m(x), torch.nn.functional.gelu(x + m.bias))
+    with pytest.raises(ValueError, match="'activation'"):
+        tilewise.nn.BiasAct(10, activation="bad")

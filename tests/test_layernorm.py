@@ -1,0 +1,191 @@
+"""LayerNorm (+ fused ReLU): forward and x/weight/bias gradients against fp64, both kernel paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
+
+import tilewise
+from tilewise.ops import layernorm as ops
+
+# (x shape, normalized_shape)
+CASES = [
+    ((1, 1), (1,)),
+    ((3, 7), (7,)),
+    ((5, 7, 33), (7, 33)),
+    ((4, 130), (130,)),
+    ((2, 3, 64), (64,)),
+]
+GPU_CASES = [
+    ((4099, 4096), (4096,)),
+    ((33, 256, 102), (256, 102)),
+    ((777, 1000), (1000,)),
+    ((5, 256, 1008), (256, 1008)),
+]
+
+
+def _torch_ln(x, shape, w, b, relu):
+    y = torch.nn.functional.layer_norm(x, shape, w, b)
+    return torch.relu(y) if relu else y
+
+
+def _run_case(x0, shape, affine, relu, dtype, param_dtype, seed, offset=0.0):
+    x0 = x0 + offset
+    w0 = 1.0 + 0.5 * torch.randn(shape, device=x0.device) if affine in ("w", "wb") else None
+    b0 = 0.5 * torch.randn(shape, device=x0.device) if affine == "wb" else None
+    grad = torch.randn_like(x0, dtype=dtype)
+    outs = {}
+    for name, dt, pdt in (
+        ("tw", dtype, param_dtype),
+        ("torch", dtype, dtype),
+        ("ref", torch.float64, torch.float64),
+    ):
+        x = leaf(x0, dt)
+        w = leaf(w0, pdt) if w0 is not None else None
+        b = leaf(b0, pdt) if b0 is not None else None
+        if name == "tw":
+            y = tilewise.layer_norm(x, shape, w, b, relu=relu)
+        else:
+            y = _torch_ln(x, shape, w, b, relu)
+        y.backward(grad.to(dt))
+        outs[name] = (
+            y,
+            x.grad,
+            w.grad if w is not None else None,
+            b.grad if b is not None else None,
+        )
+    rows = x0.numel() // ops.row_size(shape)
+    atol = ATOL[dtype] * (1 + abs(offset))
+    for i, what in enumerate(("y", "dx", "dweight", "dbias")):
+        if outs["tw"][i] is None:
+            continue
+        a = atol * max(1.0, rows**0.5) if what in ("dweight", "dbias") else atol
+        assert_three_way(
+            outs["tw"][i],
+            outs["torch"][i],
+            outs["ref"][i],
+            a * 4,
+            f"layer_norm relu={relu} affine={affine} {what}",
+            seed,
+        )
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+def test_forward_backward(device, dtype, relu, affine, rng_seed):
+    cases = CASES if device == "cpu" else CASES + GPU_CASES
+    for xshape, shape in cases:
+        x = torch.randn(xshape, device=device, dtype=torch.float32)
+        _run_case(x, shape, affine, relu, dtype, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_looped_path_long_rows(device, dtype, monkeypatch, rng_seed):
+    """Rows over MAX_FUSED_N take the chunked kernels; shrink the limit to test them small."""
+    if device == "cpu":
+        monkeypatch.setattr(ops, "MAX_FUSED_N", 16)
+        monkeypatch.setattr(ops, "CHUNK_N", 8)
+        cases = [((3, 37), (37,)), ((2, 5, 9), (5, 9))]
+    else:
+        cases = [((7, 40_000), (40_000,)), ((3, 256, 1008), (256, 1008))]
+    for relu in (False, True):
+        for xshape, shape in cases:
+            x = torch.randn(xshape, device=device)
+            _run_case(x, shape, "wb", relu, dtype, dtype, rng_seed, offset=20.0)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_fp32_params_with_half_input(device, dtype, rng_seed):
+    if dtype == torch.float32:
+        pytest.skip("mixed precision case is for half inputs")
+    x = torch.randn(6, 48, device=device)
+    w0 = 1.0 + 0.5 * torch.randn(48, device=device)
+    b0 = 0.5 * torch.randn(48, device=device)
+    y = tilewise.layer_norm(x.to(dtype), (48,), w0, b0, relu=True)
+    assert y.dtype == dtype
+    ref = torch.relu(
+        torch.nn.functional.layer_norm(x.to(dtype).double(), (48,), w0.double(), b0.double())
+    )
+    same = torch.relu(
+        torch.nn.functional.layer_norm(x.to(dtype), (48,), w0.to(dtype), b0.to(dtype))
+    )
+    assert_three_way(y, same, ref, ATOL[dtype] * 4, "layer_norm mixed", rng_seed)
+
+
+def test_non_contiguous_input(rng_seed):
+    x = torch.randn(16, 6).t()  # [6, 16], not contiguous
+    _run_case(x, (16,), "wb", False, torch.float32, torch.float32, rng_seed)
+
+
+def test_nan_row_stays_nan_others_finite():
+    x = torch.randn(4, 10)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("inf")
+    y = tilewise.layer_norm(x, (10,))
+    ref = torch.nn.functional.layer_norm(x, (10,))
+    assert torch.equal(y.isnan(), ref.isnan())
+    torch.testing.assert_close(y[[0, 3]], ref[[0, 3]])
+
+
+def test_bad_input_names_the_argument():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="'normalized_shape'"):
+        tilewise.layer_norm(x, (7,))
+    with pytest.raises(ValueError, match="'weight'"):
+        tilewise.layer_norm(x, (8,), torch.ones(7))
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.layer_norm(x, (8,), torch.ones(8), torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'weight'"):
+        tilewise.layer_norm(x, (8,), torch.ones(8, device="meta"))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    x = torch.randn(5, 3, 12, device=device, requires_grad=True)
+    w = torch.randn(3, 12, device=device, requires_grad=True)
+    b = torch.randn(3, 12, device=device, requires_grad=True)
+    op = tilewise.functional._layer_norm_op
+    torch.library.opcheck(op, (x, [3, 12], w, b, 1e-5, True))
+    torch.library.opcheck(op, (x, [12], None, None, 1e-5, False))
+    y, mean, rstd = op(x.detach(), [3, 12], w.detach(), b.detach(), 1e-5, False)
+    g = torch.randn_like(y)
+    torch.library.opcheck(
+        tilewise.functional._layer_norm_backward_op,
+        (g, x.detach(), [3, 12], w.detach(), b.detach(), mean, rstd, False),
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph(device, rng_seed):
+    backend = "inductor" if device == "cuda" else "aot_eager"  # CPU: no C++ build in CI
+    m = tilewise.nn.LayerNorm(32, relu=True).to(device)
+    x = torch.randn(8, 32, device=device, requires_grad=True)
+    compiled = torch.compile(lambda t: m(t * 3.0).square().sum(), backend=backend, fullgraph=True)
+    out = compiled(x)
+    out.backward()
+    gx, gw = x.grad.clone(), m.weight.grad.clone()
+    x.grad = None
+    m.weight.grad = None
+    ref = m(x * 3.0).square().sum()
+    ref.backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, m.weight.grad)
+
+
+def test_module_drop_in_shares_parameters(rng_seed):
+    base = torch.nn.LayerNorm((4, 6))
+    with torch.no_grad():
+        base.weight.normal_()
+        base.bias.normal_()
+    m = tilewise.nn.LayerNorm.from_torch(base)
+    assert m.weight is base.weight and m.bias is base.bias
+    assert isinstance(m, torch.nn.LayerNorm)
+    x = torch.randn(3, 4, 6)
+    torch.testing.assert_close(m(x), base(x))
+    fused = tilewise.nn.LayerNorm((4, 6), relu=True, bias=False)
+    torch.testing.assert_close(
+        fused(x), torch.relu(torch.nn.functional.layer_norm(x, (4, 6), fused.weight))
+    )
