@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# On a CUDA machine with no network whose python3 already has torch, triton, numpy, matplotlib
+# and pytest: install tilewise without fetching anything, run the GPU tests, run the benchmarks
+# named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
+# print a short summary table last.
+#   usage: scripts/gpu_check.sh [--no-tests] [BENCH ...]      BENCH in: ceilings pointwise quick
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+run_tests=1
+benches=()
+for a in "$@"; do
+  case "$a" in
+    --no-tests) run_tests=0 ;;
+    *) benches+=("$a") ;;
+  esac
+done
+[ ${#benches[@]} -eq 0 ] && benches=(pointwise)
+
+if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
+  echo "pip install without network failed (see install.log); using PYTHONPATH=src"
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+TW=("$PY" -m tilewise.cli)
+nvidia-smi -L || true
+"$PY" -c "import torch, triton, tilewise; print('torch', torch.__version__, 'triton', triton.__version__, 'tilewise', tilewise.__version__, torch.cuda.get_device_name())"
+
+test_status="not run"
+if [ "$run_tests" = 1 ]; then
+  "$PY" -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}
+  test_status="$(tail -n 1 "$OUT/gpu_tests.log") (exit $rc)"
+fi
+
+for b in "${benches[@]}"; do
+  case "$b" in
+    ceilings) "${TW[@]}" bench ceilings --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    pointwise) "${TW[@]}" bench pointwise --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    quick) "${TW[@]}" bench pointwise --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    *) echo "unknown benchmark '$b'" ;;
+  esac
+done
+
+echo
+echo "================ summary ================"
+echo "GPU tests: $test_status"
+"$PY" -m tilewise.cli bench report "$OUT" || true
