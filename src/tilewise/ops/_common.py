@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,11 +42,26 @@ def next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class TileConfig:
-    """A 2-D tile over a [rows, cols] view, the launch shape of the pointwise-style kernels."""
+    """A 2-D tile over a [rows, cols] view, the launch shape of the pointwise-style kernels.
+
+    ``progs_per_sm`` sizes the persistent grid of the backward kernels that reduce over rows.
+    """
 
     block_m: int
     block_n: int
     num_warps: int = 4
+    progs_per_sm: int = 8
+
+
+#: Config overrides by kernel name ("bias_act_fwd", ...): a hook for tuning sweeps.
+CONFIG_OVERRIDES: dict[str, Callable[[int, int, int], TileConfig | None]] = {}
+
+
+def pick_config(kernel: str, m: int, n: int, elem_bytes: int, default: TileConfig) -> TileConfig:
+    """``default`` unless a tuning sweep installed an override for ``kernel``."""
+    override = CONFIG_OVERRIDES.get(kernel)
+    cfg = override(m, n, elem_bytes) if override is not None else None
+    return cfg or default
 
 
 @triton.jit

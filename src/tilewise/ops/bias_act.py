@@ -23,6 +23,7 @@ from tilewise.ops._common import (
     activation_code,
     next_pow2,
     num_sms,
+    pick_config,
 )
 from tilewise.runtime import alloc, dispatch
 
@@ -73,7 +74,7 @@ def _bias_act_bwd_kernel(
     cmask = cols < N
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows once, at the end
     row0 = pid_m * ROWS_PER_PROG
     for r in range(0, ROWS_PER_PROG, BLOCK_M):
         rows = row0 + r + tl.arange(0, BLOCK_M)
@@ -86,9 +87,9 @@ def _bias_act_bwd_kernel(
         dz = act_bwd(dy, z, ACT)
         dz = tl.where(mask, dz, 0.0)
         tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
-        acc += tl.sum(dz, axis=0)
+        acc += dz
     if HAS_BIAS:
-        tl.store(dbp_ptr + pid_m * N + cols, acc, mask=cmask)
+        tl.store(dbp_ptr + pid_m * N + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 def reference(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1):
@@ -140,10 +141,11 @@ def validate(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: i
             )
 
 
-def _config(m: int, n: int, elem_bytes: int) -> TileConfig:
+def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
     block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)
     block_m = max(1, min(next_pow2(m), 4096 // block_n))
-    return TileConfig(block_m=block_m, block_n=block_n, num_warps=4)
+    default = TileConfig(block_m=block_m, block_n=block_n, num_warps=4, progs_per_sm=8)
+    return pick_config(kernel, m, n, elem_bytes, default)
 
 
 def _kernel_views(op: str, x: torch.Tensor, dim: int, *others: torch.Tensor):
@@ -169,7 +171,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
     y = alloc.empty_like(x)
     xv, yv = views[0], _rows_view(y, dim)
     m, n = xv.shape
-    cfg = _config(m, n, x.element_size())
+    cfg = _config("bias_act_fwd", m, n, x.element_size())
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
     _bias_act_fwd_kernel[grid](
         xv,
@@ -205,9 +207,9 @@ def backward(
     dx = alloc.empty_like(x)
     dxv = _rows_view(dx, dim)
     m, n = xv.shape
-    cfg = _config(m, n, x.element_size())
+    cfg = _config("bias_act_bwd", m, n, x.element_size())
     n_blocks = triton.cdiv(n, cfg.block_n)
-    progs_m = min(triton.cdiv(m, cfg.block_m), max(1, 8 * num_sms(x.device) // n_blocks))
+    progs_m = min(triton.cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = triton.cdiv(m, rows_per_prog)
     partial = (

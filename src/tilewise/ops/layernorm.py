@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import TileConfig, next_pow2, num_sms
+from tilewise.ops._common import TileConfig, next_pow2, num_sms, pick_config
 from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
@@ -152,8 +152,8 @@ def _ln_bwd_kernel(
     cmask = cols < N
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
     b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows at the end
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     row0 = pid * ROWS_PER_PROG
     for r in range(0, ROWS_PER_PROG, BLOCK_M):
         rows = row0 + r + tl.arange(0, BLOCK_M)
@@ -170,13 +170,13 @@ def _ln_bwd_kernel(
         dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_W:
-            dw_acc += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if HAS_B:
-            db_acc += tl.sum(dy, axis=0)
+            db_acc += dy
     if HAS_W:
-        tl.store(dwp_ptr + pid * N + cols, dw_acc, mask=cmask)
+        tl.store(dwp_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
     if HAS_B:
-        tl.store(dbp_ptr + pid * N + cols, db_acc, mask=cmask)
+        tl.store(dbp_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=cmask)
 
 
 @triton.jit
@@ -283,11 +283,15 @@ def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: 
     return dx, dw, db
 
 
-def _config(m: int, n: int) -> TileConfig:
+def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
     block_n = next_pow2(n)
     block_m = max(1, min(next_pow2(m), 4096 // block_n))
     warps = min(16, max(4, next_pow2(block_m * block_n // 512)))
-    return TileConfig(block_m=block_m, block_n=block_n, num_warps=warps)
+    default = TileConfig(block_m=block_m, block_n=block_n, num_warps=warps, progs_per_sm=8)
+    cfg = pick_config(kernel, m, n, elem_bytes, default)
+    if cfg.block_n < n:
+        raise ValueError(f"config for {kernel}: block_n={cfg.block_n} must cover n={n}")
+    return cfg
 
 
 def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu: bool = False):
@@ -305,7 +309,7 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
     b = bias.contiguous() if bias is not None else xv
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n <= MAX_FUSED_N:
-        cfg = _config(m, n)
+        cfg = _config("layer_norm_fwd", m, n, x.element_size())
         _ln_fwd_kernel[(triton.cdiv(m, cfg.block_m),)](
             xv,
             w,
@@ -354,8 +358,8 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         dw = dw.view(weight.shape) if dw is not None else None
         db = db.view(bias.shape) if db is not None else None
         return dx.view(x.shape), dw, db
-    cfg = _config(m, n)
-    progs = min(triton.cdiv(m, cfg.block_m), 4 * num_sms(x.device))
+    cfg = _config("layer_norm_bwd", m, n, x.element_size())
+    progs = min(triton.cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = triton.cdiv(m, rows_per_prog)
     dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)

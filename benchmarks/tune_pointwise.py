@@ -1,0 +1,110 @@
+"""Sweep launch configs of the pointwise-family kernels (bias_act, layer_norm) on a GPU.
+
+Each candidate is installed through ``ops._common.CONFIG_OVERRIDES``, checked against the
+reference, and timed with CUDA events (median, inputs larger than L2). Prints the best configs and
+the current heuristic's figure, and writes JSON. Used to set the heuristics in ``ops/``.
+
+    python benchmarks/tune_pointwise.py --out out/
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_events
+from tilewise.ops import _common
+from tilewise.ops import bias_act as ba
+from tilewise.ops import layernorm as ln
+from tilewise.ops._common import TileConfig
+
+
+def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
+    out: list[TileConfig | None] = [None]  # None = the heuristic default
+    if kernel.startswith("bias_act"):
+        bwd = kernel.endswith("bwd")
+        for bn, tile, warps in itertools.product((256, 512, 1024), (2048, 4096, 8192), (4, 8)):
+            if bn > n or (bwd and tile > 4096):
+                continue
+            for pps in (4, 8, 16) if bwd else (8,):
+                out.append(TileConfig(max(1, tile // bn), bn, warps, pps))
+    else:
+        bwd = kernel.endswith("bwd")
+        bn = _common.next_pow2(n)
+        for bm, warps in itertools.product((1, 2, 4, 8), (4, 8, 16)):
+            if bm * bn > 16384 or (bwd and bm * bn > 8192):
+                continue
+            for pps in (4, 8, 16) if bwd else (8,):
+                out.append(TileConfig(bm, bn, warps, pps))
+    return out
+
+
+def _problem(kernel: str, m: int, n: int, dtype: torch.dtype):
+    dev = "cuda"
+    x = torch.randn(m, n, device=dev, dtype=dtype)
+    if kernel.startswith("bias_act"):
+        b = torch.randn(n, device=dev, dtype=dtype)
+        if kernel.endswith("fwd"):
+            return (lambda: ba.forward(x, b, "relu")), 2 * x.nbytes, (x, b)
+        dy = torch.randn_like(x)
+        return (lambda: ba.backward(dy, x, b, "relu")), 3 * x.nbytes, (x, b)
+    w = 1 + 0.1 * torch.randn(n, device=dev, dtype=dtype)
+    b = 0.1 * torch.randn(n, device=dev, dtype=dtype)
+    if kernel.endswith("fwd"):
+        return (lambda: ln.forward(x, (n,), w, b, 1e-5, False)), 2 * x.nbytes, (x, w, b)
+    _, mean, rstd = ln.forward(x, (n,), w, b, 1e-5, False)
+    dy = torch.randn_like(x)
+    return (lambda: ln.backward(dy, x, (n,), w, b, mean, rstd, False)), 3 * x.nbytes, (x, w, b)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--mb", type=int, default=256, help="size of one activation tensor")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
+    copy_bw = measure_copy_bandwidth()
+    dtype = torch.float16
+    jobs = [("bias_act_fwd", 4096), ("bias_act_bwd", 4096), ("layer_norm_fwd", 1024),
+            ("layer_norm_bwd", 1024), ("layer_norm_fwd", 4096), ("layer_norm_bwd", 4096)]
+    results = []
+    for kernel, n in jobs:
+        m = args.mb * 2**20 // (n * 2)
+        fn, nbytes, _keep = _problem(kernel, m, n, dtype)
+        ref = fn()
+        rows = []
+        for cfg in _candidates(kernel, n, 2):
+            _common.CONFIG_OVERRIDES[kernel] = (lambda c: (lambda *_: c))(cfg)
+            try:
+                got = fn()
+                for a, r in zip(got if isinstance(got, tuple) else (got,),
+                                ref if isinstance(ref, tuple) else (ref,), strict=True):
+                    if a is not None:
+                        torch.testing.assert_close(a, r, rtol=2e-2, atol=2e-2)
+                t = time_events(fn, [()], warmup=5, reps=20).median_s
+            except Exception as exc:  # a config the compiler rejects is skipped, and said so
+                print(f"{kernel} n={n} {cfg}: skipped ({type(exc).__name__}: {exc})"[:200])
+                continue
+            finally:
+                _common.CONFIG_OVERRIDES.pop(kernel, None)
+            rows.append({"config": None if cfg is None else cfg.__dict__, "s": t,
+                         "frac_copy": nbytes / t / copy_bw})
+        rows.sort(key=lambda r: r["s"])
+        default = next(r for r in rows if r["config"] is None)
+        print(f"{kernel:15s} n={n:5d}  default {default['frac_copy']:.3f}  "
+              f"best {rows[0]['frac_copy']:.3f} {rows[0]['config']}")
+        results.append({"kernel": kernel, "n": n, "m": m, "rows": rows})
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "tune_pointwise.json"
+    path.write_text(json.dumps({"environment": environment(), "copy_bytes_per_s": copy_bw,
+                                "results": results}, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Timers: CUDA events per call, CUDA-graph replay, and in-situ kernel times from the profiler.
+
+Callers pass ``arg_sets``, a list of argument tuples that calls rotate through, so that inputs
+are not served from L2 (size the list with ``rotation_count``). The device is that of the first
+tensor in the arguments (CUDA if there is none and a GPU exists). On a CPU every timer falls back
+to ``time.perf_counter`` (labelled ``method="perf_counter"``), only good for smoke runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+ArgSets = Sequence[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: median and 20th/80th percentiles over ``reps`` samples."""
+
+    median_s: float
+    p20_s: float
+    p80_s: float
+    reps: int
+    method: str = "cuda-events"
+
+
+@dataclass(frozen=True)
+class KernelStat:
+    """Device time of all launches of one kernel name inside a profiled window."""
+
+    name: str
+    count: int
+    total_s: float
+    avg_s: float
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """Per-kernel device times and their sum per call of the profiled function."""
+
+    kernels: tuple[KernelStat, ...]
+    per_call_s: float
+    calls: int
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            t = _first_tensor(item)
+            if t is not None:
+                return t
+    return None
+
+
+def _device_of(arg_sets: ArgSets) -> torch.device:
+    """The device of the first tensor in ``arg_sets``; with none, CUDA when there is a GPU."""
+    t = _first_tensor(list(arg_sets))
+    if t is not None:
+        return t.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _timing(samples: Sequence[float], method: str) -> Timing:
+    a = np.asarray(samples, dtype=np.float64)
+    p20, med, p80 = np.percentile(a, [20, 50, 80])
+    return Timing(float(med), float(p20), float(p80), len(a), method)
+
+
+def _call(fn: Callable[..., Any], arg_sets: ArgSets, i: int) -> Any:
+    return fn(*arg_sets[i % len(arg_sets)])
+
+
+def _time_cpu(fn: Callable[..., Any], arg_sets: ArgSets, warmup: int, reps: int) -> Timing:
+    for i in range(warmup):
+        _call(fn, arg_sets, i)
+    samples = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        _call(fn, arg_sets, i)
+        samples.append(time.perf_counter() - t0)
+    return _timing(samples, "perf_counter")
+
+
+@functools.cache
+def _sleep_cycles_per_s(index: int) -> float:
+    """Calibrate ``torch.cuda._sleep`` (a spin kernel) against CUDA events on one device."""
+    with torch.cuda.device(index):
+        torch.cuda._sleep(1000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / (start.elapsed_time(end) * 1e-3)
+
+
+def time_events(
+    fn: Callable[..., Any],
+    arg_sets: ArgSets,
+    warmup: int = 10,
+    reps: int = 50,
+    keep_ahead: bool = True,
+) -> Timing:
+    """Median device time of ``fn(*arg_sets[i % len(arg_sets)])``, one CUDA event pair per call.
+
+    With ``keep_ahead`` a spin kernel sized to twice the host time of one call is queued before
+    each start event, so the GPU never waits for the host inside a timed window: the figure is the
+    device time of the call's kernels (as in triton's ``do_bench``), not Python launch overhead.
+    """
+    arg_sets = list(arg_sets) or [()]
+    device = _device_of(arg_sets)
+    if device.type != "cuda":
+        return _time_cpu(fn, arg_sets, warmup, reps)
+    with torch.cuda.device(device):
+        index = torch.cuda.current_device()
+        host = []
+        for i in range(max(1, warmup)):
+            t0 = time.perf_counter()
+            _call(fn, arg_sets, i)
+            host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize(device)
+        sleep_cycles = 0
+        if keep_ahead and hasattr(torch.cuda, "_sleep"):
+            lead_s = 2.0 * float(np.median(host[len(host) // 2 :])) + 20e-6
+            sleep_cycles = int(min(lead_s, 0.05) * _sleep_cycles_per_s(index))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
+            starts[i].record()
+            _call(fn, arg_sets, i)
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        samples = [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
+    return _timing(samples, "cuda-events+lead" if sleep_cycles else "cuda-events")
+
+
+def time_graph(
+    fn: Callable[..., Any],
+    arg_sets: ArgSets,
+    warmup: int = 3,
+    rounds: int = 4,
+    replays: int = 20,
+) -> Timing:
+    """Seconds per call from CUDA-graph replays of ``rounds`` x ``len(arg_sets)`` captured calls.
+
+    Removes host overhead entirely. ``fn`` must launch its work on the current stream and be
+    capturable (no host syncs, no allocation-dependent control flow).
+    """
+    arg_sets = list(arg_sets) or [()]
+    device = _device_of(arg_sets)
+    if device.type != "cuda":
+        return _time_cpu(fn, arg_sets, warmup * len(arg_sets), replays * len(arg_sets))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for i in range(warmup * len(arg_sets)):
+            _call(fn, arg_sets, i)
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rounds):
+            for args in arg_sets:
+                fn(*args)
+    calls = rounds * len(arg_sets)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize(device)
+    samples = [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends, strict=True)]
+    del graph
+    return _timing(samples, "cuda-graph")
+
+
+def l2_cache_bytes(device: torch.device | str | None = None) -> int:
+    """L2 size of a CUDA device in bytes (0 for a CPU)."""
+    device = torch.device(device) if device is not None else None
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
+    """Input sets needed so that one pass over the rotation touches more than 2x L2."""
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    return max(1, 2 * int(l2_bytes) // int(bytes_per_set) + 1)
+
+
+def _device_us(evt: Any) -> float:
+    """Device time of one profiler event in us (``device_time_total``, else ``cuda_time_total``)."""
+    us = getattr(evt, "device_time_total", None)
+    if us is None:  # torch before the device_* renames
+        us = getattr(evt, "cuda_time_total", 0.0)
+    us = float(us or 0.0)
+    if us == 0.0 and hasattr(evt, "time_range"):
+        us = float(evt.time_range.elapsed_us())
+    return us
+
+
+def _is_device_event(evt: Any) -> bool:
+    kind = getattr(evt, "device_type", None)
+    return kind is not None and getattr(kind, "name", str(kind)).upper().endswith("CUDA")
+
+
+def profile_kernels(
+    fn: Callable[..., Any],
+    arg_sets: ArgSets | None = None,
+    iters: int = 20,
+    warmup: int = 3,
+    name_filter: str | None = None,
+) -> KernelProfile:
+    """In-situ kernel times: run ``fn`` ``iters`` times under ``torch.profiler`` (CUDA activity).
+
+    Returns per-kernel-name device time (total and per launch) and the summed device time of all
+    kernels (optionally only names containing ``name_filter``) divided by the number of calls.
+    """
+    arg_sets = list(arg_sets) if arg_sets is not None else [()]
+    if _device_of(arg_sets).type != "cuda":
+        raise RuntimeError("profile_kernels needs a CUDA GPU: CPU runs have no device kernels")
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(warmup):
+        _call(fn, arg_sets, i)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():  # torch 2.11 warns that events are cleared per cycle
+        warnings.simplefilter("ignore", UserWarning)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(iters):
+                _call(fn, arg_sets, i)
+            torch.cuda.synchronize()
+        events = prof.events()
+    totals: dict[str, list[float]] = {}
+    for evt in events:
+        if not _is_device_event(evt):
+            continue
+        if name_filter is not None and name_filter not in evt.name:
+            continue
+        acc = totals.setdefault(evt.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += _device_us(evt) * 1e-6
+    stats = tuple(
+        sorted(
+            (KernelStat(name, int(c), t, t / c) for name, (c, t) in totals.items()),
+            key=lambda k: -k.total_s,
+        )
+    )
+    return KernelProfile(stats, sum(k.total_s for k in stats) / iters, iters)

@@ -1,0 +1,297 @@
+"""``tilewise`` command line: ``bench ceilings``, ``bench pointwise`` and ``tour``.
+
+Everything printed is measured in the same run. Without a CUDA GPU the GPU studies refuse to
+run (exit code 2); ``tour`` then runs small CPU agreement checks instead and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from tilewise.registry import DTYPES, OPS, RowsProblem
+
+if TYPE_CHECKING:
+    from tilewise.bench.pointwise import PointwiseConfig
+
+DEFAULT_OUT = Path("benchmarks/results")
+NO_GPU = "No CUDA GPU: GPU figures need a GPU; running small CPU checks"
+CPU_SHAPE = (256, 512)
+
+
+def _needs_cuda(what: str) -> bool:
+    if torch.cuda.is_available():
+        return True
+    print(
+        f"tilewise {what}: needs a CUDA GPU (torch.cuda.is_available() is False); "
+        "nothing was measured. Run `tilewise tour` for CPU checks.",
+        file=sys.stderr,
+    )
+    return False
+
+
+# --- bench ceilings ------------------------------------------------------------------------------
+
+
+def _cmd_ceilings(args: argparse.Namespace) -> int:
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.results import save_results
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        print("No CUDA GPU: measuring CPU ceilings at small sizes (labelled cpu)")
+    c = measure_ceilings(device, dtypes=tuple(args.dtypes))
+    print(format_ceilings(c))
+    path = save_results("ceilings", [], c, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+# --- bench pointwise -----------------------------------------------------------------------------
+
+
+def add_pointwise_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of the pointwise study (shared with ``benchmarks/bench_pointwise.py``)."""
+    p.add_argument("--quick", action="store_true", help="one n per op, 4 and 64 MB, fp16 only")
+    p.add_argument("--ops", nargs="+", choices=sorted(OPS), help="ops to measure (default: all)")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="dtypes to measure")
+    p.add_argument("--sizes-mb", nargs="+", type=float, help="tensor sizes in MB (2**20 bytes)")
+    p.add_argument("--n", nargs="+", type=int, help="row lengths (default: per-op list)")
+    p.add_argument("--impls", nargs="+", choices=["tilewise", "eager", "compile"])
+    p.add_argument("--passes", nargs="+", choices=["fwd", "bwd"])
+    p.add_argument("--warmup", type=int, help="untimed calls per measurement")
+    p.add_argument("--reps", type=int, help="timed calls per measurement")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
+    p.add_argument("--plot", action="store_true", help="also write a PNG figure")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def pointwise_config(args: argparse.Namespace) -> PointwiseConfig:
+    """A ``PointwiseConfig`` from parsed options (``--quick`` first, explicit options on top)."""
+    from tilewise.bench.pointwise import PointwiseConfig
+
+    base = PointwiseConfig.quick() if args.quick else PointwiseConfig()
+    overrides = {
+        "ops": args.ops,
+        "dtypes": args.dtypes,
+        "sizes_mb": args.sizes_mb,
+        "n_values": args.n,
+        "impls": args.impls,
+        "passes": args.passes,
+        "warmup": args.warmup,
+        "reps": args.reps,
+    }
+    return replace(
+        base,
+        **{
+            k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in overrides.items()
+            if v is not None
+        },
+    )
+
+
+def _report(records: list[dict], title: str) -> None:
+    from tilewise.bench.pointwise import errors, summarize, summary_table
+    from tilewise.bench.results import format_table
+
+    print(f"\n{title}")
+    print(
+        "(tilewise/eager/compile: effective bandwidth as a fraction of the measured copy "
+        "ceiling; x: tilewise speedup; target: >= 0.85 at >= 64 MB and faster than both)"
+    )
+    print(format_table(*summary_table(summarize(records))))
+    errs = errors(records)
+    if errs:
+        print(f"\n{len(errs)} measurements not reported:")
+        for line in errs:
+            print("  " + line)
+
+
+def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool) -> None:
+    from tilewise.bench.results import load_results, save_results
+
+    path = save_results(study, records, ceilings, out)
+    print(f"wrote {path}")
+    if plot and any(r.get("frac_copy") is not None for r in records):
+        from tilewise.bench.plots import plot_fraction_of_copy
+
+        png = plot_fraction_of_copy(load_results(path), path.with_suffix(".png"))
+        print(f"wrote {png}")
+
+
+def run_pointwise_command(args: argparse.Namespace) -> int:
+    """``tilewise bench pointwise``: ceilings, the grid, a summary table, JSON (and PNG)."""
+    if not _needs_cuda("bench pointwise"):
+        return 2
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.pointwise import run_pointwise
+
+    config = pointwise_config(args)
+    ceilings = measure_ceilings("cuda")
+    print(format_ceilings(ceilings))
+    t0 = time.perf_counter()
+    records = run_pointwise(config, ceilings, "cuda", progress=not args.no_progress)
+    _report(records, f"pointwise study, {time.perf_counter() - t0:.0f} s")
+    _save("pointwise", records, ceilings, args.out, args.plot)
+    return 0
+
+
+# --- tour ----------------------------------------------------------------------------------------
+
+
+def _tour_gpu(args: argparse.Namespace) -> int:
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.pointwise import PointwiseConfig, run_pointwise
+
+    ceilings = measure_ceilings("cuda")
+    print(format_ceilings(ceilings))
+    config = PointwiseConfig.tour()
+    records = run_pointwise(config, ceilings, "cuda", progress=not args.no_progress)
+    _report(records, "tilewise vs eager PyTorch vs torch.compile (fp16, bf16; 64 and 256 MB)")
+    if args.out is not None:
+        _save("tour", records, ceilings, args.out, plot=True)
+    return 0
+
+
+def _tour_cpu(args: argparse.Namespace) -> int:
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.pointwise import BASE_ACTIVATIONS, Case, measure_case
+    from tilewise.bench.results import format_table
+    from tilewise.runtime import dispatch
+
+    print(NO_GPU)
+    ceilings = measure_ceilings("cpu", dtypes=("fp32",))
+    print(format_ceilings(ceilings))
+    m, n = CPU_SHAPE
+    reps = 3 if dispatch.INTERPRET else 5  # the interpreter takes ~0.1 s per call here
+    rows, all_ok = [], True
+    for op in OPS:
+        for dtype in ("fp32", "fp16"):
+            for act in BASE_ACTIVATIONS.get(op, (RowsProblem(1, 1).activation,)):
+                problem = RowsProblem(m, n, dtype, act)
+                case = Case(op, problem, problem.tensor_bytes / (1 << 20))
+                recs = measure_case(
+                    case,
+                    ("tilewise", "eager"),
+                    ceilings=ceilings,
+                    device="cpu",
+                    warmup=1,
+                    reps=reps,
+                )
+                kernel = dispatch.INTERPRET and dtype != "bf16"
+                path = "triton interpreter" if kernel else "torch reference"
+                by = {(r["pass"], r["impl"]): r for r in recs}
+                for pass_ in ("fwd", "bwd"):
+                    tw, ea = by.get((pass_, "tilewise")), by.get((pass_, "eager"))
+                    if tw is None or ea is None:
+                        continue
+                    all_ok &= bool(tw["checked"]) and tw["median_s"] is not None
+                    rows.append(
+                        [
+                            op,
+                            pass_,
+                            dtype,
+                            act,
+                            f"{m}x{n}",
+                            path,
+                            "yes" if tw["checked"] else "NO",
+                            _ms(tw["median_s"]),
+                            _ms(ea["median_s"]),
+                            _frac(tw.get("frac_copy")),
+                            _frac(ea.get("frac_copy")),
+                        ]
+                    )
+    headers = [
+        "op",
+        "pass",
+        "dtype",
+        "act",
+        "shape",
+        "tilewise runs",
+        "agrees",
+        "tilewise ms",
+        "eager ms",
+        "tw frac",
+        "eager frac",
+    ]
+    print("\nCPU checks (perf_counter; frac = effective bandwidth / CPU copy bandwidth):")
+    print(format_table(headers, rows))
+    if not dispatch.INTERPRET:
+        print(
+            "\nOn a CPU tilewise runs its PyTorch reference unless TRITON_INTERPRET=1 was set "
+            "before import; the kernels and the GPU figures need a CUDA GPU."
+        )
+    if not all_ok:
+        print("Some tilewise results disagree with eager PyTorch (see 'agrees').")
+    return 0 if all_ok else 1
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.3f}"
+
+
+def _frac(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    """``tilewise bench report DIR``: the summary tables of the JSON results found in DIR."""
+    from tilewise.bench.results import load_results
+
+    paths = sorted(
+        p for p in Path(args.dir).glob("*.json") if p.name.startswith(("pointwise", "tour"))
+    )
+    if not paths:
+        print(f"no pointwise/tour results in {args.dir}")
+        return 1
+    for path in paths:
+        data = load_results(path)
+        _report(list(data["records"]), f"{path.name} ({data['environment'].get('device_name')})")
+    return 0
+
+
+def _cmd_tour(args: argparse.Namespace) -> int:
+    return _tour_gpu(args) if torch.cuda.is_available() else _tour_cpu(args)
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilewise", description="tilewise benchmarks and tour")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="run a benchmark study")
+    studies = bench.add_subparsers(dest="study", required=True)
+    ceil = studies.add_parser("ceilings", help="copy bandwidth and matmul rates of this device")
+    ceil.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    ceil.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the JSON")
+    ceil.set_defaults(func=_cmd_ceilings)
+    pw = add_pointwise_args(studies.add_parser("pointwise", help="pointwise ops study"))
+    pw.set_defaults(func=run_pointwise_command)
+    rep = studies.add_parser("report", help="summary tables of saved results in a directory")
+    rep.add_argument("dir", type=Path)
+    rep.set_defaults(func=_cmd_report)
+    tour = sub.add_parser("tour", help="ceilings + tilewise vs eager vs torch.compile")
+    tour.add_argument("--out", type=Path, default=None, help="also write JSON/PNG here")
+    tour.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tour.set_defaults(func=_cmd_tour)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tilewise`` script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""CPU tests of the benchmark harness: arithmetic, files, plots, summaries and the CLI.
+
+Nothing here asserts on a timing: benchmarks are never timed tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+
+import pytest
+import torch
+
+from tilewise import cli
+from tilewise.bench import metrics
+from tilewise.bench.ceilings import Ceilings
+from tilewise.bench.checks import compare
+from tilewise.bench.pointwise import Case, PointwiseConfig, measure_case, summarize
+from tilewise.bench.results import (
+    device_slug,
+    environment,
+    format_table,
+    load_results,
+    save_results,
+)
+from tilewise.bench.timing import Timing, profile_kernels, rotation_count, time_events
+from tilewise.registry import OPS, OpSpec, RowsProblem, rows_for_bytes
+
+MB = 1 << 20
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+
+
+# --- metrics and rotation -------------------------------------------------------------------------
+
+
+def test_metrics_arithmetic():
+    assert metrics.effective_bandwidth(3e9, 1e-3) == pytest.approx(3e12)
+    assert metrics.achieved_flops(2 * 8192**3, 2.0) == pytest.approx(8192**3)
+    assert metrics.fraction(2.5e12, 3e12) == pytest.approx(2.5 / 3)
+    assert metrics.fraction_of_copy(3e9, 2e-3, 3e12) == pytest.approx(0.5)
+    assert metrics.fraction_of_matmul(1e12, 2.0, 1e12) == pytest.approx(0.5)
+    assert metrics.speedup(baseline_s=3e-3, candidate_s=1e-3) == pytest.approx(3.0)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            metrics.effective_bandwidth(1, bad)
+    with pytest.raises(ValueError):
+        metrics.fraction(1.0, 0.0)
+
+
+@pytest.mark.parametrize("nbytes", [1, 8 * MB, 33 * MB, 50 * MB, 100 * MB, 101 * MB, 1 << 30])
+def test_rotation_count_exceeds_twice_l2(nbytes):
+    l2 = 50 * MB
+    k = rotation_count(nbytes, l2)
+    assert k >= 1
+    assert k * nbytes > 2 * l2 or (k == 1 and nbytes > 2 * l2)
+    if k > 1:
+        assert (k - 1) * nbytes <= 2 * l2  # the smallest such count
+
+
+def test_rotation_count_edges():
+    assert rotation_count(8 * MB, 50 * MB) == 13
+    assert rotation_count(4 * MB, 0) == 1
+    with pytest.raises(ValueError):
+        rotation_count(0, 50 * MB)
+
+
+def test_time_events_cpu_fallback_rotates_arg_sets():
+    seen = []
+    sets = [(i, torch.zeros(1)) for i in range(3)]  # a CPU tensor: the perf_counter path
+    t = time_events(lambda i, _: seen.append(i), sets, warmup=2, reps=7)
+    assert isinstance(t, Timing) and t.reps == 7 and t.method == "perf_counter"
+    assert t.p20_s <= t.median_s <= t.p80_s
+    assert seen == [0, 1] + [i % 3 for i in range(7)]
+
+
+@no_cuda
+def test_profile_kernels_needs_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        profile_kernels(lambda: None)
+
+
+# --- result files and plots ---------------------------------------------------------------------
+
+
+def test_save_load_round_trip(tmp_path):
+    ceilings = Ceilings(2.98e12, {"fp16": 7.87e14, "bf16": 7.35e14}, device="test", method="x")
+    records = [{"op": "bias_act", "median_s": 1e-3, "eff_bw": math.inf}]
+    env = environment("cpu")
+    assert "hostname" not in json.dumps(env).lower()
+    path = save_results("pointwise", records, ceilings, tmp_path / "out", env=env)
+    assert path.name == f"pointwise__{device_slug(env['device_name'])}.json"
+    doc = load_results(path)
+    assert set(doc) == {"study", "environment", "ceilings", "records", "created"}
+    assert doc["study"] == "pointwise"
+    assert doc["environment"]["torch"] == torch.__version__
+    assert Ceilings.from_dict(doc["ceilings"]) == ceilings
+    assert doc["records"] == [{"op": "bias_act", "median_s": 1e-3, "eff_bw": None}]
+    assert dt.datetime.fromisoformat(doc["created"]).utcoffset() == dt.timedelta(0)
+
+
+def test_load_rejects_other_json(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"records": []}')
+    with pytest.raises(ValueError, match="missing keys"):
+        load_results(p)
+
+
+def test_device_slug():
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def _record(op, pass_, impl, size_mb, median_s, frac, dtype="fp16"):
+    return {
+        "op": op, "pass": pass_, "impl": impl, "dtype": dtype, "m": 1, "n": 1024,
+        "activation": "relu", "size_mb": size_mb, "tensor_mb": size_mb, "median_s": median_s,
+        "frac_copy": frac, "eff_bw": None if frac is None else frac * 3e12,
+    }  # fmt: skip
+
+
+def _synthetic():
+    recs = []
+    for size in (4, 64, 256):
+        for pass_ in ("fwd", "bwd"):
+            recs.append(_record("bias_act", pass_, "tilewise", size, 1.0, 0.9))
+            recs.append(_record("bias_act", pass_, "eager", size, 2.0, 0.45))
+            recs.append(_record("bias_act", pass_, "compile", size, 1.5, 0.6))
+    return recs
+
+
+def test_plot_writes_png(tmp_path):
+    from tilewise.bench.plots import plot_fraction_of_copy
+
+    results = {"records": _synthetic(), "ceilings": {"copy_bytes_per_s": 3e12}}
+    out = plot_fraction_of_copy(results, tmp_path / "fig.png")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_summarize_flags_targets():
+    recs = [
+        # 64 MB, fast and near the copy ceiling: meets the target
+        _record("bias_act", "fwd", "tilewise", 64, 1.0, 0.90),
+        _record("bias_act", "fwd", "eager", 64, 2.0, 0.45),
+        _record("bias_act", "fwd", "compile", 64, 1.2, 0.75),
+        # 256 MB, fast but only 0.8 of copy: misses
+        _record("bias_act", "bwd", "tilewise", 256, 1.0, 0.80),
+        _record("bias_act", "bwd", "eager", 256, 2.0, 0.40),
+        _record("bias_act", "bwd", "compile", 256, 1.1, 0.72),
+        # 4 MB: bandwidth not required, but slower than compile: misses
+        _record("layer_norm", "fwd", "tilewise", 4, 1.0, 0.30),
+        _record("layer_norm", "fwd", "eager", 4, 2.0, 0.15),
+        _record("layer_norm", "fwd", "compile", 4, 0.9, 0.33),
+        # 4 MB, faster than both: meets
+        _record("layer_norm", "bwd", "tilewise", 4, 1.0, 0.30),
+        _record("layer_norm", "bwd", "eager", 4, 2.0, 0.15),
+        # 64 MB without a ceiling: unknown
+        _record("layer_norm", "fwd", "tilewise", 64, 1.0, None),
+        _record("layer_norm", "fwd", "eager", 64, 2.0, None),
+        # not timed (failed check): ignored
+        {**_record("layer_norm", "bwd", "tilewise", 256, None, None), "error": "x"},
+    ]
+    rows = {(r.op, r.pass_, r.size_mb): r for r in summarize(recs)}
+    assert len(rows) == 5
+    ok = rows[("bias_act", "fwd", 64)]
+    assert ok.meets_target is True
+    assert ok.vs_eager == pytest.approx(2.0) and ok.vs_compile == pytest.approx(1.2)
+    assert ok.frac == {"tilewise": 0.90, "eager": 0.45, "compile": 0.75}
+    assert rows[("bias_act", "bwd", 256)].meets_target is False
+    assert rows[("layer_norm", "fwd", 4)].meets_target is False
+    assert rows[("layer_norm", "bwd", 4)].meets_target is True
+    assert rows[("layer_norm", "bwd", 4)].vs_compile is None
+    assert rows[("layer_norm", "fwd", 64)].meets_target is None
+
+
+def test_format_table_aligns_columns():
+    text = format_table(["name", "value"], [["a", "1.5"], ["longer", "10.25"]])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1  # numbers right-aligned to one width
+    assert lines[2].startswith("a ") and lines[2].endswith("  1.5")
+
+
+# --- the study on tiny CPU problems --------------------------------------------------------------
+
+
+def test_quick_config_grid():
+    cfg = PointwiseConfig.quick()
+    cases = cfg.cases()
+    assert {c.problem.dtype for c in cases} == {"fp16"}
+    assert {c.size_mb for c in cases} == {4.0, 64.0}
+    assert {c.op for c in cases} == set(OPS)
+    for op in OPS:
+        assert len({c.problem.n for c in cases if c.op == op}) == 1
+    c = cases[0]
+    assert c.problem.m == rows_for_bytes(c.problem.n, "fp16", int(c.size_mb * MB))
+
+
+def test_measure_case_cpu_records():
+    case = Case("bias_act", RowsProblem(16, 64, "fp32", "gelu"), 16 * 64 * 4 / MB)
+    ceilings = Ceilings(1e10, {})
+    recs = measure_case(case, ("tilewise", "eager"), ceilings=ceilings, device="cpu", warmup=1,
+                        reps=2)  # fmt: skip
+    assert {(r["pass"], r["impl"]) for r in recs} == {
+        (p, i) for p in ("fwd", "bwd") for i in ("tilewise", "eager")
+    }
+    for r in recs:
+        assert r["checked"] is True and r["error"] is None
+        assert r["bytes"] == OPS["bias_act"].bytes(case.problem, r["pass"])
+        assert r["eff_bw"] == pytest.approx(r["bytes"] / r["median_s"])
+        assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
+
+
+def test_measure_case_forward_only():
+    case = Case("layer_norm", RowsProblem(8, 32, "fp32", "relu"), 0.0)
+    recs = measure_case(case, ("eager",), passes=("fwd",), device="cpu", warmup=1, reps=2)
+    assert [(r["pass"], r["impl"], r["checked"]) for r in recs] == [("fwd", "eager", True)]
+    assert recs[0]["frac_copy"] is None  # no ceilings given
+
+
+def test_failed_check_is_not_timed(monkeypatch):
+    spec = OPS["bias_act"]
+    broken = OpSpec(
+        name="broken",
+        make_inputs=spec.make_inputs,
+        tilewise=lambda x, bias, activation="relu": 2 * spec.reference(x, bias, activation),
+        reference=spec.reference,
+        bytes=spec.bytes,
+        flops=spec.flops,
+        grad_inputs=spec.grad_inputs,
+    )
+    monkeypatch.setitem(OPS, "broken", broken)
+    recs = measure_case(Case("broken", RowsProblem(8, 32, "fp32"), 0.0), ("tilewise", "eager"),
+                        device="cpu", warmup=1, reps=2)  # fmt: skip
+    assert recs and all(r["checked"] is False and r["median_s"] is None for r in recs)
+    assert all("correctness check failed" in r["error"] for r in recs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compare_accepts_rounding_and_rejects_garbage(dtype):
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    ref = torch.randn(64, 128)
+    assert compare(ref.to(dtype), ref.to(dtype), ref, name)[0]
+    assert not compare((ref + 0.5).to(dtype), ref.to(dtype), ref, name)[0]
+    nan = ref.to(dtype).clone()
+    nan[3, 5] = float("nan")
+    assert not compare(nan, ref.to(dtype), ref, name)[0]
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+@no_cuda
+def test_tour_on_cpu(capsys):
+    assert cli.main(["tour"]) == 0
+    out = capsys.readouterr().out
+    assert cli.NO_GPU in out
+    assert "bias_act" in out and "layer_norm" in out
+    assert "NO" not in out.split("CPU checks", 1)[1]  # every tilewise result agreed
+
+
+@no_cuda
+def test_bench_pointwise_refuses_without_cuda(capsys, tmp_path):
+    assert cli.main(["bench", "pointwise", "--quick", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_pointwise_options_override_quick():
+    args = cli.build_parser().parse_args(
+        ["bench", "pointwise", "--quick", "--dtypes", "bf16", "--sizes-mb", "1", "2"]
+    )
+    cfg = cli.pointwise_config(args)
+    assert cfg.dtypes == ("bf16",) and cfg.sizes_mb == (1.0, 2.0) and cfg.max_n_per_op == 1
