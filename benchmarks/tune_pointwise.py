@@ -29,8 +29,10 @@ def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     out: list[TileConfig | None] = [None]  # None = the heuristic default
     if kernel.startswith("bias_act"):
         bwd = kernel.endswith("bwd")
-        for bn, tile, warps in itertools.product((256, 512, 1024), (2048, 4096, 8192), (4, 8)):
-            if bn > n or (bwd and tile > 4096):
+        for bn, tile, warps in itertools.product(
+            (256, 512, 1024, 2048, 4096), (2048, 4096, 8192), (4, 8, 16)
+        ):
+            if bn > n or tile < bn or (bwd and (tile > 4096 or bn > 1024 or warps > 8)):
                 continue
             for pps in (4, 8, 16) if bwd else (8,):
                 out.append(TileConfig(max(1, tile // bn), bn, warps, pps))
@@ -67,11 +69,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mb", type=int, default=256, help="size of one activation tensor")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
     args = ap.parse_args()
     copy_bw = measure_copy_bandwidth()
     dtype = torch.float16
-    jobs = [("bias_act_fwd", 4096), ("bias_act_bwd", 4096), ("layer_norm_fwd", 1024),
-            ("layer_norm_bwd", 1024), ("layer_norm_fwd", 4096), ("layer_norm_bwd", 4096)]
+    jobs = [
+        ("bias_act_fwd", 4096),
+        ("bias_act_bwd", 4096),
+        ("layer_norm_fwd", 1024),
+        ("layer_norm_bwd", 1024),
+        ("layer_norm_fwd", 4096),
+        ("layer_norm_bwd", 4096),
+    ]
+    if args.only:
+        jobs = [j for j in jobs if j[0] in args.only]
     results = []
     for kernel, n in jobs:
         m = args.mb * 2**20 // (n * 2)
@@ -79,11 +90,14 @@ def main() -> None:
         ref = fn()
         rows = []
         for cfg in _candidates(kernel, n, 2):
-            _common.CONFIG_OVERRIDES[kernel] = (lambda c: (lambda *_: c))(cfg)
+            _common.CONFIG_OVERRIDES[kernel] = (lambda c: lambda *_: c)(cfg)
             try:
                 got = fn()
-                for a, r in zip(got if isinstance(got, tuple) else (got,),
-                                ref if isinstance(ref, tuple) else (ref,), strict=True):
+                for a, r in zip(
+                    got if isinstance(got, tuple) else (got,),
+                    ref if isinstance(ref, tuple) else (ref,),
+                    strict=True,
+                ):
                     if a is not None:
                         torch.testing.assert_close(a, r, rtol=2e-2, atol=2e-2)
                 t = time_events(fn, [()], warmup=5, reps=20).median_s
@@ -92,17 +106,28 @@ def main() -> None:
                 continue
             finally:
                 _common.CONFIG_OVERRIDES.pop(kernel, None)
-            rows.append({"config": None if cfg is None else cfg.__dict__, "s": t,
-                         "frac_copy": nbytes / t / copy_bw})
+            rows.append(
+                {
+                    "config": None if cfg is None else cfg.__dict__,
+                    "s": t,
+                    "frac_copy": nbytes / t / copy_bw,
+                }
+            )
         rows.sort(key=lambda r: r["s"])
         default = next(r for r in rows if r["config"] is None)
-        print(f"{kernel:15s} n={n:5d}  default {default['frac_copy']:.3f}  "
-              f"best {rows[0]['frac_copy']:.3f} {rows[0]['config']}")
+        print(
+            f"{kernel:15s} n={n:5d}  default {default['frac_copy']:.3f}  "
+            f"best {rows[0]['frac_copy']:.3f} {rows[0]['config']}"
+        )
         results.append({"kernel": kernel, "n": n, "m": m, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "tune_pointwise.json"
-    path.write_text(json.dumps({"environment": environment(), "copy_bytes_per_s": copy_bw,
-                                "results": results}, indent=1))
+    path.write_text(
+        json.dumps(
+            {"environment": environment(), "copy_bytes_per_s": copy_bw, "results": results},
+            indent=1,
+        )
+    )
     print(f"wrote {path}")
 
 

@@ -284,9 +284,15 @@ def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: 
 
 
 def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
+    # Measured on an H100 (benchmarks/tune_pointwise.py, fp16, 256 MB): the forward likes ~8K
+    # elements per program; the backward one row per step with 8 elements per thread, so the
+    # row reductions stay cheap, and 8 programs per SM.
     block_n = next_pow2(n)
-    block_m = max(1, min(next_pow2(m), 4096 // block_n))
-    warps = min(16, max(4, next_pow2(block_m * block_n // 512)))
+    if kernel.endswith("bwd"):
+        block_m, warps = 1, min(16, max(4, block_n // 256))
+    else:
+        block_m = max(1, min(next_pow2(m), 8192 // block_n))
+        warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
     default = TileConfig(block_m=block_m, block_n=block_n, num_warps=warps, progs_per_sm=8)
     cfg = pick_config(kernel, m, n, elem_bytes, default)
     if cfg.block_n < n:
