@@ -31,7 +31,8 @@ nvidia-smi -L || true
 
 test_status="not run"
 if [ "$run_tests" = 1 ]; then
-  "$PY" -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+  # GPU_TESTS selects test files (default: all of tests/)
+  "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
   test_status="$(tail -n 1 "$OUT/gpu_tests.log") (exit $rc)"
 fi
