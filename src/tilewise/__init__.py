@@ -1,8 +1,17 @@
 """tilewise: Triton kernels and a low-overhead runtime for PyTorch convnets and MLPs."""
 
 from tilewise import functional, nn
-from tilewise.functional import bias_act, layer_norm
+from tilewise.functional import bias_act, grouped_conv2d, layer_norm
+from tilewise.nn import transform
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "bias_act", "functional", "layer_norm", "nn"]
+__all__ = [
+    "__version__",
+    "bias_act",
+    "functional",
+    "grouped_conv2d",
+    "layer_norm",
+    "nn",
+    "transform",
+]

@@ -13,9 +13,12 @@ import torch
 from torch import Tensor
 
 from tilewise.ops import bias_act as _bias_act
+from tilewise.ops import gconv as _gconv
+from tilewise.ops import gconv_config as _gconv_config
 from tilewise.ops import layernorm as _layernorm
+from tilewise.runtime import dispatch
 
-__all__ = ["bias_act", "layer_norm"]
+__all__ = ["bias_act", "grouped_conv2d", "layer_norm"]
 
 
 def _fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
@@ -164,3 +167,128 @@ def layer_norm(
         normalized_shape = (normalized_shape,)
     y, _, _ = _layer_norm_op(x, list(normalized_shape), weight, bias, float(eps), bool(relu))
     return y
+
+
+# --- grouped conv2d, group width 8 ------------------------------------------------------------
+
+
+@torch.library.custom_op("tilewise::grouped_conv2d", mutates_args=())
+def _grouped_conv2d_op(
+    x: Tensor, weight: Tensor, bias: Tensor | None, pad_h: int, pad_w: int, deterministic: bool
+) -> Tensor:
+    return _fresh(_gconv.forward(x, weight, bias, pad_h, pad_w), x)
+
+
+@_grouped_conv2d_op.register_fake
+def _(x, weight, bias, pad_h, pad_w, deterministic):
+    _gconv.validate(x, weight, bias, pad_h, pad_w)
+    return _gconv.empty_output(x, weight, pad_h, pad_w)
+
+
+@torch.library.custom_op("tilewise::grouped_conv2d_backward", mutates_args=())
+def _grouped_conv2d_backward_op(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    pad_h: int,
+    pad_w: int,
+    need_dx: bool,
+    need_dw: bool,
+    need_db: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    need = (need_dx, need_dw, need_db and bias is not None)
+    dx, dw, db = _gconv.backward(grad, x, weight, bias, pad_h, pad_w, need, deterministic)
+    empty = x.new_empty(0)
+    return (
+        _fresh(dx, grad, x) if dx is not None else empty,
+        dw if dw is not None else empty.clone(),
+        db if db is not None else empty.clone(),
+    )
+
+
+@_grouped_conv2d_backward_op.register_fake
+def _(grad, x, weight, bias, pad_h, pad_w, need_dx, need_dw, need_db, deterministic):
+    _gconv.validate(x, weight, bias, pad_h, pad_w)
+    empty = x.new_empty(0)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    return (
+        dx if need_dx else empty,
+        torch.empty(weight.shape, dtype=x.dtype, device=x.device) if need_dw else empty.clone(),
+        torch.empty_like(bias) if need_db and bias is not None else empty.clone(),
+    )
+
+
+def _grouped_conv2d_setup(ctx, inputs, output):
+    x, weight, bias, pad_h, pad_w, deterministic = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.pad, ctx.deterministic = (pad_h, pad_w), deterministic
+
+
+def _grouped_conv2d_backward(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    need_db = need_db and bias is not None
+    dx, dw, db = _grouped_conv2d_backward_op(
+        grad, x, weight, bias, *ctx.pad, need_dx, need_dw, need_db, ctx.deterministic
+    )
+    return (
+        dx if need_dx else None,
+        dw if need_dw else None,
+        db if need_db else None,
+        None,
+        None,
+        None,
+    )
+
+
+_grouped_conv2d_op.register_autograd(_grouped_conv2d_backward, setup_context=_grouped_conv2d_setup)
+
+
+def _autocast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """Cast like autocast does for a lower-precision op: floating tensors except fp64."""
+    if t is None or not t.is_floating_point() or t.dtype in (dtype, torch.float64):
+        return t
+    return t.to(dtype)
+
+
+def grouped_conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int | None = None,
+    *,
+    deterministic: bool | None = None,
+) -> Tensor:
+    """``torch.nn.functional.conv2d`` (same argument order) with tilewise kernels for group width 8.
+
+    The kernel path needs C_in == C_out == C, ``weight`` [C, 8, R, S] with R, S <= 7, stride 1,
+    dilation 1, zero padding, a channels_last ``x`` and contiguous parameters; its output is
+    channels_last. Anything else runs ``F.conv2d`` and logs why, once. ``groups`` defaults to
+    ``C // weight.shape[1]``. Under autocast, inputs are cast to the autocast dtype as for
+    F.conv2d. ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``)
+    selects the weight-gradient reduction: per-chunk partials summed in a fixed order (True) or
+    fp32 atomics (False, faster, bitwise run-to-run variation on the GPU).
+    """
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = _autocast(x, dtype), _autocast(weight, dtype), _autocast(bias, dtype)
+    groups = _gconv.check_conv_args(x, weight, bias, groups)
+    r, s = weight.shape[2], weight.shape[3]
+    reason = _gconv_config.unsupported_reason(
+        x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
+    ) or _gconv.layout_reason(x, weight, bias)
+    if reason is not None:
+        if not torch.compiler.is_compiling():
+            dispatch.fallback(_gconv.OP, reason)
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    pad_h, pad_w = _gconv_config.resolve_padding(padding, r, s)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return _grouped_conv2d_op(x, weight, bias, pad_h, pad_w, bool(deterministic))

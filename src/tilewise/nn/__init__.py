@@ -1,5 +1,7 @@
 """``nn.Module`` drop-ins that subclass the torch.nn class they replace."""
 
+from tilewise.nn.gconv import GroupedConv2d
 from tilewise.nn.modules import BiasAct, LayerNorm
+from tilewise.nn.transform import TransformReport, transform
 
-__all__ = ["BiasAct", "LayerNorm"]
+__all__ = ["BiasAct", "GroupedConv2d", "LayerNorm", "TransformReport", "transform"]

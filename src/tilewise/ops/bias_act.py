@@ -209,7 +209,9 @@ def backward(
     m, n = xv.shape
     cfg = _config("bias_act_bwd", m, n, x.element_size())
     n_blocks = triton.cdiv(n, cfg.block_n)
-    progs_m = min(triton.cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
+    progs_m = min(
+        triton.cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks)
+    )
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = triton.cdiv(m, rows_per_prog)
     partial = (

@@ -1,0 +1,397 @@
+"""Grouped conv2d with group width 8 (C_in == C_out == C, groups = C/8), stride 1, NHWC.
+
+fprop: a program computes a ``block_p x block_q`` tile of output pixels of one image times
+``block_c`` channels (``block_c / 8`` groups). Per tap (r, s) it loads the shifted input tile
+[pixels, block_c] (masked at the borders; channels innermost, so contiguous runs) and multiplies it
+by the tap's block-diagonal [block_c, block_c] weight tile (the 8x8 group blocks, zeros elsewhere,
+masked in-kernel from PyTorch's [C, 8, R, S] layout) into an fp32 accumulator; the epilogue adds
+the bias and stores NHWC. dgrad is the same kernel on flipped, per-group transposed weights with
+the transposed padding. wgrad is in ``gconv_wgrad``. Problems, configs and heuristics are in
+``gconv_config``; block sizes are launch parameters, chosen by ``tilewise.runtime.autotune``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilewise.ops import gconv_wgrad
+from tilewise.ops._common import num_sms
+from tilewise.ops.gconv_config import (
+    GROUP_WIDTH,
+    MAX_KERNEL,
+    OP,
+    GConvConfig,
+    GConvProblem,
+    candidate_configs,
+    check_conv_args,
+    default_config,
+)
+from tilewise.runtime import alloc, autotune, dispatch
+
+__all__ = [
+    "GConvConfig",
+    "GConvProblem",
+    "backward",
+    "candidate_configs",
+    "check_conv_args",
+    "default_config",
+    "dgrad_weight",
+    "forward",
+    "reference",
+    "reference_backward",
+    "validate",
+]
+
+OP_BWD = OP + "_backward"
+
+
+@triton.jit
+def _gconv_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    C,
+    H,
+    W,
+    P,
+    Q,
+    pad_h,
+    pad_w,
+    tiles_q,
+    tiles_per_image,
+    sxn,
+    sxc,
+    sxh,
+    sxw,
+    swo,
+    swi,
+    swr,
+    sws,
+    syn,
+    syc,
+    syh,
+    syw,
+    R: tl.constexpr,
+    S: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = (pid // tiles_per_image).to(tl.int64)
+    tile = pid % tiles_per_image
+    m = tl.arange(0, BLOCK_P * BLOCK_Q)
+    p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
+    q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    # Block-diagonal weight tile of one tap: rows are input channels (K), columns output channels.
+    w_offs = c[None, :] * swo + (c[:, None] % 8) * swi
+    w_mask = (c[:, None] // 8 == c[None, :] // 8) & cmask[None, :]
+    x_base = x_ptr + n * sxn + c[None, :] * sxc
+    acc = tl.zeros((BLOCK_P * BLOCK_Q, BLOCK_C), dtype=tl.float32)
+    for r in tl.static_range(R):
+        ih = p + (r - pad_h)
+        h_ok = (ih >= 0) & (ih < H)
+        for s in tl.static_range(S):
+            iw = q + (s - pad_w)
+            ok = h_ok & (iw >= 0) & (iw < W)
+            xt = tl.load(
+                x_base + (ih * sxh + iw * sxw)[:, None],
+                mask=ok[:, None] & cmask[None, :],
+                other=0.0,
+            )
+            wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
+            if IEEE:
+                acc = tl.dot(xt, wt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, wt, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    out_ok = (p < P) & (q < Q)
+    y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_ok[:, None] & cmask[None, :])
+
+
+def launch_fprop(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    pad_h: int,
+    pad_w: int,
+    cfg: GConvConfig,
+) -> None:
+    """Run the fprop kernel: ``out = conv(x, weight) + bias``; ``out``'s size sets P and Q.
+
+    Padding may be negative (dgrad with padding > R - 1): it is only an offset with masks.
+    """
+    n, c, h, w = x.shape
+    r, s = weight.shape[2], weight.shape[3]
+    p, q = out.shape[2], out.shape[3]
+    tiles_q = triton.cdiv(q, cfg.block_q)
+    tiles_per_image = triton.cdiv(p, cfg.block_p) * tiles_q
+    grid = (n * tiles_per_image, triton.cdiv(c, cfg.block_c))
+    _gconv_fwd_kernel[grid](
+        x,
+        weight,
+        weight if bias is None else bias,
+        out,
+        c,
+        h,
+        w,
+        p,
+        q,
+        pad_h,
+        pad_w,
+        tiles_q,
+        tiles_per_image,
+        *x.stride(),
+        *weight.stride(),
+        *out.stride(),
+        R=r,
+        S=s,
+        HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32,
+        BLOCK_P=cfg.block_p,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_C=cfg.block_c,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+# --- references ---------------------------------------------------------------------------------
+
+
+def reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: tuple[int, int] | int = 0,
+) -> torch.Tensor:
+    """PyTorch's grouped conv (groups = C/8): the numerical reference and the eager baseline."""
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    groups = x.shape[1] // weight.shape[1]
+    return torch.nn.functional.conv2d(x, weight, bias, padding=padding, groups=groups)
+
+
+def reference_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: tuple[int, int],
+    need: tuple[bool, bool, bool] = (True, True, True),
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """PyTorch's (dx, dweight, dbias) for ``reference``; entries not in ``need`` are None."""
+    groups = x.shape[1] // weight.shape[1]
+    grad = grad.to(x.dtype)
+    dx = dw = db = None
+    if need[0]:
+        dx = torch.nn.grad.conv2d_input(x.shape, weight, grad, padding=padding, groups=groups)
+    if need[1]:
+        dw = torch.nn.grad.conv2d_weight(x, weight.shape, grad, padding=padding, groups=groups)
+    if need[2] and bias is not None:
+        db = grad.sum((0, 2, 3), dtype=torch.float32).to(bias.dtype)
+    return dx, dw, db
+
+
+def dgrad_weight(weight: torch.Tensor) -> torch.Tensor:
+    """Weights of the dgrad conv: ``w_t[ci, co_local, r, s] = w[co, ci_local, R-1-r, S-1-s]``.
+
+    Within each group the 8x8 channel block is transposed and the taps are flipped; the result is a
+    contiguous [C, 8, R, S] tensor that the fprop kernel takes as is.
+    """
+    c, gw, r, s = weight.shape
+    wt = weight.reshape(c // gw, gw, gw, r, s).transpose(1, 2).flip(3, 4)
+    return wt.reshape(c, gw, r, s).contiguous()
+
+
+# --- argument checks ----------------------------------------------------------------------------
+
+
+def output_size(h: int, w: int, r: int, s: int, pad_h: int, pad_w: int) -> tuple[int, int]:
+    return h + 2 * pad_h - r + 1, w + 2 * pad_w - s + 1
+
+
+def validate(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
+) -> None:
+    """Raise ``ValueError`` naming the bad argument of a group-width-8 conv."""
+    if x.ndim != 4:
+        raise ValueError(f"tilewise.{OP}: argument 'x' must be 4-D [N, C, H, W], got {x.ndim}-D")
+    c = x.shape[1]
+    if c % GROUP_WIDTH != 0 or c == 0:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'x' has {c} channels; a group-width-8 conv needs a "
+            f"positive multiple of 8"
+        )
+    if weight.ndim != 4 or tuple(weight.shape[:2]) != (c, GROUP_WIDTH) or min(weight.shape) < 1:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'weight' has shape {tuple(weight.shape)}, expected "
+            f"({c}, {GROUP_WIDTH}, R, S) with R, S >= 1"
+        )
+    if pad_h < 0 or pad_w < 0:
+        raise ValueError(f"tilewise.{OP}: argument 'padding'=({pad_h}, {pad_w}) is negative")
+    dispatch.check_same_device(OP, x=x, weight=weight, bias=bias)
+    dispatch.check_same_dtype(OP, x=x, weight=weight)
+    if bias is not None:
+        dispatch.check_param_dtype(OP, x, bias=bias)
+        if bias.ndim != 1 or bias.shape[0] != c:
+            raise ValueError(
+                f"tilewise.{OP}: argument 'bias' has shape {tuple(bias.shape)}, expected ({c},)"
+            )
+    p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
+    if p < 1 or q < 1:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'x' of size {x.shape[2]}x{x.shape[3]} with padding "
+            f"({pad_h}, {pad_w}) is smaller than the {weight.shape[2]}x{weight.shape[3]} kernel"
+        )
+
+
+def layout_reason(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> str | None:
+    """Why these tensors cannot take the kernel path (layout or size), or None if they can."""
+    if weight.shape[2] > MAX_KERNEL or weight.shape[3] > MAX_KERNEL:
+        return f"kernel {weight.shape[2]}x{weight.shape[3]} is larger than 7x7"
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return "input is not channels_last (NHWC) contiguous"
+    if not weight.is_contiguous():
+        return "weight is not contiguous"
+    if bias is not None and not bias.is_contiguous():
+        return "bias is not contiguous"
+    return None
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A channels_last copy with exactly the strides ``torch.empty`` gives (as the fakes do)."""
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
+    return out.copy_(t)
+
+
+def empty_output(x: torch.Tensor, weight: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """An uninitialized channels_last output of the right size (shared with the fake kernel)."""
+    p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
+    return torch.empty(
+        (x.shape[0], x.shape[1], p, q),
+        dtype=x.dtype,
+        device=x.device,
+        memory_format=torch.channels_last,
+    )
+
+
+# --- host functions -----------------------------------------------------------------------------
+
+
+def _kernel_ok(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    reason = layout_reason(x, weight, bias)
+    if reason is not None:
+        return dispatch.fallback(op, reason)
+    return dispatch.use_kernel(op, [x, weight])
+
+
+def _run_conv(
+    op: str,
+    pass_: str,
+    problem: GConvProblem,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    pad_h: int,
+    pad_w: int,
+) -> torch.Tensor:
+    """Choose a config (autotuned on CUDA) and run the fprop kernel into ``out``."""
+    sms = num_sms(x.device)
+    cfg = autotune.choose_config(
+        f"{op}.{pass_}",
+        problem,
+        candidate_configs(problem, pass_, sms),
+        lambda c: launch_fprop(x, weight, bias, out, pad_h, pad_w, c),
+        device=x.device,
+        default=default_config(problem, pass_, sms),
+    )
+    launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg)
+    return out
+
+
+def forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
+) -> torch.Tensor:
+    """``conv2d(x, weight, bias, padding=(pad_h, pad_w), groups=C/8)``, channels_last output."""
+    validate(x, weight, bias, pad_h, pad_w)
+    if not _kernel_ok(OP, x, weight, bias):
+        return _channels_last(reference(x, weight, bias, (pad_h, pad_w)))
+    problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
+    p, q = problem.p, problem.q
+    out = alloc.empty(
+        x.shape[0],
+        x.shape[1],
+        p,
+        q,
+        dtype=x.dtype,
+        device=x.device,
+        memory_format=torch.channels_last,
+    )
+    return _run_conv(OP, "fprop", problem, x, weight, bias, out, pad_h, pad_w)
+
+
+def backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    pad_h: int,
+    pad_w: int,
+    need: tuple[bool, bool, bool] = (True, True, True),
+    deterministic: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dx channels_last, dweight [C, 8, R, S] contiguous, dbias) for the entries in ``need``.
+
+    ``deterministic=False`` lets wgrad add its partial sums with fp32 atomics (run-to-run bit
+    differences on the GPU); True reduces per-chunk partials with a PyTorch sum.
+    """
+    validate(x, weight, bias, pad_h, pad_w)
+    dispatch.check_same_device(OP_BWD, x=x, grad=grad)
+    p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
+    if tuple(grad.shape) != (x.shape[0], x.shape[1], p, q):
+        raise ValueError(
+            f"tilewise.{OP}: argument 'grad' has shape {tuple(grad.shape)}, expected "
+            f"{(x.shape[0], x.shape[1], p, q)}"
+        )
+    need_db = need[2] and bias is not None
+    if grad.dtype != x.dtype or grad.stride(1) != 1:
+        grad = _channels_last(grad.to(x.dtype))
+    if not _kernel_ok(OP_BWD, x, weight, bias):
+        dx, dw, db = reference_backward(grad, x, weight, bias, (pad_h, pad_w), need)
+        return (
+            _channels_last(dx) if dx is not None else None,
+            torch.empty_like(weight, memory_format=torch.contiguous_format).copy_(dw)
+            if dw is not None
+            else None,
+            db,
+        )
+    problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
+    r, s = weight.shape[2], weight.shape[3]
+    dx = dw = db = None
+    if need[0]:
+        dx = alloc.empty(
+            *x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
+        )
+        wt = dgrad_weight(weight)
+        _run_conv(OP, "dgrad", problem, grad, wt, None, dx, r - 1 - pad_h, s - 1 - pad_w)
+    if need[1]:
+        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic)
+    if need_db and db is None:
+        db = grad.sum((0, 2, 3), dtype=torch.float32)
+    if db is not None:
+        db = db.to(bias.dtype)
+    return dx, dw, db

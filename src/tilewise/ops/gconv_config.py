@@ -1,0 +1,346 @@
+"""Problems, kernel configs, config heuristics and eligibility of the group-width-8 conv.
+
+Frozen dataclasses, so a problem is a cache key and a config encodes into a short name. The
+heuristic default is the first candidate; ``tilewise.runtime.autotune`` times the rest on CUDA.
+``unsupported_reason`` / ``check_conv_args`` say which F.conv2d calls have a kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tilewise.ops._common import next_pow2
+from tilewise.runtime import dispatch
+
+OP = "grouped_conv2d"
+GROUP_WIDTH = 8
+MAX_KERNEL = 7
+PASSES = ("fprop", "dgrad", "wgrad")
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+}
+_ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
+
+
+@dataclass(frozen=True)
+class GConvProblem:
+    """One conv: x [n, c, h, w], weight [c, 8, r, s], zero padding (pad_h, pad_w), stride 1."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    r: int
+    s: int
+    pad_h: int
+    pad_w: int
+    dtype: str = "fp16"
+    has_bias: bool = False
+
+    @classmethod
+    def from_tensors(
+        cls,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        pad_h: int,
+        pad_w: int,
+    ) -> GConvProblem:
+        n, c, h, w = (int(d) for d in x.shape)
+        r, s = int(weight.shape[2]), int(weight.shape[3])
+        dtype = DTYPE_NAMES.get(x.dtype, str(x.dtype))
+        return cls(n, c, h, w, r, s, int(pad_h), int(pad_w), dtype, bias is not None)
+
+    @property
+    def p(self) -> int:
+        """Output height."""
+        return self.h + 2 * self.pad_h - self.r + 1
+
+    @property
+    def q(self) -> int:
+        """Output width."""
+        return self.w + 2 * self.pad_w - self.s + 1
+
+    @property
+    def groups(self) -> int:
+        return self.c // GROUP_WIDTH
+
+    @property
+    def elem_bytes(self) -> int:
+        return _ELEM_BYTES.get(self.dtype, 2)
+
+    def bytes(self, pass_: str = "fprop") -> int:
+        """Compulsory bytes of one pass (anchors.md): every tensor it reads or writes, once.
+
+        fprop = input + weight (+ bias) + output; dgrad = grad_out + weight + grad_in;
+        wgrad = grad_out + input + grad_weight.
+        """
+        e = self.elem_bytes
+        inp = self.n * self.c * self.h * self.w * e
+        out = self.n * self.c * self.p * self.q * e
+        wgt = self.c * GROUP_WIDTH * self.r * self.s * e
+        if pass_ == "fprop":
+            return inp + wgt + out + (self.c * e if self.has_bias else 0)
+        if pass_ in ("dgrad", "wgrad"):
+            return out + wgt + inp
+        raise ValueError(f"argument 'pass_' must be one of {PASSES}, got {pass_!r}")
+
+    def flops(self, pass_: str = "fprop") -> int:
+        """2 * multiply-adds of the conv, the same count for every pass (padding included)."""
+        if pass_ not in PASSES:
+            raise ValueError(f"argument 'pass_' must be one of {PASSES}, got {pass_!r}")
+        return 2 * self.n * self.p * self.q * self.c * GROUP_WIDTH * self.r * self.s
+
+    def label(self) -> str:
+        return (
+            f"n{self.n} c{self.c} {self.h}x{self.w} k{self.r}x{self.s} "
+            f"pad{self.pad_h},{self.pad_w} {self.dtype}{' bias' if self.has_bias else ''}"
+        )
+
+
+@dataclass(frozen=True)
+class GConvConfig:
+    """fprop/dgrad launch: a block_p x block_q pixel tile times block_c channels per program.
+
+    ``block_c`` is 16, 32 or 64 (2, 4 or 8 groups; tl.dot needs >= 16), block_p * block_q >= 16.
+    """
+
+    block_p: int
+    block_q: int
+    block_c: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def block_m(self) -> int:
+        return self.block_p * self.block_q
+
+    @property
+    def name(self) -> str:
+        return f"p{self.block_p}q{self.block_q}c{self.block_c}w{self.num_warps}s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class WgradConfig:
+    """wgrad launch: each program reduces ``chunk_steps`` runs of ``block_m`` output pixels
+    (flattened over n, p, q) for one block of ``block_c`` channels, all taps."""
+
+    block_m: int
+    block_c: int
+    chunk_steps: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def name(self) -> str:
+        return (
+            f"m{self.block_m}c{self.block_c}k{self.chunk_steps}w{self.num_warps}s{self.num_stages}"
+        )
+
+
+def conv_dims(problem: GConvProblem, pass_: str) -> tuple[int, int, int, int]:
+    """(in_h, in_w, out_h, out_w) of the conv the fprop kernel runs for this pass."""
+    if pass_ == "dgrad":
+        return problem.p, problem.q, problem.h, problem.w
+    return problem.h, problem.w, problem.p, problem.q
+
+
+def _block_cs(c: int) -> list[int]:
+    return [bc for bc in (16, 32, 64) if bc <= max(16, next_pow2(c))]
+
+
+def _warps(block_m: int, block_c: int) -> list[int]:
+    return [4] if block_m * block_c < 4096 else [4, 8]
+
+
+@functools.lru_cache(maxsize=4096)
+def default_config(problem: GConvProblem, pass_: str = "fprop", sms: int = 132):
+    """A reasonable config without timing: a GConvConfig, or a WgradConfig for ``"wgrad"``.
+
+    fprop/dgrad: up to 128-pixel tiles at most 16 wide, shrunk until there are >= 2 programs per
+    SM; 32 channels (4 groups) per program for small kernels, 16 where the block-diagonal waste of
+    larger channel blocks would make the tensor-core work dominate (R*S > 9).
+    """
+    if pass_ == "wgrad":
+        return _default_wgrad(problem, sms)
+    _, _, out_h, out_w = conv_dims(problem, pass_)
+    block_c = 32 if problem.c % 32 == 0 and problem.r * problem.s <= 9 else 16
+    block_q = min(16, next_pow2(out_w))
+    block_p = max(16 // block_q, min(next_pow2(out_h), 128 // block_q))
+
+    def programs(bp: int, bq: int) -> int:
+        tiles = -(-out_h // bp) * -(-out_w // bq)
+        return problem.n * tiles * -(-problem.c // block_c)
+
+    while block_p * block_q > 16 and programs(block_p, block_q) < 2 * sms:
+        if block_p > 1 and block_p >= block_q // 2:
+            block_p //= 2
+        else:
+            block_q //= 2
+    return GConvConfig(block_p, block_q, block_c, _warps(block_p * block_q, block_c)[-1], 2)
+
+
+def candidate_configs(problem: GConvProblem, pass_: str = "fprop", sms: int = 132) -> list:
+    """The legal configs worth timing for this problem and pass, the heuristic default first.
+
+    Tiles of 16-128 pixels, 4-16 wide (narrower only for narrow images), no taller or wider than
+    the image rounded up to a power of two; every channel block up to the channel count. One
+    ``num_stages`` value: the tap loop is unrolled, so there is no loop to pipeline.
+    """
+    return list(_candidates(problem, pass_, sms))  # a copy: callers may edit it
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidates(problem: GConvProblem, pass_: str, sms: int) -> tuple:
+    if pass_ == "wgrad":
+        return tuple(_wgrad_candidates(problem, sms))
+    if pass_ not in PASSES:
+        raise ValueError(f"argument 'pass_' must be one of {PASSES}, got {pass_!r}")
+    _, _, out_h, out_w = conv_dims(problem, pass_)
+    max_p, max_q = next_pow2(out_h), next_pow2(out_w)
+    tiles = []
+    for bq in (1, 2, 4, 8, 16):
+        if bq > max_q or (bq < 4 and max_q >= 4):
+            continue
+        for bm in (16, 32, 64, 128):
+            bp = bm // bq
+            if bp < 1 or (bp > max_p and bm > 16) or (bm == 16 and out_h * out_w > 64):
+                continue
+            tiles.append((bp, bq))
+    configs = [default_config(problem, pass_, sms)]
+    for bc in _block_cs(problem.c):
+        for bp, bq in tiles:
+            for nw in _warps(bp * bq, bc):
+                configs.append(GConvConfig(bp, bq, bc, nw, 2))
+    return tuple(dict.fromkeys(configs))
+
+
+def _wgrad_steps(m: int, block_m: int, c_blocks: int, sms: int) -> int:
+    """Steps per program so that the grid has about 4 programs per SM."""
+    chunks = max(1, (4 * sms) // c_blocks)
+    return max(1, min(1024, next_pow2(-(-m // (block_m * chunks)))))
+
+
+def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
+    m = problem.n * problem.p * problem.q
+    block_c = 32 if problem.c % 32 == 0 and problem.r * problem.s <= 9 else 16
+    block_m = max(16, min(64, next_pow2(m)))
+    steps = _wgrad_steps(m, block_m, -(-problem.c // block_c), sms)
+    return WgradConfig(block_m, block_c, steps, 4, 2)
+
+
+def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
+    m = problem.n * problem.p * problem.q
+    configs = [_default_wgrad(problem, sms)]
+    for bc in _block_cs(problem.c):
+        for bm in (16, 32, 64, 128):
+            if bm > max(16, next_pow2(m)) or (bm == 16 and m > 256):
+                continue
+            base = _wgrad_steps(m, bm, -(-problem.c // bc), sms)
+            for steps in dict.fromkeys((max(1, base // 4), base, base * 4)):
+                for nw in _warps(bm, bc):
+                    configs.append(WgradConfig(bm, bc, steps, nw, 2))
+    return list(dict.fromkeys(configs))
+
+
+# --- which convs have a kernel ------------------------------------------------------------------
+
+
+def pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    """``(v, v)`` for an int, the pair itself for a pair; else ``ValueError`` naming ``name``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return (value[0], value[-1])
+    raise ValueError(f"argument '{name}' must be an int or a pair of ints, got {value!r}")
+
+
+def resolve_padding(padding: int | Sequence[int] | str, r: int, s: int) -> tuple[int, int] | None:
+    """Symmetric (pad_h, pad_w) of ``padding`` (int, pair, "valid", "same"), or None when it is
+    not symmetric ("same" with an even kernel); ``ValueError`` for anything F.conv2d rejects."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0
+        if padding == "same":
+            return ((r - 1) // 2, (s - 1) // 2) if r % 2 == 1 and s % 2 == 1 else None
+        raise ValueError(f"argument 'padding' must be 'valid', 'same' or ints, got {padding!r}")
+    ph, pw = pair(padding, "padding")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"argument 'padding'={padding!r} is negative")
+    return ph, pw
+
+
+def unsupported_reason(
+    c_in: int,
+    c_out: int,
+    kernel_size: tuple[int, int],
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    padding_mode: str = "zeros",
+) -> str | None:
+    """Why a conv with these hyper-parameters has no tilewise kernel, or None if it has one."""
+    r, s = kernel_size
+    if padding_mode != "zeros":
+        return f"padding_mode={padding_mode!r} (kernels exist for 'zeros')"
+    if pair(stride, "stride") != (1, 1):
+        return f"stride {pair(stride, 'stride')} (kernels exist for stride 1)"
+    if pair(dilation, "dilation") != (1, 1):
+        return f"dilation {pair(dilation, 'dilation')} (kernels exist for dilation 1)"
+    if c_in != c_out:
+        return f"{c_in} input channels != {c_out} output channels"
+    if groups < 1 or c_in % groups or c_in // groups != GROUP_WIDTH:
+        return f"group width {c_in / max(groups, 1):g} (kernels exist for group width 8)"
+    if not (1 <= r <= MAX_KERNEL and 1 <= s <= MAX_KERNEL):
+        return f"kernel {r}x{s} (kernels exist for 1x1 to 7x7)"
+    if resolve_padding(padding, r, s) is None:
+        return f"padding={padding!r} with an even kernel is asymmetric"
+    return None
+
+
+def check_conv_args(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int | None
+) -> int:
+    """F.conv2d-style checks (``ValueError`` naming the argument); returns the group count,
+    inferred from the shapes when ``groups`` is None."""
+    if x.ndim != 4:
+        raise ValueError(f"tilewise.{OP}: argument 'x' must be 4-D [N, C, H, W], got {x.ndim}-D")
+    if weight.ndim != 4:
+        raise ValueError(f"tilewise.{OP}: argument 'weight' must be 4-D, got {weight.ndim}-D")
+    dispatch.check_same_device(OP, x=x, weight=weight, bias=bias)
+    dispatch.check_same_dtype(OP, x=x, weight=weight)
+    c, c_out, per_group = x.shape[1], weight.shape[0], weight.shape[1]
+    if groups is None:
+        if per_group < 1 or c % per_group:
+            raise ValueError(
+                f"tilewise.{OP}: argument 'weight' has {per_group} input channels per group, "
+                f"which does not divide the {c} channels of 'x'"
+            )
+        groups = c // per_group
+    elif groups < 1 or per_group * groups != c:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'groups'={groups} does not match 'x' ({c} channels) and "
+            f"'weight' ({per_group} input channels per group)"
+        )
+    if c_out % groups:
+        raise ValueError(
+            f"tilewise.{OP}: argument 'weight' has {c_out} output channels, not a multiple of "
+            f"groups={groups}"
+        )
+    if bias is not None:
+        dispatch.check_param_dtype(OP, x, bias=bias)
+        if bias.ndim != 1 or bias.shape[0] != c_out:
+            raise ValueError(
+                f"tilewise.{OP}: argument 'bias' has shape {tuple(bias.shape)}, expected ({c_out},)"
+            )
+    return groups

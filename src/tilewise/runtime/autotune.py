@@ -1,0 +1,279 @@
+"""Kernel config choice per problem: timed once per machine on CUDA, cached in memory and on disk.
+
+``choose_config(op, problem, candidates, run_fn)`` returns the heuristic default (the first
+candidate unless ``default`` is given) on CPU / the interpreter, when ``TILEWISE_AUTOTUNE=0``, and
+while a CUDA graph is being captured. Otherwise it looks the problem up, and on a miss times every
+candidate (``triton.testing.do_bench``, median, after warm-up), keeps the fastest in memory and
+in ``$TILEWISE_CACHE_DIR/autotune.json`` (default ``~/.cache/tilewise/``), so a second process
+pays nothing. Keys hold the device name, the tilewise and Triton versions, the op and every field
+of the problem (dtype included). Writes take a file lock, merge with what is on disk, write a
+temporary file and ``os.replace`` it: concurrent processes never see a torn file and do not lose
+each other's entries. ``export_cache`` / ``import_cache`` ship a cache between machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+log = logging.getLogger("tilewise")
+
+ENV_AUTOTUNE = "TILEWISE_AUTOTUNE"
+ENV_CACHE_DIR = "TILEWISE_CACHE_DIR"
+CACHE_FILE = "autotune.json"
+FORMAT = 1
+
+C = TypeVar("C")
+
+_lock = threading.Lock()
+_memory: dict[str, dict[str, Any]] = {}
+_loaded_path: Path | None = None
+
+
+def cache_dir() -> Path:
+    """Where the cache lives: ``$TILEWISE_CACHE_DIR`` or ``~/.cache/tilewise``."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tilewise"
+
+
+def cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def search_enabled() -> bool:
+    """False when ``TILEWISE_AUTOTUNE=0``: heuristic configs only, no timing, no cache."""
+    return os.environ.get(ENV_AUTOTUNE, "1") != "0"
+
+
+def clear_memory_cache() -> None:
+    """Forget what this process has loaded or found (the disk cache stays)."""
+    global _loaded_path
+    with _lock:
+        _memory.clear()
+        _loaded_path = None
+
+
+# --- seams the tests replace --------------------------------------------------------------------
+
+
+def _tunable(device: torch.device | None) -> bool:
+    """Only CUDA devices are timed; the interpreter and CPU take the heuristic."""
+    return device is not None and device.type == "cuda"
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` after warm-up (CUDA events, L2 flushed between runs)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+# --- keys and the disk file ---------------------------------------------------------------------
+
+
+def _versions() -> tuple[str, str]:
+    import triton
+
+    import tilewise
+
+    return getattr(tilewise, "__version__", "unknown"), triton.__version__
+
+
+def make_key(op: str, problem: Any, device_name: str) -> str:
+    """The cache key: device name, tilewise/Triton versions, op, problem fields and dtype."""
+    fields = dataclasses.asdict(problem)
+    tw, tr = _versions()
+    return json.dumps(
+        {
+            "device": device_name,
+            "tilewise": tw,
+            "triton": tr,
+            "op": op,
+            "problem": fields,
+            "dtype": str(fields.get("dtype", "")),
+        },
+        sort_keys=True,
+    )
+
+
+@functools.cache
+def _warn_once(msg: str) -> None:
+    log.warning("tilewise.autotune: %s", msg)
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    """Entries of a cache file; a missing, torn or foreign file reads as empty."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        _warn_once(f"ignoring unreadable cache {path}: {exc}")
+        return {}
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or data.get("format") != FORMAT:
+        _warn_once(f"ignoring cache {path} of another format")
+        return {}
+    return {k: v for k, v in entries.items() if isinstance(v, dict) and "config" in v}
+
+
+def _write_atomic(path: Path, entries: dict[str, dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock beside ``path`` (none where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _merge_into(path: Path, updates: dict[str, dict[str, Any]]) -> None:
+    with _file_lock(path):
+        entries = _read(path)
+        entries.update(updates)
+        _write_atomic(path, entries)
+
+
+def _ensure_loaded() -> None:
+    global _loaded_path
+    path = cache_path()
+    if _loaded_path != path:
+        _memory.clear()
+        _memory.update(_read(path))
+        _loaded_path = path
+
+
+def _lookup(key: str, candidates: Sequence[C]) -> C | None:
+    with _lock:
+        _ensure_loaded()
+        entry = _memory.get(key)
+    if entry is None:
+        return None
+    for cand in candidates:  # only a config that is still legal counts
+        if dataclasses.asdict(cand) == entry["config"]:
+            return cand
+    return None
+
+
+def _store(key: str, config: Any, ms: float) -> None:
+    entry = {"type": type(config).__name__, "config": dataclasses.asdict(config), "ms": ms}
+    with _lock:
+        _ensure_loaded()
+        _memory[key] = entry
+    try:
+        _merge_into(cache_path(), {key: entry})
+    except OSError as exc:
+        _warn_once(f"cannot write {cache_path()} ({exc}); keeping choices in memory only")
+
+
+# --- public API ---------------------------------------------------------------------------------
+
+
+def choose_config(
+    op: str,
+    problem: Any,
+    candidates: Sequence[C],
+    run_fn: Callable[[C], object],
+    *,
+    device: torch.device | None = None,
+    default: C | None = None,
+) -> C:
+    """The config to launch ``op`` on ``problem`` with (see the module docstring).
+
+    ``problem`` is a dataclass; ``run_fn(config)`` runs the kernel once with that config on real
+    tensors (only called when timing). A candidate that raises (e.g. out of shared memory) is
+    skipped; if all do, the default is returned and nothing is stored.
+    """
+    candidates = list(candidates)
+    if not candidates:
+        raise ValueError("argument 'candidates' is empty")
+    fallback = candidates[0] if default is None else default
+    if not search_enabled() or not _tunable(device):
+        return fallback
+    key = make_key(op, problem, _device_name(device))
+    hit = _lookup(key, candidates)
+    if hit is not None:
+        return hit
+    if _capturing(device):
+        return fallback
+    times = []
+    for cand in candidates:
+        try:
+            times.append(_bench(lambda cand=cand: run_fn(cand)))
+        except Exception as exc:  # a config the compiler or the device rejects
+            log.debug("tilewise.autotune: %s %s failed: %s", op, cand, exc)
+            times.append(math.inf)
+    best = min(range(len(candidates)), key=times.__getitem__)
+    if math.isinf(times[best]):
+        _warn_once(f"every candidate of {op} failed; using the heuristic config")
+        return fallback
+    _store(key, candidates[best], times[best])
+    log.info("tilewise.autotune: %s %s -> %s (%.4f ms)", op, problem, candidates[best], times[best])
+    return candidates[best]
+
+
+def export_cache(path: str | os.PathLike) -> int:
+    """Write every known choice (disk cache and this process) to ``path``; returns the count."""
+    with _lock:
+        _ensure_loaded()
+        entries = {**_read(cache_path()), **_memory}
+    _write_atomic(Path(path), entries)
+    return len(entries)
+
+
+def import_cache(path: str | os.PathLike) -> int:
+    """Merge a cache written by ``export_cache`` into this process and the disk cache."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"argument 'path': {path} does not exist")
+    entries = _read(path)
+    with _lock:
+        _ensure_loaded()
+        _memory.update(entries)
+    try:
+        _merge_into(cache_path(), entries)
+    except OSError as exc:
+        _warn_once(f"cannot write {cache_path()} ({exc}); imported entries kept in memory only")
+    return len(entries)

@@ -1,0 +1,250 @@
+"""Autotune: choice, memory and disk cache, keys, env switches, export/import, concurrent writers.
+
+No real timing: the timer and the CUDA checks are replaced, so these run on any CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilewise
+from tilewise.runtime import autotune, dispatch
+
+
+@dataclass(frozen=True)
+class Prob:
+    n: int
+    dtype: str = "fp16"
+
+
+@dataclass(frozen=True)
+class Cfg:
+    block: int
+    warps: int = 4
+
+
+CANDS = [Cfg(16), Cfg(32), Cfg(64)]
+TIMES = {Cfg(16): 3.0, Cfg(32): 1.0, Cfg(64): 2.0}
+DEV = torch.device("cuda")  # never touched: the device checks are replaced
+
+
+def run(cfg: Cfg) -> Cfg:
+    return cfg
+
+
+@pytest.fixture
+def tuner(monkeypatch, tmp_path):
+    """A fake CUDA machine: ``_bench`` runs fn once and returns the config's made-up time."""
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
+    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
+    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
+    calls: list = []
+
+    def fake_bench(fn):
+        cfg = fn()
+        calls.append(cfg)
+        return TIMES.get(cfg, 5.0) if isinstance(cfg, Cfg) else 1.0 + len(calls) % 7
+
+    monkeypatch.setattr(autotune, "_bench", fake_bench)
+    autotune.clear_memory_cache()
+    yield SimpleNamespace(calls=calls, path=tmp_path / autotune.CACHE_FILE)
+    autotune.clear_memory_cache()
+
+
+def _no_timing(fn):
+    raise AssertionError("timed although the choice was cached")
+
+
+def test_picks_fastest_and_caches_in_memory_and_on_disk(tuner, monkeypatch):
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    assert tuner.calls == CANDS
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    data = json.loads(tuner.path.read_text())
+    (entry,) = data["entries"].values()
+    assert entry["config"] == {"block": 32, "warps": 4} and entry["ms"] == 1.0
+    key = json.loads(next(iter(data["entries"])))
+    assert key["device"] == "Fake GPU" and key["op"] == "op" and key["dtype"] == "fp16"
+    assert key["problem"] == {"n": 1, "dtype": "fp16"} and key["tilewise"] == tilewise.__version__
+
+
+def test_a_new_process_reads_the_disk_cache(tuner, tmp_path):
+    autotune.choose_config("op", Prob(7), CANDS, run, device=DEV)
+    code = textwrap.dedent(
+        """
+        import dataclasses, torch
+        from tilewise.runtime import autotune
+        P = dataclasses.make_dataclass("Prob", [("n", int), ("dtype", str)], frozen=True)
+        C = dataclasses.make_dataclass("Cfg", [("block", int), ("warps", int)], frozen=True)
+        autotune._tunable = lambda d: True
+        autotune._device_name = lambda d: "Fake GPU"
+        def boom(fn):
+            raise SystemExit("timed in the second process")
+        autotune._bench = boom
+        cands = [C(16, 4), C(32, 4), C(64, 4)]
+        print(autotune.choose_config("op", P(7, "fp16"), cands, lambda c: c,
+                                     device=torch.device("cuda")).block)
+        """
+    )
+    env = dict(os.environ, TILEWISE_CACHE_DIR=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "32"
+
+
+def test_key_covers_device_versions_op_problem_and_dtype(tuner, monkeypatch):
+    autotune.choose_config("op", Prob(1), CANDS, run, device=DEV)
+    searches = [len(tuner.calls)]
+    for change in ("op", "problem", "dtype", "device", "version"):
+        if change == "device":
+            monkeypatch.setattr(autotune, "_device_name", lambda d: "Other GPU")
+        if change == "version":
+            monkeypatch.setattr(autotune, "_versions", lambda: ("99.0", "9.9"))
+        op = "op2" if change == "op" else "op"
+        prob = Prob(2) if change == "problem" else Prob(1, "bf16" if change == "dtype" else "fp16")
+        autotune.choose_config(op, prob, CANDS, run, device=DEV)
+        searches.append(len(tuner.calls))
+    assert searches == [3, 6, 9, 12, 15, 18]  # every change is a miss that times all three
+    assert len(json.loads(tuner.path.read_text())["entries"]) == 6
+
+
+def test_env_disables_search_and_cache(tuner, monkeypatch):
+    autotune.choose_config("op", Prob(1), CANDS, run, device=DEV)
+    monkeypatch.setenv("TILEWISE_AUTOTUNE", "0")
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(16)
+    got = autotune.choose_config("op", Prob(3), CANDS, run, device=DEV, default=Cfg(64))
+    assert got == Cfg(64)
+
+
+def test_cpu_and_no_device_take_the_heuristic(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    cpu = torch.device("cpu")
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=cpu, default=Cfg(64)) == Cfg(64)
+    assert autotune.choose_config("op", Prob(1), CANDS, run) == Cfg(16)
+    assert not (tmp_path / autotune.CACHE_FILE).exists()
+    with pytest.raises(ValueError, match="'candidates'"):
+        autotune.choose_config("op", Prob(1), [], run)
+
+
+def test_graph_capture_takes_the_heuristic_without_storing(tuner, monkeypatch):
+    monkeypatch.setattr(autotune, "_capturing", lambda d: True)
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(16)
+    assert tuner.calls == [] and not tuner.path.exists()
+
+
+def test_failing_candidates_are_skipped(tuner):
+    def flaky(cfg):
+        if cfg == Cfg(32):
+            raise RuntimeError("out of shared memory")
+        return cfg
+
+    assert autotune.choose_config("op", Prob(1), CANDS, flaky, device=DEV) == Cfg(64)
+
+    def broken(cfg):
+        raise RuntimeError("no")
+
+    assert autotune.choose_config("op", Prob(2), CANDS, broken, device=DEV) == Cfg(16)
+    assert len(json.loads(tuner.path.read_text())["entries"]) == 1  # the failure stored nothing
+
+
+def test_a_stale_entry_is_searched_again(tuner):
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    legal_now = [Cfg(16), Cfg(64)]
+    assert autotune.choose_config("op", Prob(1), legal_now, run, device=DEV) == Cfg(64)
+
+
+def test_export_import_roundtrip(tuner, monkeypatch, tmp_path_factory):
+    autotune.choose_config("op", Prob(1), CANDS, run, device=DEV)
+    autotune.choose_config("op", Prob(2), CANDS, run, device=DEV)
+    shipped = tmp_path_factory.mktemp("ship") / "cache.json"
+    assert autotune.export_cache(shipped) == 2
+    elsewhere = tmp_path_factory.mktemp("other")
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(elsewhere))
+    autotune.clear_memory_cache()
+    assert autotune.import_cache(shipped) == 2
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    assert autotune.choose_config("op", Prob(2), CANDS, run, device=DEV) == Cfg(32)
+    assert len(json.loads((elsewhere / autotune.CACHE_FILE).read_text())["entries"]) == 2
+    with pytest.raises(ValueError, match="'path'"):
+        autotune.import_cache(elsewhere / "missing.json")
+
+
+def test_a_corrupt_or_unwritable_cache_is_tolerated(tuner, monkeypatch, tmp_path):
+    tuner.path.write_text("{not json")
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    assert len(json.loads(tuner.path.read_text())["entries"]) == 1  # rewritten whole
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(blocker / "cache"))
+    assert autotune.choose_config("op", Prob(5), CANDS, run, device=DEV) == Cfg(32)
+    monkeypatch.setattr(autotune, "_bench", _no_timing)  # kept in memory all the same
+    assert autotune.choose_config("op", Prob(5), CANDS, run, device=DEV) == Cfg(32)
+
+
+def test_concurrent_processes_lose_no_entries(tmp_path):
+    code = textwrap.dedent(
+        """
+        import dataclasses, sys, torch
+        from tilewise.runtime import autotune
+        P = dataclasses.make_dataclass("Prob", [("n", int), ("worker", int)], frozen=True)
+        C = dataclasses.make_dataclass("Cfg", [("block", int)], frozen=True)
+        autotune._tunable = lambda d: True
+        autotune._device_name = lambda d: "Fake GPU"
+        autotune._capturing = lambda d: False
+        autotune._bench = lambda fn: float(fn().block)
+        w = int(sys.argv[1])
+        for i in range(15):
+            autotune.choose_config("op", P(i, w), [C(3), C(1), C(2)], lambda c: c,
+                                   device=torch.device("cuda"))
+        """
+    )
+    env = dict(os.environ, TILEWISE_CACHE_DIR=str(tmp_path))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(w)], env=env, stderr=subprocess.PIPE)
+        for w in range(4)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    entries = json.loads((tmp_path / autotune.CACHE_FILE).read_text())["entries"]
+    assert len(entries) == 60
+    assert all(e["config"] == {"block": 1} for e in entries.values())
+    assert not list(tmp_path.glob("*.tmp")), "a temporary file was left behind"
+
+
+@pytest.mark.skipif(not dispatch.INTERPRET, reason="CPU kernels need the Triton interpreter")
+def test_gconv_searches_its_candidates_on_a_fake_gpu(tuner, rng_seed):
+    """The real run_fn closures of fprop, dgrad and wgrad run each candidate (interpreter)."""
+    x = torch.randn(1, 16, 4, 5).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = (torch.randn(16, 8, 3, 3) / 8).requires_grad_()
+    b = torch.randn(16, requires_grad=True)
+    y = tilewise.grouped_conv2d(x, w, b, padding=1, deterministic=False)
+    y.backward(torch.ones_like(y))
+    keys = [json.loads(k)["op"] for k in json.loads(tuner.path.read_text())["entries"]]
+    assert sorted(keys) == [
+        "grouped_conv2d.dgrad",
+        "grouped_conv2d.fprop",
+        "grouped_conv2d_backward.wgrad.atomic",
+    ]
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    ref = F.conv2d(xr, wr, br, padding=1, groups=2)
+    ref.backward(torch.ones_like(ref))
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    for got, exp in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
+        torch.testing.assert_close(got.double(), exp, rtol=1e-5, atol=1e-4)
