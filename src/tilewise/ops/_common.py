@@ -118,37 +118,3 @@ def act_grad_reference(dy: torch.Tensor, z: torch.Tensor, activation: str) -> to
         s = torch.sigmoid(z)
         return dy * (s * (1.0 + z * (1.0 - s)))
     return dy
-
-
-@triton.jit
-def _sum_partials_kernel(
-    p_ptr, out0_ptr, out1_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """out_k[n] = sum_p partial[k, p, n] in a fixed order (deterministic), cast on store."""
-    k = tl.program_id(1)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    base = p_ptr + k.to(tl.int64) * P * N
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for start in range(0, P, BLOCK_P):
-        rows = start + tl.arange(0, BLOCK_P)
-        mask = (rows[:, None] < P) & cmask[None, :]
-        acc += tl.load(base + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    total = tl.sum(acc, axis=0)
-    if k == 0:
-        tl.store(out0_ptr + cols, total.to(out0_ptr.dtype.element_ty), mask=cmask)
-    else:
-        tl.store(out1_ptr + cols, total.to(out1_ptr.dtype.element_ty), mask=cmask)
-
-
-def sum_partials(partial: torch.Tensor, outs: list[torch.Tensor]) -> None:
-    """Reduce fp32 partials [len(outs), P, N] over P into ``outs`` (each [N]) in one launch."""
-    k, p, n = partial.shape
-    if k != len(outs) or not 1 <= k <= 2:
-        raise ValueError(f"sum_partials: partial has {k} slices for {len(outs)} outputs")
-    block_n = min(next_pow2(n), 128)
-    block_p = min(next_pow2(p), 32)
-    grid = (triton.cdiv(n, block_n), k)
-    _sum_partials_kernel[grid](
-        partial, outs[0], outs[-1], p, n, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
-    )

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import TileConfig, next_pow2, num_sms, pick_config, sum_partials
+from tilewise.ops._common import TileConfig, next_pow2, num_sms, pick_config
 from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
@@ -368,9 +368,8 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     progs = min(triton.cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = triton.cdiv(triton.cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = triton.cdiv(m, rows_per_prog)
-    params = [t for t in (weight, bias) if t is not None]
-    partial = alloc.empty((max(1, len(params)), progs, n), device=x.device, dtype=torch.float32)
-    dwp, dbp = partial[0], partial[-1]
+    dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+    dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
     _ln_bwd_kernel[(progs,)](
         dyv,
         xv,
@@ -389,9 +388,6 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,
     )
-    grads = [alloc.empty(n, device=x.device, dtype=t.dtype) for t in params]
-    if grads:
-        sum_partials(partial, grads)  # one launch, fixed order: deterministic
-    dw = grads.pop(0).view(weight.shape) if weight is not None else None
-    db = grads.pop(0).view(bias.shape) if bias is not None else None
+    dw = dwp.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None
+    db = dbp.sum(0).view(bias.shape).to(bias.dtype) if bias is not None else None
     return dx.view(x.shape), dw, db
