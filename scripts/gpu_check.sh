@@ -3,7 +3,8 @@
 # and pytest: install tilewise without fetching anything, run the GPU tests, run the benchmarks
 # named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
 # print a short summary table last.
-#   usage: scripts/gpu_check.sh [--no-tests] [BENCH ...]      BENCH in: ceilings pointwise quick
+#   usage: scripts/gpu_check.sh [--no-tests] [BENCH ...]
+#   BENCH in: ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -42,6 +43,11 @@ for b in "${benches[@]}"; do
     ceilings) "${TW[@]}" bench ceilings --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     pointwise) "${TW[@]}" bench pointwise --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     quick) "${TW[@]}" bench pointwise --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    gconv) "${TW[@]}" bench gconv --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    gconv-insitu) "${TW[@]}" bench gconv-insitu --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    gconv-quick)
+      "${TW[@]}" bench gconv --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log"
+      "${TW[@]}" bench gconv-insitu --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     *) echo "unknown benchmark '$b'" ;;
   esac
 done

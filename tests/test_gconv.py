@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -224,7 +225,6 @@ FALLBACKS = {
     "kernel9": ((16, 8, 9, 9), dict(padding=4), "kernel 9x9"),
     "cin_ne_cout": ((32, 8, 3, 3), dict(padding=1), "output channels"),
     "same_even_kernel": ((16, 8, 4, 4), dict(padding="same"), "asymmetric"),
-    "noncontiguous_weight": ((16, 8, 3, 3), dict(padding=1), "weight is not contiguous"),
 }
 
 
@@ -236,8 +236,6 @@ def test_fallbacks_are_correct_and_logged_once(case, caplog, rng_seed):
     if case != "nchw_input":
         x0 = x0.contiguous(memory_format=torch.channels_last)
     w0 = torch.randn(wshape)
-    if case == "noncontiguous_weight":
-        w0 = torch.randn(16, 8, 3, 3).transpose(2, 3)
     b0 = torch.randn(wshape[0])
     groups = 16 // wshape[1]
     dispatch._log_once.cache_clear()
@@ -254,6 +252,33 @@ def test_fallbacks_are_correct_and_logged_once(case, caplog, rng_seed):
         torch.testing.assert_close(got, exp)
     msgs = [r.getMessage() for r in caplog.records if "grouped_conv2d" in r.getMessage()]
     assert len(msgs) == 1 and words in msgs[0], msgs
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "transposed"])
+def test_non_contiguous_weight_takes_the_kernel(layout, caplog, rng_seed):
+    """Weights of a model moved to channels_last (or any strides) still run the kernels."""
+    x0 = torch.randn(2, 16, 7, 6).contiguous(memory_format=torch.channels_last)
+    w0 = torch.randn(16, 8, 3, 3)
+    w0 = (
+        w0.contiguous(memory_format=torch.channels_last)
+        if layout == "channels_last"
+        else torch.randn(16, 8, 3, 3).transpose(2, 3)
+    )
+    assert not w0.is_contiguous()
+    dispatch._log_once.cache_clear()
+    with caplog.at_level("WARNING", logger="tilewise"):
+        with mock.patch.object(ops, "launch_fprop", wraps=ops.launch_fprop) as launch:
+            x, w = leaf(x0), leaf(w0)
+            y = tilewise.grouped_conv2d(x, w, None, padding=1)
+            y.backward(torch.ones_like(y))
+    assert launch.call_count == 2  # fprop and dgrad
+    assert not [r for r in caplog.records if "grouped_conv2d" in r.getMessage()]
+    xr, wr = leaf(x0), leaf(w0)
+    ref = F.conv2d(xr, wr, None, padding=1, groups=2)
+    ref.backward(torch.ones_like(ref))
+    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(w.grad, wr.grad, atol=1e-3, rtol=1e-3)
 
 
 def test_bad_input_names_the_argument():
@@ -478,7 +503,10 @@ def compare_training(c, blocks, hw, batch, steps, device, autocast_dtype, tol):
         x = x.to(device).contiguous(memory_format=torch.channels_last)
         batches.append((x, label.to(device)))
     ref = train_losses(ref_model, batches, autocast_dtype)
-    got = train_losses(tw_model, batches, autocast_dtype)
+    # the model is channels_last, weights too: the kernels must still run (no silent fallback)
+    with mock.patch.object(ops, "launch_fprop", wraps=ops.launch_fprop) as launch:
+        got = train_losses(tw_model, batches, autocast_dtype)
+    assert launch.call_count >= 2 * blocks * steps, "tilewise kernels did not run"
     diffs = [abs(a - b) / max(1.0, abs(b)) for a, b in zip(got, ref, strict=True)]
     assert max(diffs) <= tol, f"loss curves diverge: max rel diff {max(diffs):.2e}"
     assert ref[-1] < ref[0], "the reference run did not learn; the comparison says little"

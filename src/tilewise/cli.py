@@ -1,4 +1,5 @@
-"""``tilewise`` command line: ``bench ceilings``, ``bench pointwise`` and ``tour``.
+"""``tilewise`` command line: ``bench ceilings``, ``bench pointwise``, ``bench gconv``,
+``bench gconv-insitu``, ``bench report`` and ``tour``.
 
 Everything printed is measured in the same run. Without a CUDA GPU the GPU studies refuse to
 run (exit code 2); ``tour`` then runs small CPU agreement checks instead and says so.
@@ -19,6 +20,8 @@ import torch
 from tilewise.registry import DTYPES, OPS, RowsProblem
 
 if TYPE_CHECKING:
+    from tilewise.bench.gconv import GConvStudyConfig
+    from tilewise.bench.gconv_insitu import InSituConfig
     from tilewise.bench.pointwise import PointwiseConfig
 
 DEFAULT_OUT = Path("benchmarks/results")
@@ -74,6 +77,18 @@ def add_pointwise_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _with_overrides(base, overrides: dict):
+    """``replace(base, ...)`` with the options that were given (lists become tuples)."""
+    return replace(
+        base,
+        **{
+            k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in overrides.items()
+            if v is not None
+        },
+    )
+
+
 def pointwise_config(args: argparse.Namespace) -> PointwiseConfig:
     """A ``PointwiseConfig`` from parsed options (``--quick`` first, explicit options on top)."""
     from tilewise.bench.pointwise import PointwiseConfig
@@ -89,14 +104,7 @@ def pointwise_config(args: argparse.Namespace) -> PointwiseConfig:
         "warmup": args.warmup,
         "reps": args.reps,
     }
-    return replace(
-        base,
-        **{
-            k: (tuple(v) if isinstance(v, list) else v)
-            for k, v in overrides.items()
-            if v is not None
-        },
-    )
+    return _with_overrides(base, overrides)
 
 
 def _report(records: list[dict], title: str) -> None:
@@ -116,16 +124,22 @@ def _report(records: list[dict], title: str) -> None:
             print("  " + line)
 
 
-def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool) -> None:
+def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool, plot_fn=None) -> None:
+    """Write the JSON; with ``plot``, a PNG beside it drawn by ``plot_fn(results, path)``
+    (default: fraction of copy vs size, for records that have ``frac_copy``)."""
     from tilewise.bench.results import load_results, save_results
 
     path = save_results(study, records, ceilings, out)
     print(f"wrote {path}")
-    if plot and any(r.get("frac_copy") is not None for r in records):
-        from tilewise.bench.plots import plot_fraction_of_copy
-
-        png = plot_fraction_of_copy(load_results(path), path.with_suffix(".png"))
-        print(f"wrote {png}")
+    if plot_fn is None and plot and any(r.get("frac_copy") is not None for r in records):
+        from tilewise.bench.plots import plot_fraction_of_copy as plot_fn
+    if plot and plot_fn is not None:
+        try:
+            png = plot_fn(load_results(path), path.with_suffix(".png"))
+        except ValueError as exc:  # nothing timed: say so instead of failing the run
+            print(f"no plot: {exc}")
+        else:
+            print(f"wrote {png}")
 
 
 def run_pointwise_command(args: argparse.Namespace) -> int:
@@ -143,6 +157,145 @@ def run_pointwise_command(args: argparse.Namespace) -> int:
     _report(records, f"pointwise study, {time.perf_counter() - t0:.0f} s")
     _save("pointwise", records, ceilings, args.out, args.plot)
     return 0
+
+
+# --- bench gconv (isolated) and bench gconv-insitu -----------------------------------------------
+
+
+def _common_study_args(p: argparse.ArgumentParser, study: str) -> None:
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
+    p.add_argument("--study", default=study, help=f"result file prefix (default: {study})")
+    p.add_argument("--plot", action="store_true", help="also write a PNG figure")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of the isolated grouped-conv study (shared with ``benchmarks/bench_gconv.py``)."""
+    p.add_argument("--quick", action="store_true", help="fp16, C=64 64x64 3x3, N in {1, 32}")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="default: fp16 bf16")
+    p.add_argument("--n", nargs="+", type=int, help="batch sizes (default: 1 8 32 64 128 256)")
+    p.add_argument("--kernels", nargs="+", type=int, help="kernel sizes at every shape (3)")
+    p.add_argument(
+        "--extra-kernels", nargs="*", type=int, help="kernel sizes at C=64 64x64 only (5 7)"
+    )
+    p.add_argument("--passes", nargs="+", choices=["fprop", "dgrad", "wgrad"])
+    p.add_argument("--impls", nargs="+", choices=["tilewise", "cudnn"])
+    p.add_argument("--warmup", type=int, help="untimed calls per measurement")
+    p.add_argument("--reps", type=int, help="timed calls per measurement")
+    _common_study_args(p, "gconv")
+    return p
+
+
+def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
+    """A ``GConvStudyConfig`` from parsed options (``--quick`` first, options on top)."""
+    from tilewise.bench.gconv import GConvStudyConfig
+
+    base = GConvStudyConfig.quick() if args.quick else GConvStudyConfig()
+    overrides = {
+        "dtypes": args.dtypes,
+        "batches": args.n,
+        "kernels": args.kernels,
+        "extra_kernels": args.extra_kernels,
+        "passes": args.passes,
+        "impls": args.impls,
+        "warmup": args.warmup,
+        "reps": args.reps,
+    }
+    return _with_overrides(base, overrides)
+
+
+def run_gconv_command(args: argparse.Namespace) -> int:
+    """``tilewise bench gconv``: ceilings, the isolated grid, a table, JSON (and PNG)."""
+    if not _needs_cuda("bench gconv"):
+        return 2
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.gconv import plot_gconv, run_gconv
+
+    config = gconv_config(args)
+    ceilings = measure_ceilings("cuda", dtypes=("fp16", "bf16"))
+    print(format_ceilings(ceilings))
+    t0 = time.perf_counter()
+    records = run_gconv(config, ceilings, "cuda", progress=not args.no_progress)
+    _report_gconv(records, f"grouped conv, isolated, {time.perf_counter() - t0:.0f} s")
+    _save(args.study, records, ceilings, args.out, args.plot, plot_gconv)
+    return 0
+
+
+def _report_gconv(records: list[dict], title: str) -> None:
+    from tilewise.bench.gconv import errors, summary_table
+    from tilewise.bench.results import format_table
+
+    print(f"\n{title}")
+    print("(GB/s: compulsory bytes / CUDA-event median; frac: of the measured copy ceiling;")
+    print(" prof: the same from the profiler's sum of every kernel of the pass)")
+    print(format_table(*summary_table(records)))
+    _print_errors(errors(records))
+
+
+def add_insitu_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of the in-situ study (shared with ``benchmarks/bench_gconv_insitu.py``)."""
+    p.add_argument("--quick", action="store_true", help="both blocks at batch 32 and 64")
+    p.add_argument("--blocks", nargs="+", choices=["convfirst", "mbconv"])
+    p.add_argument("--batches", nargs="+", type=int, help="default: 32 64 ... 256")
+    p.add_argument("--impls", nargs="+", choices=["tilewise", "eager", "compile"])
+    p.add_argument("--depth", type=int, help="blocks in the stack (default 4, plus 2 extra)")
+    p.add_argument("--iters", type=int, help="profiled forward + backward iterations")
+    p.add_argument("--reps", type=int, help="timed training steps")
+    _common_study_args(p, "gconv-insitu")
+    return p
+
+
+def insitu_config(args: argparse.Namespace) -> InSituConfig:
+    """An ``InSituConfig`` from parsed options (``--quick`` first, options on top)."""
+    from tilewise.bench.gconv_insitu import InSituConfig
+
+    base = InSituConfig.quick() if args.quick else InSituConfig()
+    overrides = {
+        "blocks": args.blocks,
+        "batches": args.batches,
+        "impls": args.impls,
+        "depth": args.depth,
+        "iters": args.iters,
+        "step_reps": args.reps,
+    }
+    return _with_overrides(base, overrides)
+
+
+def run_insitu_command(args: argparse.Namespace) -> int:
+    """``tilewise bench gconv-insitu``: ceilings, the block stacks, tables, JSON (and PNG)."""
+    if not _needs_cuda("bench gconv-insitu"):
+        return 2
+    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.gconv_insitu import plot_insitu, run_insitu
+
+    config = insitu_config(args)
+    ceilings = measure_ceilings("cuda", dtypes=("fp16",))
+    print(format_ceilings(ceilings))
+    t0 = time.perf_counter()
+    records = run_insitu(config, ceilings, "cuda", progress=not args.no_progress)
+    _report_insitu(records, f"grouped conv in situ, {time.perf_counter() - t0:.0f} s")
+    _save(args.study, records, ceilings, args.out, args.plot, plot_insitu)
+    return 0
+
+
+def _report_insitu(records: list[dict], title: str) -> None:
+    from tilewise.bench.gconv_insitu import errors, summary_tables
+    from tilewise.bench.results import format_table
+
+    print(f"\n{title}")
+    print("(GB/s: one layer's compulsory bytes / its grouped-conv kernel time in the stack;")
+    print(" tw gconv us: the Triton kernels alone; steps: forward + backward + SGD, ms)")
+    for headers, rows in summary_tables(records):
+        print(format_table(headers, rows))
+        print()
+    _print_errors(errors(records))
+
+
+def _print_errors(errs: list[str]) -> None:
+    if errs:
+        print(f"\n{len(errs)} measurements not reported:")
+        for line in errs:
+            print("  " + line)
 
 
 # --- tour ----------------------------------------------------------------------------------------
@@ -244,18 +397,28 @@ def _frac(x: float | None) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    """``tilewise bench report DIR``: the summary tables of the JSON results found in DIR."""
+    """``tilewise bench report DIR``: the summary tables of the JSON results found in DIR
+    (files named after their study: pointwise*, tour*, gconv*, gconv-insitu*)."""
     from tilewise.bench.results import load_results
 
-    paths = sorted(
-        p for p in Path(args.dir).glob("*.json") if p.name.startswith(("pointwise", "tour"))
-    )
-    if not paths:
-        print(f"no pointwise/tour results in {args.dir}")
-        return 1
-    for path in paths:
+    reports = {  # longest prefix first
+        "gconv-insitu": _report_insitu,
+        "gconv": _report_gconv,
+        "pointwise": _report,
+        "tour": _report,
+    }
+    found = 0
+    for path in sorted(Path(args.dir).glob("*.json")):
+        prefix = next((k for k in reports if path.name.startswith(k)), None)
+        if prefix is None:
+            continue
         data = load_results(path)
-        _report(list(data["records"]), f"{path.name} ({data['environment'].get('device_name')})")
+        found += 1
+        title = f"{path.name} ({data['environment'].get('device_name')})"
+        reports[prefix](list(data["records"]), title)
+    if not found:
+        print(f"no pointwise/tour/gconv results in {args.dir}")
+        return 1
     return 0
 
 
@@ -277,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     ceil.set_defaults(func=_cmd_ceilings)
     pw = add_pointwise_args(studies.add_parser("pointwise", help="pointwise ops study"))
     pw.set_defaults(func=run_pointwise_command)
+    gc = add_gconv_args(studies.add_parser("gconv", help="grouped conv, isolated kernels"))
+    gc.set_defaults(func=run_gconv_command)
+    gi = add_insitu_args(studies.add_parser("gconv-insitu", help="grouped conv in block stacks"))
+    gi.set_defaults(func=run_insitu_command)
     rep = studies.add_parser("report", help="summary tables of saved results in a directory")
     rep.add_argument("dir", type=Path)
     rep.set_defaults(func=_cmd_report)

@@ -267,7 +267,7 @@ def grouped_conv2d(
     """``torch.nn.functional.conv2d`` (same argument order) with tilewise kernels for group width 8.
 
     The kernel path needs C_in == C_out == C, ``weight`` [C, 8, R, S] with R, S <= 7, stride 1,
-    dilation 1, zero padding, a channels_last ``x`` and contiguous parameters; its output is
+    dilation 1, zero padding and a channels_last ``x`` (parameters of any layout); its output is
     channels_last. Anything else runs ``F.conv2d`` and logs why, once. ``groups`` defaults to
     ``C // weight.shape[1]``. Under autocast, inputs are cast to the autocast dtype as for
     F.conv2d. ``deterministic`` (default: ``torch.are_deterministic_algorithms_enabled()``)

@@ -264,11 +264,14 @@ def layout_reason(
         return f"kernel {weight.shape[2]}x{weight.shape[3]} is larger than 7x7"
     if not x.is_contiguous(memory_format=torch.channels_last):
         return "input is not channels_last (NHWC) contiguous"
-    if not weight.is_contiguous():
-        return "weight is not contiguous"
-    if bias is not None and not bias.is_contiguous():
-        return "bias is not contiguous"
     return None
+
+
+def _dense_params(
+    weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Dense weight and bias: tiny, and channels_last in a model moved to channels_last."""
+    return weight.contiguous(), (bias.contiguous() if bias is not None else None)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -328,6 +331,7 @@ def forward(
 ) -> torch.Tensor:
     """``conv2d(x, weight, bias, padding=(pad_h, pad_w), groups=C/8)``, channels_last output."""
     validate(x, weight, bias, pad_h, pad_w)
+    weight, bias = _dense_params(weight, bias)
     if not _kernel_ok(OP, x, weight, bias):
         return _channels_last(reference(x, weight, bias, (pad_h, pad_w)))
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
@@ -360,6 +364,7 @@ def backward(
     differences on the GPU); True reduces per-chunk partials with a PyTorch sum.
     """
     validate(x, weight, bias, pad_h, pad_w)
+    weight, bias = _dense_params(weight, bias)
     dispatch.check_same_device(OP_BWD, x=x, grad=grad)
     p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
     if tuple(grad.shape) != (x.shape[0], x.shape[1], p, q):

@@ -1,0 +1,415 @@
+"""CPU tests of the benchmark models and of the grouped-conv studies' CPU-side pieces.
+
+Tiny shapes through the Triton interpreter (conftest sets TRITON_INTERPRET=1 on CPU). Nothing
+here asserts on a timing: benchmarks are never timed tests.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+import tilewise
+from tilewise import cli
+from tilewise.bench import gconv as iso
+from tilewise.bench import gconv_insitu as ins
+from tilewise.bench.ceilings import Ceilings
+from tilewise.bench.results import load_results, save_results
+from tilewise.models import (
+    ConvFirstBlock,
+    MBConvBlock,
+    MLPBlock,
+    block_stack,
+    grouped_channels,
+    grouped_convs,
+)
+from tilewise.nn import GroupedConv2d
+from tilewise.ops import gconv as gconv_ops
+from tilewise.ops.gconv_config import PASSES, GConvProblem
+from tilewise.runtime import dispatch
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def _no_search(monkeypatch):
+    monkeypatch.setenv("TILEWISE_AUTOTUNE", "0")
+
+
+def _x(n=2, c=16, hw=6):
+    return torch.randn(n, c, hw, hw).contiguous(memory_format=CL)
+
+
+def _zero_last_bn(block: nn.Module) -> None:
+    with torch.no_grad():
+        block.project_bn.weight.zero_()
+        block.project_bn.bias.zero_()
+
+
+# --- the blocks ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block,grouped_c",
+    [(ConvFirstBlock(16, 3, 6), 16), (MBConvBlock(16, 3, 4), 64), (MBConvBlock(8, 5, 2), 16)],
+    ids=["convfirst", "mbconv", "mbconv-k5"],
+)
+def test_block_shapes_and_residual(block, grouped_c):
+    c = block.project_bn.num_features
+    x = _x(2, c, 7)
+    assert block(x).shape == x.shape
+    (name, conv), *rest = grouped_convs(block)
+    assert not rest and name == "conv" and conv.in_channels == grouped_c
+    assert conv.groups == grouped_c // 8 and conv.padding == (conv.kernel_size[0] // 2,) * 2
+    assert conv.bias is None
+    _zero_last_bn(block)  # the branch now outputs 0: the block is the identity
+    torch.testing.assert_close(block(x), x)
+
+
+def test_mlp_block_and_stack_layout():
+    _zero_last_bn(mlp := MLPBlock(16, 2))
+    x = _x()
+    torch.testing.assert_close(mlp(x), x)
+    stack = block_stack("ConvFirst", 16, depth=3, expansion=2, extra=3)
+    assert [len(stack.pre), len(stack.blocks), len(stack.post)] == [2, 3, 1]
+    assert all(isinstance(b, ConvFirstBlock) for b in stack.blocks)
+    assert stack(x).shape == (2, 16)
+    assert len(grouped_convs(stack)) == 3
+    flat = block_stack("mbconv", 16, depth=2, expansion=4, extra=0, pool=False)
+    assert flat(x).shape == x.shape and len(grouped_convs(flat)) == 2
+    assert grouped_channels("mbconv", 256) == 1024 and grouped_channels("convfirst", 64) == 64
+
+
+@pytest.mark.parametrize(
+    "kwargs,word",
+    [
+        (dict(kind="resnet", c=16, depth=1), "kind"),
+        (dict(kind="convfirst", c=12, depth=1), "'c'"),
+        (dict(kind="convfirst", c=16, depth=0), "depth"),
+        (dict(kind="convfirst", c=16, depth=1, kernel=4), "kernel"),
+        (dict(kind="mbconv", c=16, depth=1, extra=-1), "extra"),
+    ],
+)
+def test_stack_rejects_bad_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        block_stack(**kwargs)
+
+
+# --- tilewise.transform on the stacks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["convfirst", "mbconv"])
+def test_transform_swaps_exactly_the_grouped_convs(kind, caplog, monkeypatch):
+    launches = []
+    launch = gconv_ops.launch_fprop
+    monkeypatch.setattr(gconv_ops, "launch_fprop", lambda *a: launches.append(1) or launch(*a))
+    dispatch._log_once.cache_clear()
+    torch.manual_seed(0)
+    ref = block_stack(kind, 16, depth=2, expansion=2, extra=2)
+    model = copy.deepcopy(ref)
+    names = [n for n, _ in grouped_convs(ref)]
+    report = tilewise.transform(model)
+    assert [n for n, _ in report.swapped] == names
+    convs = [n for n, m in ref.named_modules() if isinstance(m, nn.Conv2d)]
+    assert sorted(n for n, _ in report.left) == sorted(set(convs) - set(names))
+    swapped = [m for m in model.modules() if isinstance(m, GroupedConv2d)]
+    assert len(swapped) == 2 and all(m.weight.is_contiguous() for m in swapped)
+    x = _x(2, 16, 6)
+    with caplog.at_level("WARNING", logger="tilewise"):
+        y, y_ref = model(x), ref(x)
+    assert not [r for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(launches) == 2  # the two grouped convs ran the Triton kernel
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    if kind == "convfirst":
+        y.square().sum().backward()
+        y_ref.square().sum().backward()
+        for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-3, rtol=1e-3, msg=n)
+
+
+def test_prepare_makes_channels_last_models_take_the_kernels():
+    """``model.to(channels_last)`` makes grouped-conv weights channels_last; the transformed copy
+    must still run the Triton kernels (weights are made dense per call), not fall back."""
+    base = block_stack("convfirst", 16, depth=2, expansion=2).to(memory_format=CL)
+    assert not any(m.weight.is_contiguous() for _, m in grouped_convs(base))
+    model = ins.prepare(base, "tilewise")
+    convs = [m for _, m in grouped_convs(model)]
+    assert convs and all(type(m) is GroupedConv2d for m in convs)
+    with mock.patch.object(gconv_ops, "launch_fprop", wraps=gconv_ops.launch_fprop) as launch:
+        x = torch.randn(1, 16, 6, 6).contiguous(memory_format=CL)
+        torch.testing.assert_close(model(x), base(x), atol=1e-4, rtol=1e-4)
+    assert launch.call_count >= len(convs)
+    assert all(type(m) is nn.Conv2d for _, m in grouped_convs(base))
+    assert type(ins.prepare(base, "eager")) is type(base)
+    with pytest.raises(ValueError, match="impl"):
+        ins.prepare(base, "jax")
+
+
+# --- the isolated study's CPU side ---------------------------------------------------------------
+
+
+def test_gconv_problem_grid():
+    full = iso.GConvStudyConfig().problems()
+    assert len(full) == 2 * (3 + 2) * 6
+    assert {(p.c, p.h, p.r) for p in full} == {
+        (64, 64, 3),
+        (128, 32, 3),
+        (256, 16, 3),
+        (64, 64, 5),
+        (64, 64, 7),
+    }
+    assert all(p.pad_h == p.pad_w == p.r // 2 and (p.p, p.q) == (p.h, p.w) for p in full)
+    assert {p.dtype for p in full} == {"fp16", "bf16"} and not any(p.has_bias for p in full)
+    quick = iso.GConvStudyConfig.quick().problems()
+    assert [(p.n, p.c, p.h, p.r, p.dtype) for p in quick] == [
+        (1, 64, 64, 3, "fp16"),
+        (32, 64, 64, 3, "fp16"),
+    ]
+
+
+def test_measure_problem_on_cpu_checks_and_counts_bytes():
+    problem = GConvProblem(1, 16, 6, 5, 3, 3, 1, 1, "fp32")
+    config = iso.GConvStudyConfig.quick(warmup=1, reps=2)
+    ceil = Ceilings(copy_bytes_per_s=1e10, device="cpu", method="cpu")
+    recs = iso.measure_problem(problem, config, ceil, "cpu")
+    assert len(recs) == len(PASSES) * 2
+    for r in recs:
+        assert r["error"] is None and r["checked"], r
+        assert r["bytes"] == problem.bytes(r["pass"]) and r["flops"] == problem.flops(r["pass"])
+        assert r["eff_bw"] == pytest.approx(r["bytes"] / r["median_s"])
+        assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
+        assert r["prof_s"] is None  # no profiler kernels on a CPU
+
+
+def _iso_records(copy_bw=3e12):
+    recs = []
+    for n in (1, 8, 32):
+        p = GConvProblem(n, 64, 64, 64, 3, 3, 1, 1, "fp16")
+        for pass_ in PASSES:
+            for impl, t in (("tilewise", 1e-4), ("cudnn", 3e-4)):
+                t = t * n
+                rec = iso.Record(
+                    pass_,
+                    impl,
+                    "fp16",
+                    n,
+                    64,
+                    64,
+                    64,
+                    3,
+                    p.bytes(pass_),
+                    p.flops(pass_),
+                    True,
+                    rotation=3,
+                    median_s=t,
+                    p20_s=t,
+                    p80_s=t,
+                    eff_bw=p.bytes(pass_) / t,
+                    frac_copy=p.bytes(pass_) / t / copy_bw,
+                    timer="cuda-events",
+                    prof_s=t,
+                    prof_eff_bw=p.bytes(pass_) / t,
+                    kernels=(("_gconv_fwd_kernel", 1.0, t),),
+                )
+                recs.append(rec)
+    recs.append(iso.Record("fprop", "tilewise", "bf16", 2, 64, 64, 64, 3, 1, 1, False, error="x"))
+    return recs
+
+
+def test_gconv_records_round_trip_table_and_plot(tmp_path):
+    recs = _iso_records()
+    ceil = Ceilings(copy_bytes_per_s=3e12, device="NVIDIA H100", method="cuda-events")
+    path = save_results("gconv", [r.to_dict() for r in recs], ceil, tmp_path)
+    doc = load_results(path)
+    assert [iso.Record.from_dict(d) for d in doc["records"]] == recs
+    headers, rows = iso.summary_table(doc["records"])
+    assert len(rows) == 3 * 3 + 1 and rows[0][headers.index("x cudnn")] == "3.00x"
+    assert iso.errors(doc["records"]) == ["C=64 64x64 3x3 N=2 bf16 fprop tilewise: x"]
+    png = iso.plot_gconv(doc, tmp_path / "gconv.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        iso.plot_gconv([], tmp_path / "empty.png")
+
+
+# --- the in-situ study's CPU side ----------------------------------------------------------------
+
+
+def test_insitu_config_and_problems():
+    cfg = ins.InSituConfig()
+    assert cfg.batches == (32, 64, 96, 128, 160, 192, 224, 256) and cfg.depth == 4
+    assert cfg.extra == 2 and cfg.rotating == 4 and cfg.dgrad_layers("convfirst") == 4
+    assert ins.InSituConfig(extra=0).dgrad_layers("convfirst") == 3
+    assert ins.BLOCKS["convfirst"].problem(32) == GConvProblem(32, 64, 64, 64, 3, 3, 1, 1)
+    assert ins.BLOCKS["mbconv"].problem(64) == GConvProblem(64, 1024, 16, 16, 3, 3, 1, 1)
+    assert len(ins.InSituConfig.quick().batches) == 2
+
+
+def _insitu_records():
+    recs = []
+    for block, spec in ins.BLOCKS.items():
+        for batch in (32, 64):
+            p = spec.problem(batch)
+            for impl, t in (("tilewise", 1e-4), ("eager", 2e-4)):
+                for pass_ in PASSES:
+                    recs.append(
+                        ins.PassRecord(
+                            block,
+                            impl,
+                            batch,
+                            p.c,
+                            p.h,
+                            p.w,
+                            p.r,
+                            4,
+                            pass_,
+                            p.bytes(pass_),
+                            4,
+                            layer_s=t,
+                            eff_bw=p.bytes(pass_) / t,
+                            frac_copy=0.3,
+                            kernels=(("k", 4.0, 4 * t),),
+                        )
+                    )
+            for impl, t in (("tilewise", 1e-3), ("eager", 2e-3), ("compile", 1.5e-3)):
+                recs.append(ins.StepRecord(block, impl, batch, 4, 2, step_s=t, device_s=t))
+    recs.append(ins.StepRecord("mbconv", "compile", 96, 4, 2, error="boom"))
+    return recs
+
+
+def test_insitu_records_round_trip_tables_and_plot(tmp_path):
+    recs = [r.to_dict() for r in _insitu_records()]
+    ceil = Ceilings(copy_bytes_per_s=3e12, device="NVIDIA H100", method="cuda-events")
+    doc = load_results(save_results("gconv-insitu", recs, ceil, tmp_path))
+    assert doc["records"] == recs
+    (ph, prow), (sh, srow) = ins.summary_tables(doc["records"])
+    assert len(prow) == 2 * 2 * 3 and all(r[ph.index("x eager")] == "2.00x" for r in prow)
+    assert len(srow) == 2 * 2 + 1 and srow[0][sh.index("x compile")] == "1.50x"
+    assert ins.errors(doc["records"]) == ["mbconv batch 96 compile step: boom"]
+    png = ins.plot_insitu(doc, tmp_path / "insitu.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _leaf_kernels(evt):
+    """CPU stand-in for device kernels: the innermost conv op of a call, and copies, flips and
+    zero fills, "launch" one kernel of their name."""
+    name = evt.name
+    if "conv" in name:
+        inner = not any("conv" in ch.name for ch in evt.cpu_children)
+        return [(name, 1e-6)] if inner and name not in ("aten::conv2d", "aten::convolution") else []
+    return [(name, 1e-6)] if name in ("aten::copy_", "aten::flip", "aten::zero_") else []
+
+
+def test_attribution_on_a_cpu_profile_of_the_eager_stack():
+    depth, iters = 2, 2
+    model = block_stack("convfirst", 16, depth=depth, expansion=2, extra=2).to(memory_format=CL)
+    mods = [m for _, m in grouped_convs(model)]
+    step = ins.fwd_bwd_step(model, amp=torch.bfloat16)  # autocast casts weights and inputs
+    events = ins.profile_window(step, [(_x(1),)], mods, iters=iters, warmup=1)
+    sig = {"aten::convolution_backward": 1.0}
+    att = ins.attribute(events, {"fprop": {}, "dgrad": sig, "wgrad": sig}, _leaf_kernels)
+    fwd_convs = sum(c for n, (c, _) in att.kernels["fprop"].items() if "conv" in n)
+    assert fwd_convs == depth * iters  # the grouped convs only, not the 1x1 convs
+    for pass_ in ("dgrad", "wgrad"):  # one convolution_backward per node, split by signature
+        assert att.kernels[pass_]["aten::convolution_backward"][0] == depth * iters / 2
+    assert att.launches["cast"] > 0 and att.seconds["unmatched"] >= 0
+    assert att.window_s == 0.0  # no device events on a CPU
+    assert not any("forward" in m.__dict__ for m in mods)  # tags removed
+
+
+def test_attribution_on_a_cpu_profile_of_the_tilewise_stack():
+    depth, iters = 2, 1
+    model = ins.prepare(block_stack("mbconv", 8, depth=depth, expansion=2, extra=1), "tilewise")
+    mods = [m for _, m in grouped_convs(model)]
+    events = ins.profile_window(ins.fwd_bwd_step(model, amp=None), [(_x(1, 8),)], mods, iters, 0)
+    sigs = {"dgrad": {"aten::flip": 1.0}, "wgrad": {"aten::zero_": 1.0}}
+    att = ins.attribute(events, sigs, _leaf_kernels)
+    assert att.kernels["dgrad"]["aten::flip"][0] == depth * iters  # the dgrad weight flip
+    assert att.kernels["wgrad"]["aten::zero_"][0] == depth * iters  # the atomic wgrad's zeros
+    assert att.launches["fprop"] > 0 and att.launches["cast"] == 0  # no autocast here
+
+
+def _kernel_event(name: str, start: float, us: float):
+    return SimpleNamespace(
+        name=name,
+        device_type=SimpleNamespace(name="CUDA"),
+        time_range=SimpleNamespace(start=start),
+        device_time_total=us,
+    )
+
+
+def test_name_split_uses_launch_order():
+    depth, dgrad_layers, iters = 2, 2, 2
+    events = []
+    for i in range(iters):
+        t = 100.0 * i
+        events += [_kernel_event("_gconv_fwd_kernel", t + j, 1.0) for j in range(depth)]
+        events += [_kernel_event("_gconv_fwd_kernel", t + 10 + j, 2.0) for j in range(2)]
+        events += [_kernel_event("_gconv_wgrad_kernel", t + 20 + j, 3.0) for j in range(2)]
+        events.append(_kernel_event("other", t + 30, 50.0))
+    got = ins.name_split(events[::-1], depth, dgrad_layers, iters)
+    assert got == pytest.approx({"fprop": 4e-6, "dgrad": 8e-6, "wgrad": 12e-6})
+    assert ins.name_split(events, depth, dgrad_layers + 1, iters) is None
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+@no_cuda
+@pytest.mark.parametrize("study", ["gconv", "gconv-insitu"])
+def test_gconv_commands_need_cuda(study, tmp_path, capsys):
+    assert cli.main(["bench", study, "--quick", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_gconv_cli_options_build_configs():
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "gconv", "--quick", "--n", "4", "--extra-kernels"])
+    cfg = cli.gconv_config(args)
+    assert cfg.batches == (4,) and cfg.extra_kernels == () and cfg.dtypes == ("fp16",)
+    args = parser.parse_args(["bench", "gconv-insitu", "--blocks", "mbconv", "--batches", "32"])
+    cfg = cli.insitu_config(args)
+    assert cfg.blocks == ("mbconv",) and cfg.batches == (32,) and cfg.impls == ins.IMPLS
+    assert args.study == "gconv-insitu"
+
+
+# --- the GPU: the studies' CUDA paths on small problems (run by scripts/gpu_check.sh) ------------
+
+
+@pytest.mark.gpu
+class TestGPU:
+    def test_isolated_problem_times_and_profiles_every_pass(self):
+        problem = GConvProblem(4, 64, 16, 16, 3, 3, 1, 1, "fp16")
+        config = iso.GConvStudyConfig.quick(warmup=2, reps=5, profile_iters=3)
+        recs = iso.measure_problem(problem, config, None, "cuda")
+        assert len(recs) == 6
+        for r in recs:
+            assert r["error"] is None and r["checked"], r
+            assert r["median_s"] > 0 and r["prof_s"] > 0 and r["kernels"], r
+        tw = [r for r in recs if r["impl"] == "tilewise"]
+        assert all(any("gconv" in k[0] for k in r["kernels"]) for r in tw)
+
+    @pytest.mark.parametrize("kind", ["convfirst", "mbconv"])
+    def test_insitu_attribution_finds_every_layer(self, kind):
+        spec = ins.BlockSpec(kind, 32 if kind == "mbconv" else 64, 16, 3, 2)
+        cfg = ins.InSituConfig(
+            impls=("tilewise", "eager"), depth=2, iters=3, warmup=2, step_warmup=2, step_reps=3
+        )
+        recs = ins.measure_block(spec, 8, cfg, None, "cuda")
+        passes = [r for r in recs if r["record"] == "pass"]
+        assert len(passes) == 6 and not ins.errors(recs), ins.errors(recs)
+        for r in passes:
+            assert r["launches"] > 0 and r["layer_s"] > 0, r
+            if r["impl"] == "tilewise" or r["pass"] == "fprop":
+                assert r["launches"] == pytest.approx(r["expected_launches"]), r
+            if r["impl"] == "tilewise":
+                assert r["name_s"] is not None and r["name_s"] <= r["layer_s"] * 1.001, r
+        steps = [r for r in recs if r["record"] == "step"]
+        assert [r["impl"] for r in steps] == ["tilewise", "eager"]
+        assert all(r["step_s"] > 0 and r["device_s"] > 0 for r in steps)
