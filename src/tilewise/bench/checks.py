@@ -1,6 +1,6 @@
-"""Correctness guard run before a problem is timed: tilewise vs eager vs an fp32 reference.
+"""Correctness guard run before a problem is timed: tilewise vs eager vs an fp64 reference.
 
-The rule is flash-attention's: tilewise must be as close to the fp32 reference as PyTorch in the
+The rule is flash-attention's: tilewise must be as close to the fp64 reference as PyTorch in the
 same dtype is (within 2x its error), plus a small dtype tolerance.
 """
 
@@ -12,7 +12,7 @@ import torch
 
 from tilewise.registry import OpSpec, RowsProblem
 
-#: (atol, rtol) on top of 2x eager's own error vs the fp32 reference (flash-attention's rule).
+#: (atol, rtol) on top of 2x eager's own error vs the fp64 reference (flash-attention's rule).
 TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-4, 1e-4),
     "fp16": (1e-3, 1e-3),
@@ -45,24 +45,24 @@ def _outputs(
 
 
 def compare(
-    out: torch.Tensor, eager: torch.Tensor, ref32: torch.Tensor, dtype: str
+    out: torch.Tensor, eager: torch.Tensor, ref64: torch.Tensor, dtype: str
 ) -> tuple[bool, str]:
-    """Is ``out`` as close to the fp32 reference as eager PyTorch is? (ok, note)
+    """Is ``out`` as close to the fp64 reference as eager PyTorch is? (ok, note)
 
     Elementwise: ``|out - ref| <= 2 |eager - ref| + atol + rtol |ref|``. A handful of violations
     is accepted when they are at most 1e-6 of the elements, or when the relative L2 error is within
     2x eager's plus ``rtol``: ops with a kink (a ReLU after a recomputed LayerNorm) can legitimately
     flip a few elements whose pre-activation is within rounding of zero.
     """
-    if out.shape != ref32.shape:
-        return False, f"shape {tuple(out.shape)} != {tuple(ref32.shape)}"
+    if out.shape != ref64.shape:
+        return False, f"shape {tuple(out.shape)} != {tuple(ref64.shape)}"
     atol, rtol = TOLERANCES.get(dtype, (1e-2, 1e-2))
-    r, o = ref32.float(), out.float()
+    r, o = ref64.double(), out.double()
     nonfinite = int((~torch.isfinite(o) & torch.isfinite(r)).sum())
     if nonfinite:
         return False, f"{nonfinite} non-finite elements where the reference is finite"
     err = (o - r).abs()
-    err_e = (eager.float() - r).abs()
+    err_e = (eager.double() - r).abs()
     bad = int((~(err <= 2 * err_e + atol + rtol * r.abs())).sum())  # NaN counts as bad
     max_err = float(err.max()) if err.numel() else 0.0
     if bad == 0:
@@ -80,14 +80,14 @@ def compare(
 def check_problem(
     spec: OpSpec, problem: RowsProblem, inputs: Mapping[str, torch.Tensor], with_grads: bool
 ) -> tuple[bool, str]:
-    """Tilewise output (and gradients) vs eager, both vs an fp32 reference; (ok, note)."""
+    """Tilewise output (and gradients) vs eager, both vs an fp64 reference; (ok, note)."""
     act = problem.activation
-    inputs32 = {k: v.detach().float().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+    inputs64 = {k: v.detach().double().requires_grad_(v.requires_grad) for k, v in inputs.items()}
     dy = torch.randn_like(inputs["x"]) if with_grads else None
     with torch.enable_grad():
         tw = _outputs(bind_activation(spec.tilewise, act), spec, inputs, dy)
         ea = _outputs(bind_activation(spec.reference, act), spec, inputs, dy)
-        ref = _outputs(bind_activation(spec.reference, act), spec, inputs32, dy)
+        ref = _outputs(bind_activation(spec.reference, act), spec, inputs64, dy)
     names = ["out", *(f"d{k}" for k in spec.grad_inputs)][: len(tw)]
     notes = []
     for name, t, e, r in zip(names, tw, ea, ref, strict=True):
