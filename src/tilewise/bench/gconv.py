@@ -23,7 +23,6 @@ or the wgrad zero fill included). Effective bandwidth = compulsory bytes
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -31,10 +30,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from tilewise.bench.ceilings import Ceilings
 from tilewise.bench.checks import compare
+from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.metrics import effective_bandwidth, fraction, speedup
 from tilewise.bench.timing import l2_cache_bytes, profile_kernels, rotation_count, time_events
 from tilewise.ops import gconv as _gconv
@@ -257,9 +256,7 @@ def measure_problem(
             for impl in config.impls
         ]
     del sets
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory(dev)
     return records
 
 
@@ -323,14 +320,14 @@ def run_gconv(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the whole grid of ``config``; returns record dicts (see ``Record.to_dict``)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    records: list[dict[str, Any]] = []
-    problems = config.problems()
-    bar = tqdm(problems, desc="gconv", unit="problem", disable=not progress, leave=False)
-    for problem in bar:
-        bar.set_postfix_str(problem.label())
-        records += measure_problem(problem, config, ceilings, dev)
-    return records
+    dev = study_device(device)
+    return run_grid(
+        config.problems(),
+        lambda problem: measure_problem(problem, config, ceilings, dev),
+        desc="gconv",
+        label=lambda problem: problem.label(),
+        progress=progress,
+    )
 
 
 # --- summary and plot ------------------------------------------------------------------------

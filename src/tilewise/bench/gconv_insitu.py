@@ -36,16 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from tilewise.bench.ceilings import Ceilings
 from tilewise.bench.gconv import (
@@ -60,15 +58,21 @@ from tilewise.bench.gconv import (
     ratio_of,
     records_of,
 )
+from tilewise.bench.gconv_attribution import (  # noqa: F401 (re-exported for tests)
+    BACKWARD_SCOPE,
+    TAG,
+    Attribution,
+    attribute,
+    device_kernels,
+    name_split,
+)
+from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.metrics import effective_bandwidth, fraction
-from tilewise.bench.timing import _device_us, _is_device_event, profile_kernels, time_events
+from tilewise.bench.timing import profile_kernels, time_events
 from tilewise.models.convnets import block_stack, grouped_channels, grouped_convs
 from tilewise.nn.transform import transform
 from tilewise.ops.gconv_config import PASSES, GConvProblem
 
-TAG = "tilewise.bench::grouped_conv"
-BACKWARD_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
-CAST_OP, CAST_NODE = "aten::_to_copy", "ToCopyBackward"
 IMPLS = ("tilewise", "eager", "compile")
 CHECK_RTOL = 2e-2
 
@@ -179,119 +183,6 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# --- attribution ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Attribution:
-    """Kernel seconds and launches per bucket (fprop, dgrad, wgrad, cast, unmatched) over a
-    profiled window, with the per-name breakdown and every kernel's total (``window_s``)."""
-
-    seconds: dict[str, float]
-    launches: dict[str, float]
-    kernels: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
-    window_s: float = 0.0
-    unmatched_fprop: tuple[str, ...] = ()
-
-
-def _ancestors(evt: Any) -> Iterator[Any]:
-    p = getattr(evt, "cpu_parent", None)
-    while p is not None:
-        yield p
-        p = getattr(p, "cpu_parent", None)
-
-
-def _is_kernel(evt: Any) -> bool:
-    return _is_device_event(evt) and evt.name != TAG and not getattr(evt, "is_user_annotation", 0)
-
-
-def device_kernels(evt: Any) -> list[tuple[str, float]]:
-    """(name, seconds) of the device kernels the profiler linked to CPU op ``evt``."""
-    return [
-        (k.name, float(k.duration) * 1e-6)
-        for k in getattr(evt, "kernels", ())
-        if k.name not in (evt.name, TAG)  # legacy self-timing and GPU-side user annotations
-    ]
-
-
-def _bucket(evt: Any, tagged: set[int], seqs: set[int]) -> str | None:
-    chain = [evt, *_ancestors(evt)]
-    for i, a in enumerate(chain):
-        if id(a) in tagged:
-            return "cast" if any(b.name == CAST_OP for b in chain[:i]) else "fprop"
-    for a in chain:
-        if getattr(a, "scope", 0) == BACKWARD_SCOPE and getattr(a, "sequence_nr", -1) >= 0:
-            if a.sequence_nr not in seqs:
-                return None
-            return "cast" if a.name.startswith(CAST_NODE) else "bwd"
-    return None
-
-
-def attribute(
-    events: Iterable[Any],
-    signatures: Mapping[str, Mapping[str, float]],
-    kernels_of: Callable[[Any], list[tuple[str, float]]] = device_kernels,
-) -> Attribution:
-    """Attribute the kernels of a profiled window to the grouped convs' passes (module doc).
-
-    ``signatures[pass][name]``: launches per call of each kernel name when the pass runs alone.
-    """
-    events = list(events)
-    cpu = [e for e in events if not _is_device_event(e)]
-    tagged = {id(e) for e in cpu if e.name == TAG}
-    seqs = {
-        e.sequence_nr
-        for e in cpu
-        if getattr(e, "sequence_nr", -1) >= 0 and any(id(a) in tagged for a in _ancestors(e))
-    }
-    acc: dict[str, dict[str, list[float]]] = {}
-    sd, sw = signatures.get("dgrad", {}), signatures.get("wgrad", {})
-
-    def add(bucket: str, name: str, n: float, s: float) -> None:
-        row = acc.setdefault(bucket, {}).setdefault(name, [0.0, 0.0])
-        row[0] += n
-        row[1] += s
-
-    for e in cpu:
-        ks = kernels_of(e)
-        bucket = _bucket(e, tagged, seqs) if ks else None
-        for name, s in ks if bucket else ():
-            if bucket != "bwd":
-                add(bucket, name, 1.0, s)
-            elif sd.get(name, 0) + sw.get(name, 0) == 0:
-                add("unmatched", name, 1.0, s)
-            else:
-                share = sd.get(name, 0) / (sd.get(name, 0) + sw.get(name, 0))
-                for pass_, f in (("dgrad", share), ("wgrad", 1.0 - share)):
-                    if f > 0:
-                        add(pass_, name, f, f * s)
-    buckets = ("fprop", "dgrad", "wgrad", "cast", "unmatched")
-    fprop_sig = signatures.get("fprop")
-    return Attribution(
-        seconds={b: sum(r[1] for r in acc.get(b, {}).values()) for b in buckets},
-        launches={b: sum(r[0] for r in acc.get(b, {}).values()) for b in buckets},
-        kernels={b: {n: (r[0], r[1]) for n, r in rows.items()} for b, rows in acc.items()},
-        window_s=sum(_device_us(e) for e in events if _is_kernel(e)) * 1e-6,
-        unmatched_fprop=tuple(n for n in acc.get("fprop", {}) if fprop_sig and n not in fprop_sig),
-    )
-
-
-def name_split(events: Iterable[Any], depth: int, dgrad_layers: int, iters: int) -> dict | None:
-    """Tilewise only: seconds of the Triton "gconv" kernels per pass, from names and launch
-    order (per iteration, the first ``depth`` fprop-kernel launches are the forward's).
-    None when the launch count does not fit the stack."""
-    ks = sorted(
-        (e for e in events if _is_kernel(e) and "gconv" in e.name), key=lambda e: e.time_range.start
-    )
-    fwd = [_device_us(e) * 1e-6 for e in ks if "wgrad" not in e.name]
-    per = depth + dgrad_layers
-    if not fwd or len(fwd) != per * iters:
-        return None
-    fprop = sum(s for i, s in enumerate(fwd) if i % per < depth)
-    wgrad = sum(_device_us(e) * 1e-6 for e in ks if "wgrad" in e.name)
-    return {"fprop": fprop, "dgrad": sum(fwd) - fprop, "wgrad": wgrad}
 
 
 # --- running the stack ---------------------------------------------------------------------------
@@ -512,9 +403,7 @@ def measure_block(
                 del model
                 if impl == "compile":
                     torch.compiler.reset()
-                gc.collect()
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+                free_memory(dev)
     return records
 
 
@@ -525,12 +414,14 @@ def run_insitu(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every (block, batch) of ``config``; returns record dicts (pass and step records)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cases = [(BLOCKS[b], n) for b in config.blocks for n in config.batches]
-    records: list[dict[str, Any]] = []
-    for spec, n in tqdm(cases, desc="gconv-insitu", disable=not progress, leave=False):
-        records += measure_block(spec, n, config, ceilings, dev)
-    return records
+    dev = study_device(device)
+    return run_grid(
+        [(BLOCKS[b], n) for b in config.blocks for n in config.batches],
+        lambda case: measure_block(case[0], case[1], config, ceilings, dev),
+        desc="gconv-insitu",
+        label=lambda case: f"{case[0].kind} N={case[1]}",
+        progress=progress,
+    )
 
 
 # --- summary and plot ----------------------------------------------------------------------------

@@ -10,16 +10,15 @@ exceeds 2x L2, and quoted as compulsory bytes / time, as a fraction of the copy 
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from tilewise.bench.ceilings import Ceilings
 from tilewise.bench.checks import bind_activation, check_problem
+from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.metrics import achieved_flops, effective_bandwidth, fraction, speedup
 from tilewise.bench.timing import l2_cache_bytes, rotation_count, time_events
 from tilewise.registry import OPS, OpSpec, RowsProblem, rows_for_bytes
@@ -263,9 +262,7 @@ def measure_case(
                 ).to_dict()
             )
     del sets
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory(dev)
     return records
 
 
@@ -276,16 +273,16 @@ def run_pointwise(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the whole grid of ``config``; returns record dicts (see ``Record.to_dict``)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    records: list[dict[str, Any]] = []
-    cases = config.cases()
-    bar = tqdm(cases, desc="pointwise", unit="problem", disable=not progress, leave=False)
-    for case in bar:
-        bar.set_postfix_str(f"{case.op} {case.problem.label()}")
-        records += measure_case(
+    dev = study_device(device)
+    return run_grid(
+        config.cases(),
+        lambda case: measure_case(
             case, config.impls, config.passes, ceilings, dev, config.warmup, config.reps
-        )
-    return records
+        ),
+        desc="pointwise",
+        label=lambda case: f"{case.op} {case.problem.label()}",
+        progress=progress,
+    )
 
 
 # --- summary -------------------------------------------------------------------------------------
