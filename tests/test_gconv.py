@@ -201,18 +201,25 @@ def test_grad_in_other_layouts(rng_seed):
             torch.testing.assert_close(a, e)
 
 
-def test_nan_propagates(rng_seed):
-    """NaN reaches every output PyTorch's does (a NaN may also spread to the other groups of
-    its channel block, through the zeros of the block-diagonal weight tile)."""
-    x, w, b = make_inputs(1, 16, 5, 5, 3, 3, torch.float32)
-    x[0, 3, 2, 2] = float("nan")
-    y = tilewise.grouped_conv2d(x, w, b, padding=1)
-    ref = F.conv2d(x, w, b, padding=1, groups=2)
-    assert ref.isnan().any() and torch.isnan(y[ref.isnan()]).all()
-    hit = x.isnan().any(1, keepdim=True).float()
-    touched = F.max_pool2d(hit, 3, stride=1, padding=1).bool().expand_as(y)
-    assert not touched.all()
-    torch.testing.assert_close(y[~touched], ref[~touched])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_inf_propagate_like_pytorch(value, rng_seed):
+    """A NaN or Inf reaches exactly the outputs (and input gradients) PyTorch's does, and no
+    other group: the kernel never multiplies one group's values by another group's zeros."""
+    for cfg_c in (16, 32):
+        x, w, b = make_inputs(1, 32, 5, 6, 3, 3, torch.float32)
+        x[0, 3, 2, 2] = value
+        x[0, 20, 0, 5] = value
+        cfg = GConvConfig(block_p=4, block_q=4, block_c=cfg_c)
+        y = alloc.empty(1, 32, 5, 6, memory_format=torch.channels_last)
+        ops.launch_fprop(x, w, b, y, 1, 1, cfg)
+        ref = F.conv2d(x, w, b, padding=1, groups=4)
+        assert ref.isnan().any() or ref.isinf().any()
+        assert torch.equal(y.isnan(), ref.isnan()), f"NaN pattern, block_c={cfg_c}"
+        assert torch.equal(y.isinf(), ref.isinf()), f"Inf pattern, block_c={cfg_c}"
+        finite = torch.isfinite(ref)
+        torch.testing.assert_close(y[finite], ref[finite], atol=1e-4, rtol=1e-4)
+        same_sign = torch.sign(y[ref.isinf()]) == torch.sign(ref[ref.isinf()])
+        assert same_sign.all()
 
 
 # --- fallbacks and bad input --------------------------------------------------------------------

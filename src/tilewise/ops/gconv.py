@@ -1,13 +1,16 @@
 """Grouped conv2d with group width 8 (C_in == C_out == C, groups = C/8), stride 1, NHWC.
 
 fprop: a program computes a ``block_p x block_q`` tile of output pixels of one image times
-``block_c`` channels (``block_c / 8`` groups). Per tap (r, s) it loads the shifted input tile
-[pixels, block_c] (masked at the borders; channels innermost, so contiguous runs) and multiplies it
-by the tap's block-diagonal [block_c, block_c] weight tile (the 8x8 group blocks, zeros elsewhere,
-masked in-kernel from PyTorch's [C, 8, R, S] layout) into an fp32 accumulator; the epilogue adds
-the bias and stores NHWC. dgrad is the same kernel on flipped, per-group transposed weights with
-the transposed padding. wgrad is in ``gconv_wgrad``. Problems, configs and heuristics are in
-``gconv_config``; block sizes are launch parameters, chosen by ``tilewise.runtime.autotune``.
+``block_c`` channels (``block_c / 8`` groups), one group after another. Per group and tap (r, s)
+it loads the shifted input tile [pixels, 8 channels] (masked at the borders; 16-byte channel runs)
+into a [pixels, 16] operand whose other 8 lanes are exact zeros, and multiplies it by the tap's
+[16, 16] weight tile (the group's 8x8 block, zeros elsewhere, masked in-kernel from PyTorch's
+[C, 8, R, S] layout) into an fp32 accumulator; the epilogue adds the bias and stores NHWC. Groups
+never share a product, so NaN and Inf propagate exactly as in PyTorch (a block-diagonal tile
+multiplied other groups' values by zero: NaN x 0 leaked across groups). dgrad is the same kernel
+on flipped, per-group transposed weights with the transposed padding. wgrad is in
+``gconv_wgrad``. Problems, configs and heuristics are in ``gconv_config``; block sizes are launch
+parameters, chosen by ``tilewise.runtime.autotune``.
 """
 
 from __future__ import annotations
@@ -88,34 +91,45 @@ def _gconv_fwd_kernel(
     m = tl.arange(0, BLOCK_P * BLOCK_Q)
     p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
     q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < C
-    # Block-diagonal weight tile of one tap: rows are input channels (K), columns output channels.
-    w_offs = c[None, :] * swo + (c[:, None] % 8) * swi
-    w_mask = (c[:, None] // 8 == c[None, :] // 8) & cmask[None, :]
-    x_base = x_ptr + n * sxn + c[None, :] * sxc
-    acc = tl.zeros((BLOCK_P * BLOCK_Q, BLOCK_C), dtype=tl.float32)
-    for r in tl.static_range(R):
-        ih = p + (r - pad_h)
-        h_ok = (ih >= 0) & (ih < H)
-        for s in tl.static_range(S):
-            iw = q + (s - pad_w)
-            ok = h_ok & (iw >= 0) & (iw < W)
-            xt = tl.load(
-                x_base + (ih * sxh + iw * sxw)[:, None],
-                mask=ok[:, None] & cmask[None, :],
-                other=0.0,
-            )
-            wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
-            if IEEE:
-                acc = tl.dot(xt, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
     out_ok = (p < P) & (q < Q)
-    y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
-    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_ok[:, None] & cmask[None, :])
+    # One group at a time, its 8 channels padded to the 16 lanes tl.dot needs with exact zeros
+    # (masked loads), so no product ever mixes groups: a NaN or Inf stays in its own group, as in
+    # PyTorch. The padded output lanes (j >= 8) are never stored.
+    j = tl.arange(0, 16)
+    real = j < 8
+    for g in tl.static_range(BLOCK_C // 8):
+        c0 = tl.program_id(1) * BLOCK_C + g * 8
+        c = c0 + j
+        cmask = real & (c < C)
+        # weight tile of one tap: rows are this group's input channels (K), columns its outputs
+        w_offs = (c0 + j[None, :]) * swo + j[:, None] * swi
+        w_mask = real[:, None] & cmask[None, :]
+        x_base = x_ptr + n * sxn + c[None, :] * sxc
+        acc = tl.zeros((BLOCK_P * BLOCK_Q, 16), dtype=tl.float32)
+        for r in tl.static_range(R):
+            ih = p + (r - pad_h)
+            h_ok = (ih >= 0) & (ih < H)
+            for s in tl.static_range(S):
+                iw = q + (s - pad_w)
+                ok = h_ok & (iw >= 0) & (iw < W)
+                xt = tl.load(
+                    x_base + (ih * sxh + iw * sxw)[:, None],
+                    mask=ok[:, None] & cmask[None, :],
+                    other=0.0,
+                )
+                wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
+                if IEEE:
+                    acc = tl.dot(xt, wt, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xt, wt, acc)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+        tl.store(
+            y_ptr + y_offs,
+            acc.to(y_ptr.dtype.element_ty),
+            mask=out_ok[:, None] & cmask[None, :],
+        )
 
 
 def launch_fprop(

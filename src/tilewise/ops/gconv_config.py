@@ -166,8 +166,8 @@ def default_config(problem: GConvProblem, pass_: str = "fprop", sms: int = 132):
     """A reasonable config without timing: a GConvConfig, or a WgradConfig for ``"wgrad"``.
 
     fprop/dgrad: up to 128-pixel tiles at most 16 wide, shrunk until there are >= 2 programs per
-    SM; 32 channels (4 groups) per program for small kernels, 16 where the block-diagonal waste of
-    larger channel blocks would make the tensor-core work dominate (R*S > 9).
+    SM; 32 channels (4 groups, computed one after another) per program for small kernels, 16 for
+    R*S > 9 so that a program's sequential tap loop stays short.
     """
     if pass_ == "wgrad":
         return _default_wgrad(problem, sms)
