@@ -271,3 +271,31 @@ def test_pointwise_options_override_quick():
     )
     cfg = cli.pointwise_config(args)
     assert cfg.dtypes == ("bf16",) and cfg.sizes_mb == (1.0, 2.0) and cfg.max_n_per_op == 1
+
+
+def test_study_runner_wiring(tmp_path, monkeypatch, capsys):
+    """The CUDA-only path of every ``tilewise bench`` study: ceilings, run, report, JSON."""
+    import argparse
+
+    from tilewise.bench import ceilings as ceilings_mod
+
+    fake = Ceilings(3e12, {"fp16": 7e14}, device="test", method="x")
+    monkeypatch.setattr(cli, "_needs_cuda", lambda what: True)
+    monkeypatch.setattr(ceilings_mod, "measure_ceilings", lambda *a, **k: fake)
+    seen = {}
+
+    def run(ceilings):
+        seen["ceilings"] = ceilings
+        return [{"op": "x", "median_s": 1e-3}]
+
+    def report(records, title):
+        seen["report"] = (records, title)
+
+    args = argparse.Namespace(out=tmp_path, plot=False)
+    assert cli._run_study(args, "demo", run, report, "demo study", "demo") == 0
+    assert seen["ceilings"] is fake
+    assert seen["report"][0] == [{"op": "x", "median_s": 1e-3}]
+    assert seen["report"][1].startswith("demo study, ")
+    saved = json.loads(next(tmp_path.glob("demo__*.json")).read_text())
+    assert saved["records"] == [{"op": "x", "median_s": 1e-3}]
+    assert "wrote" in capsys.readouterr().out

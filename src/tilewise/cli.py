@@ -117,11 +117,7 @@ def _report(records: list[dict], title: str) -> None:
         "ceiling; x: tilewise speedup; target: >= 0.85 at >= 64 MB and faster than both)"
     )
     print(format_table(*summary_table(summarize(records))))
-    errs = errors(records)
-    if errs:
-        print(f"\n{len(errs)} measurements not reported:")
-        for line in errs:
-            print("  " + line)
+    _print_errors(errors(records))
 
 
 def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool, plot_fn=None) -> None:
@@ -142,21 +138,43 @@ def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool, plot
             print(f"wrote {png}")
 
 
-def run_pointwise_command(args: argparse.Namespace) -> int:
-    """``tilewise bench pointwise``: ceilings, the grid, a summary table, JSON (and PNG)."""
-    if not _needs_cuda("bench pointwise"):
+def _run_study(
+    args: argparse.Namespace,
+    name: str,
+    run,
+    report,
+    title: str,
+    study: str,
+    plot_fn=None,
+    dtypes: tuple[str, ...] = tuple(DTYPES),
+) -> int:
+    """Ceilings, ``run(config-bound: ceilings) -> records``, ``report``, then JSON (and PNG)."""
+    if not _needs_cuda(f"bench {name}"):
         return 2
     from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+
+    ceilings = measure_ceilings("cuda", dtypes=dtypes)
+    print(format_ceilings(ceilings))
+    t0 = time.perf_counter()
+    records = run(ceilings)
+    report(records, f"{title}, {time.perf_counter() - t0:.0f} s")
+    _save(study, records, ceilings, args.out, args.plot, plot_fn)
+    return 0
+
+
+def run_pointwise_command(args: argparse.Namespace) -> int:
+    """``tilewise bench pointwise``: ceilings, the grid, a summary table, JSON (and PNG)."""
     from tilewise.bench.pointwise import run_pointwise
 
     config = pointwise_config(args)
-    ceilings = measure_ceilings("cuda")
-    print(format_ceilings(ceilings))
-    t0 = time.perf_counter()
-    records = run_pointwise(config, ceilings, "cuda", progress=not args.no_progress)
-    _report(records, f"pointwise study, {time.perf_counter() - t0:.0f} s")
-    _save("pointwise", records, ceilings, args.out, args.plot)
-    return 0
+    return _run_study(
+        args,
+        "pointwise",
+        lambda ceilings: run_pointwise(config, ceilings, "cuda", progress=not args.no_progress),
+        _report,
+        "pointwise study",
+        "pointwise",
+    )
 
 
 # --- bench gconv (isolated) and bench gconv-insitu -----------------------------------------------
@@ -206,19 +224,19 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
 
 def run_gconv_command(args: argparse.Namespace) -> int:
     """``tilewise bench gconv``: ceilings, the isolated grid, a table, JSON (and PNG)."""
-    if not _needs_cuda("bench gconv"):
-        return 2
-    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
     from tilewise.bench.gconv import plot_gconv, run_gconv
 
     config = gconv_config(args)
-    ceilings = measure_ceilings("cuda", dtypes=("fp16", "bf16"))
-    print(format_ceilings(ceilings))
-    t0 = time.perf_counter()
-    records = run_gconv(config, ceilings, "cuda", progress=not args.no_progress)
-    _report_gconv(records, f"grouped conv, isolated, {time.perf_counter() - t0:.0f} s")
-    _save(args.study, records, ceilings, args.out, args.plot, plot_gconv)
-    return 0
+    return _run_study(
+        args,
+        "gconv",
+        lambda ceilings: run_gconv(config, ceilings, "cuda", progress=not args.no_progress),
+        _report_gconv,
+        "grouped conv, isolated",
+        args.study,
+        plot_gconv,
+        ("fp16", "bf16"),
+    )
 
 
 def _report_gconv(records: list[dict], title: str) -> None:
@@ -263,19 +281,19 @@ def insitu_config(args: argparse.Namespace) -> InSituConfig:
 
 def run_insitu_command(args: argparse.Namespace) -> int:
     """``tilewise bench gconv-insitu``: ceilings, the block stacks, tables, JSON (and PNG)."""
-    if not _needs_cuda("bench gconv-insitu"):
-        return 2
-    from tilewise.bench.ceilings import format_ceilings, measure_ceilings
     from tilewise.bench.gconv_insitu import plot_insitu, run_insitu
 
     config = insitu_config(args)
-    ceilings = measure_ceilings("cuda", dtypes=("fp16",))
-    print(format_ceilings(ceilings))
-    t0 = time.perf_counter()
-    records = run_insitu(config, ceilings, "cuda", progress=not args.no_progress)
-    _report_insitu(records, f"grouped conv in situ, {time.perf_counter() - t0:.0f} s")
-    _save(args.study, records, ceilings, args.out, args.plot, plot_insitu)
-    return 0
+    return _run_study(
+        args,
+        "gconv-insitu",
+        lambda ceilings: run_insitu(config, ceilings, "cuda", progress=not args.no_progress),
+        _report_insitu,
+        "grouped conv in situ",
+        args.study,
+        plot_insitu,
+        ("fp16",),
+    )
 
 
 def _report_insitu(records: list[dict], title: str) -> None:
