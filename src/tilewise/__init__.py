@@ -1,7 +1,7 @@
 """tilewise: Triton kernels and a low-overhead runtime for PyTorch convnets and MLPs."""
 
 from tilewise import functional, nn
-from tilewise.functional import bias_act, grouped_conv2d, layer_norm
+from tilewise.functional import bias_act, grouped_conv2d, layer_norm, linear
 from tilewise.nn import transform
 
 __version__ = "0.1.0"
@@ -12,6 +12,7 @@ __all__ = [
     "functional",
     "grouped_conv2d",
     "layer_norm",
+    "linear",
     "nn",
     "transform",
 ]

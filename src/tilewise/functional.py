@@ -16,9 +16,10 @@ from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import gconv as _gconv
 from tilewise.ops import gconv_config as _gconv_config
 from tilewise.ops import layernorm as _layernorm
+from tilewise.ops import linear as _linear
 from tilewise.runtime import dispatch
 
-__all__ = ["bias_act", "grouped_conv2d", "layer_norm"]
+__all__ = ["bias_act", "grouped_conv2d", "layer_norm", "linear"]
 
 
 def _fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
@@ -292,3 +293,86 @@ def grouped_conv2d(
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     return _grouped_conv2d_op(x, weight, bias, pad_h, pad_w, bool(deterministic))
+
+
+# --- linear + bias + activation ---------------------------------------------------------------
+
+
+@torch.library.custom_op("tilewise::linear", mutates_args=())
+def _linear_op(
+    x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, allow_tf32: bool
+) -> tuple[Tensor, Tensor]:
+    y, saved = _linear.forward(x, weight, bias, activation, allow_tf32)
+    # The second output is the pre-activation the backward needs (gelu/silu), else empty: for
+    # relu the backward uses y itself, which an op may not return twice.
+    pre = saved if activation in _linear.SAVES_PRE_ACTIVATION else x.new_empty(0)
+    return _fresh(y, x), pre
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, activation, allow_tf32):
+    _linear.validate(x, weight, bias, activation)
+    y = x.new_empty(_linear.output_shape(x, weight))
+    pre = torch.empty_like(y) if activation in _linear.SAVES_PRE_ACTIVATION else x.new_empty(0)
+    return y, pre
+
+
+@torch.library.custom_op("tilewise::linear_backward", mutates_args=())
+def _linear_backward_op(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    saved: Tensor | None,
+    activation: str,
+    allow_tf32: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = _linear.backward(grad, x, weight, bias, saved, activation, allow_tf32)
+    return dx, dw, (db if db is not None else x.new_empty(0))
+
+
+@_linear_backward_op.register_fake
+def _(grad, x, weight, bias, saved, activation, allow_tf32):
+    _linear.validate(x, weight, bias, activation)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
+    return dx, dw, (db if db is not None else x.new_empty(0))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, activation, allow_tf32 = inputs
+    y, pre = output
+    saved = pre if activation in _linear.SAVES_PRE_ACTIVATION else None
+    if activation == "relu":
+        saved = y
+    ctx.save_for_backward(x, weight, bias, saved)
+    ctx.activation, ctx.allow_tf32 = activation, allow_tf32
+
+
+def _linear_backward(ctx, grad, _grad_pre):
+    x, weight, bias, saved = ctx.saved_tensors
+    dx, dw, db = _linear_backward_op(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32)
+    return dx, dw, (db if bias is not None else None), None, None
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+def linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    activation: str = "none",
+    allow_tf32: bool = False,
+) -> Tensor:
+    """``act(x @ weight^T + bias)``: ``F.linear`` with the bias and activation fused in its GEMM.
+
+    ``x`` is [..., K], ``weight`` [N, K] (``nn.Linear``'s layout), ``bias`` [N] or None;
+    ``activation`` is one of "none", "relu", "gelu" (erf form), "silu". ``x`` and ``weight``
+    share a dtype (fp32, fp16 or bf16; fp32 accumulation); ``bias`` may be fp32 with a
+    half-precision ``x``. fp32 products are true fp32 unless ``allow_tf32=True`` (TF32 tensor
+    cores on the GPU). Strided ``x``/``weight`` (e.g. transposed views) are read in place.
+    """
+    y, _ = _linear_op(x, weight, bias, activation, bool(allow_tf32))
+    return y

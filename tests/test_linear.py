@@ -1,0 +1,234 @@
+"""Fused linear + bias + activation: forward and all gradients against fp64, strides, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
+
+import tilewise
+from tilewise.ops import linear as ops
+from tilewise.runtime import dispatch
+
+ACTS = ["none", "relu", "gelu", "silu"]
+# (x shape, out_features): odd sizes so every tile edge is masked
+SHAPES = [((1, 1), 1), ((3, 17), 5), ((33, 20), 17), ((2, 3, 40), 24)]
+GPU_SHAPES = [((4097, 1024), 1000), ((3, 100, 257), 4096), ((2048, 4096), 4096)]
+
+
+def _inputs(x_shape, n, device, has_bias):
+    k = x_shape[-1]
+    x = torch.randn(x_shape, device=device)
+    w = torch.randn(n, k, device=device) / k**0.5  # nn.Linear-like scale: y stays O(1)
+    b = torch.randn(n, device=device) if has_bias else None
+    return x, w, b
+
+
+def _run_case(x0, w0, b0, activation, dtype, seed, *, allow_tf32=False, bias_dtype=None, xfn=None):
+    """Forward + backward through tilewise, torch in ``dtype`` and torch in fp64; judge all."""
+    grad = torch.randn(ops.output_shape(x0, w0), device=x0.device).to(dtype)
+    outs = {}
+    for name, dt in (("tw", dtype), ("torch", dtype), ("ref", torch.float64)):
+        x, w = leaf(x0, dt), leaf(w0, dt)
+        bdt = bias_dtype if name == "tw" and bias_dtype is not None else dt
+        b = leaf(b0, bdt) if b0 is not None else None
+        if name == "tw":
+            xin = xfn(x) if xfn is not None else x
+            y = tilewise.linear(xin, w, b, activation, allow_tf32=allow_tf32)
+        else:
+            y = ops.reference(x, w, b, activation)
+        y.backward(grad.to(dt))
+        outs[name] = (y, x.grad, w.grad, b.grad if b is not None else None)
+    assert outs["tw"][0].dtype == dtype and outs["tw"][1] is not None
+    if b0 is not None:
+        assert outs["tw"][3].dtype == (bias_dtype or dtype)
+    m, k, n = x0.numel() // x0.shape[-1], x0.shape[-1], w0.shape[0]
+    tf32 = allow_tf32 and dtype == torch.float32  # TF32 keeps fp16's 10 mantissa bits
+    atol = ATOL[torch.float16 if tf32 else dtype]
+    # atol scales with each output's reduction length and magnitude (half-precision rounding of
+    # dz, shared by both paths at different points, is relative to it)
+    for i, (what, red) in enumerate((("y", k), ("dx", n), ("dweight", m), ("dbias", m))):
+        if outs["tw"][i] is None:
+            continue
+        rms = outs["ref"][i].detach().double().square().mean().sqrt().item()
+        assert_three_way(
+            outs["tw"][i],
+            outs["torch"][i],
+            outs["ref"][i],
+            atol * max(1.0, red**0.5) * max(1.0, rms),
+            f"linear {activation} {what}",
+            seed,
+        )
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_forward_backward(device, dtype, activation, has_bias, rng_seed):
+    shapes = SHAPES if device == "cpu" else SHAPES + GPU_SHAPES
+    for x_shape, n in shapes:
+        x, w, b = _inputs(x_shape, n, device, has_bias)
+        _run_case(x, w, b, activation, dtype, rng_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("allow_tf32", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_fp32_tf32_switch(allow_tf32, activation, rng_seed):
+    for x_shape, n in GPU_SHAPES:
+        x, w, b = _inputs(x_shape, n, "cuda", True)
+        _run_case(x, w, b, activation, torch.float32, rng_seed, allow_tf32=allow_tf32)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_strided_views_are_read_in_place(device, dtype, rng_seed):
+    x, w, b = _inputs((19, 33), 21, device, True)  # x: a transposed view, w: a column slice
+    w_wide = torch.randn(21, 66, device=device)
+
+    def transposed(t):
+        tt = t.t().contiguous().t()  # same values, strides (1, 19); differentiable
+        assert not tt.is_contiguous() and tt.stride() == (1, 19)
+        return tt
+
+    _run_case(x, w, b, "gelu", dtype, rng_seed, xfn=transposed)
+    # a non-contiguous weight view (every other column), gradients reaching the wide parameter
+    grad = torch.randn(19, 21, device=device)
+    res = {}
+    for name, dt, fn in (
+        ("tw", dtype, tilewise.linear),
+        ("torch", dtype, ops.reference),
+        ("ref", torch.float64, ops.reference),
+    ):
+        xl, wl = leaf(x, dt), leaf(w_wide, dt)
+        wv = wl[:, ::2]
+        assert not wv.is_contiguous()
+        y = fn(xl, wv, b.to(dt), "silu")
+        y.backward(grad.to(dt))
+        res[name] = (y, xl.grad, wl.grad)
+    for i, (what, red) in enumerate((("y", 33), ("dx", 21), ("dweight", 19))):
+        tw, th, ref = (res[k][i] for k in ("tw", "torch", "ref"))
+        atol = ATOL[dtype] * red**0.5 * max(1.0, ref.detach().square().mean().sqrt().item())
+        assert_three_way(tw, th, ref, atol, f"strided weight {what}", rng_seed)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("activation", ["relu", "silu", "none"])
+def test_mixed_precision_fp32_bias(device, activation, rng_seed):
+    x, w, b = _inputs((9, 24), 13, device, True)
+    _run_case(x, w, b, activation, torch.float16, rng_seed, bias_dtype=torch.float32)
+
+
+def test_kernel_paths_on_cpu_interpreter():
+    """CPU tests must exercise the Triton kernels, not the references."""
+    if torch.cuda.is_available():
+        pytest.skip("GPU runs do not use the interpreter")
+    assert dispatch.INTERPRET, "tests must run with TRITON_INTERPRET=1 on CPU"
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    assert dispatch.use_kernel(ops.OP, [x, w])
+    y, g = ops.forward(x, w, torch.randn(5), "gelu")  # saves the pre-bias product
+    assert g is not None and g.shape == y.shape
+    torch.testing.assert_close(g, x @ w.t())
+    y, saved = ops.forward(x, w, None, "relu")  # relu's backward uses y itself
+    assert saved is y
+    assert ops.forward(x, w, None, "none")[1] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_no_kernel_dtypes_run_the_reference(dtype, caplog, rng_seed):
+    if dtype == torch.bfloat16 and torch.cuda.is_available():
+        pytest.skip("bf16 has a kernel on the GPU")
+    x0, w0, b0 = _inputs((4, 2, 6), 3, "cpu", True)
+    with caplog.at_level("WARNING", logger="tilewise"):
+        for activation in ACTS:
+            x, w, b = leaf(x0, dtype), leaf(w0, dtype), leaf(b0, dtype)
+            y = tilewise.linear(x, w, b, activation)
+            y.backward(torch.ones_like(y))
+            xr, wr, br = leaf(x0, dtype), leaf(w0, dtype), leaf(b0, dtype)
+            yr = ops.reference(xr, wr, br, activation)
+            yr.backward(torch.ones_like(yr))
+            # bias_act's reference backward does its math in fp32, fp64 inputs included
+            tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5}
+            tol["atol"] = tol.get("atol", 1e-6)
+            for got, want in ((y, yr), (x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
+                assert got.dtype == want.dtype
+                torch.testing.assert_close(got, want, **tol)
+
+
+def test_bad_input_names_the_argument():
+    x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
+    with pytest.raises(ValueError, match="'x'"):
+        tilewise.linear(torch.randn(4, 7), w, b)
+    with pytest.raises(ValueError, match="'weight'"):
+        tilewise.linear(x, torch.randn(5, 8, 1), b)
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.linear(x, w, torch.randn(4))
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.linear(x, w, torch.randn(5, 1))
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.linear(x.half(), w.half(), torch.randn(5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'weight'"):
+        tilewise.linear(x, w.half(), b)
+    with pytest.raises(ValueError, match="'weight'"):
+        tilewise.linear(x, torch.randn(5, 8, device="meta"), b)
+    with pytest.raises(ValueError, match="'bias'"):
+        tilewise.linear(x, w, torch.randn(5, device="meta"))
+    with pytest.raises(ValueError, match="'activation'"):
+        tilewise.linear(x, w, b, "tanh")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    x = torch.randn(2, 5, 12, device=device, requires_grad=True)
+    w = torch.randn(7, 12, device=device, requires_grad=True)
+    b = torch.randn(7, device=device, requires_grad=True)
+    fwd, bwd = tilewise.functional._linear_op, tilewise.functional._linear_backward_op
+    torch.library.opcheck(fwd, (x, w, b, "gelu", False))
+    torch.library.opcheck(fwd, (x, w, None, "relu", False))
+    torch.library.opcheck(fwd, (x, w, b, "none", True))
+    g = torch.randn(2, 5, 7, device=device)
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    pre = torch.nn.functional.linear(xd, wd)
+    torch.library.opcheck(bwd, (g, xd, wd, bd, pre, "silu", False))
+    torch.library.opcheck(bwd, (g, xd, wd, None, torch.relu(pre), "relu", False))
+    torch.library.opcheck(bwd, (g, xd, wd, bd, None, "none", False))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_torch_compile_fullgraph(device, activation, rng_seed):
+    backend = "inductor" if device == "cuda" else "aot_eager"  # CPU: no C++ build in CI
+
+    def f(x, w, b):
+        return tilewise.linear(x * 2.0, w, b, activation).square().sum()
+
+    x = torch.randn(2, 3, 16, device=device, requires_grad=True)
+    w = torch.randn(9, 16, device=device, requires_grad=True)
+    b = torch.randn(9, device=device, requires_grad=True)
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    out = compiled(x, w, b)
+    out.backward()
+    grads = [t.grad.clone() for t in (x, w, b)]
+    x.grad = w.grad = b.grad = None
+    f(x, w, b).backward()
+    torch.testing.assert_close(out, f(x, w, b))
+    for got, t in zip(grads, (x, w, b), strict=True):
+        torch.testing.assert_close(got, t.grad)
+
+
+def test_module_drop_in_shares_parameters(rng_seed):
+    base = torch.nn.Linear(12, 6)
+    m = tilewise.nn.Linear.from_linear(base, activation="silu")
+    assert m.weight is base.weight and m.bias is base.bias
+    assert isinstance(m, torch.nn.Linear)
+    x = torch.randn(4, 12)
+    torch.testing.assert_close(m(x), torch.nn.functional.silu(base(x)))
+    m(x).sum().backward()
+    assert base.weight.grad is not None and base.bias.grad is not None
+    assert m.state_dict().keys() == base.state_dict().keys()
+    fresh = tilewise.nn.Linear(12, 6, bias=False, activation="relu")
+    assert fresh.bias is None and "activation='relu'" in repr(fresh)
+    torch.testing.assert_close(fresh(x), torch.relu(x @ fresh.weight.t()))
+    with pytest.raises(ValueError, match="'activation'"):
+        tilewise.nn.Linear(12, 6, activation="bad")
+    with pytest.raises(ValueError, match="'activation'"):
+        tilewise.nn.Linear.from_linear(base, activation="bad")
