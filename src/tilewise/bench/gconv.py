@@ -402,6 +402,8 @@ def records_of(results: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list
 def plot_gconv(results: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     """Effective bandwidth (GB/s) vs N: a row per shape, a column per pass; tilewise vs cuDNN
     (colour), fp16 solid / bf16 dashed, the run's copy ceiling as a black dashed line."""
+    from tilewise.bench.plots import plot_series
+
     recs = [r for r in records_of(results) if r.get("eff_bw") is not None]
     if not recs:
         raise ValueError("no timed records (with eff_bw) to plot")
@@ -422,15 +424,8 @@ def plot_gconv(results: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: s
                         for r in sub
                         if r["impl"] == impl and r["dtype"] == dtype
                     )
-                    xs, ys = zip(*pts, strict=True)
-                    ax.plot(
-                        xs,
-                        ys,
-                        color=colour,
-                        marker=marker,
-                        ms=4,
-                        linestyle=styles.get(dtype, "-."),
-                        label=f"{impl} {dtype}",
+                    plot_series(
+                        ax, pts, (colour, marker), styles.get(dtype, "-."), f"{impl} {dtype}"
                     )
             copy_ceiling_line(ax, results)
             ax.set_xscale("log", base=2)

@@ -33,6 +33,19 @@ def _ordered(values: Sequence[Any], order: Sequence[Any] = ()) -> list[Any]:
     return [v for v in order if v in seen] + [v for v in seen if v not in order]
 
 
+def plot_series(
+    ax: Any,
+    points: Sequence[tuple[float, float]],
+    style: tuple[str, str],
+    linestyle: str,
+    label: str,
+) -> None:
+    """One (x, y) line in an implementation's (colour, marker) ``style``."""
+    colour, marker = style
+    xs, ys = zip(*points, strict=True)
+    ax.plot(xs, ys, color=colour, marker=marker, ms=4, linestyle=linestyle, label=label)
+
+
 def plot_fraction_of_copy(
     results: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     path: str | os.PathLike[str],
@@ -65,15 +78,12 @@ def plot_fraction_of_copy(
                     )
                     if not pts:
                         continue
-                    xs, ys = zip(*pts, strict=True)
-                    ax.plot(
-                        xs,
-                        ys,
-                        color=colour,
-                        marker=marker,
-                        ms=4,
-                        linestyle=_LINESTYLES[k % len(_LINESTYLES)],
-                        label=f"{impl} n={n} {act}",
+                    plot_series(
+                        ax,
+                        pts,
+                        (colour, marker),
+                        _LINESTYLES[k % len(_LINESTYLES)],
+                        f"{impl} n={n} {act}",
                     )
             ax.axhline(TARGET_FRACTION, color="black", linestyle="--", linewidth=0.8)
             ax.annotate(
