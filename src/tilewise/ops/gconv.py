@@ -81,6 +81,7 @@ def _gconv_fwd_kernel(
     S: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,
+    TAPS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -92,36 +93,54 @@ def _gconv_fwd_kernel(
     p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
     q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
     out_ok = (p < P) & (q < Q)
-    # One group at a time, its 8 channels padded to the 16 lanes tl.dot needs with exact zeros
-    # (masked loads), so no product ever mixes groups: a NaN or Inf stays in its own group, as in
-    # PyTorch. The padded output lanes (j >= 8) are never stored.
+    # One group at a time. tl.dot needs K >= 16 and a group has 8 input channels, so the 16 K
+    # lanes hold either one tap's 8 channels and 8 exact zeros (TAPS == 1) or two taps' 8 channels
+    # each (TAPS == 2, half the tensor-core work). Either way no product mixes groups, so a NaN or
+    # Inf stays in its own group, as in PyTorch. Output lanes j >= 8 are padding, never stored.
     j = tl.arange(0, 16)
     real = j < 8
+    lane_c = j % 8
+    second = j >= 8
     for g in tl.static_range(BLOCK_C // 8):
         c0 = tl.program_id(1) * BLOCK_C + g * 8
-        c = c0 + j
-        cmask = real & (c < C)
-        # weight tile of one tap: rows are this group's input channels (K), columns its outputs
-        w_offs = (c0 + j[None, :]) * swo + j[:, None] * swi
-        w_mask = real[:, None] & cmask[None, :]
-        x_base = x_ptr + n * sxn + c[None, :] * sxc
+        group_ok = c0 + lane_c < C  # [16]; C is a multiple of 8: a group is all in or all out
+        x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
+        w_cols = (c0 + j[None, :]) * swo  # column j of the tile: output channel c0 + j
+        w_cols_ok = (real & group_ok)[None, :]
         acc = tl.zeros((BLOCK_P * BLOCK_Q, 16), dtype=tl.float32)
-        for r in tl.static_range(R):
-            ih = p + (r - pad_h)
-            h_ok = (ih >= 0) & (ih < H)
-            for s in tl.static_range(S):
+        for i in tl.static_range((R * S + TAPS - 1) // TAPS):
+            if TAPS == 1:
+                r = i // S
+                s = i % S
+                ih = p + (r - pad_h)
                 iw = q + (s - pad_w)
-                ok = h_ok & (iw >= 0) & (iw < W)
+                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 xt = tl.load(
                     x_base + (ih * sxh + iw * sxw)[:, None],
-                    mask=ok[:, None] & cmask[None, :],
+                    mask=ok[:, None] & (real & group_ok)[None, :],
                     other=0.0,
                 )
-                wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
-                if IEEE:
-                    acc = tl.dot(xt, wt, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(xt, wt, acc)
+                w_offs = w_cols + j[:, None] * swi + r * swr + s * sws
+                wt = tl.load(w_ptr + w_offs, mask=real[:, None] & w_cols_ok, other=0.0)
+            else:
+                t1 = 2 * i
+                t2 = 2 * i + 1
+                # lanes 0-7: tap t1, lanes 8-15: tap t2 (absent past the last tap)
+                dr = tl.where(second, t2 // S, t1 // S)
+                ds = tl.where(second, t2 % S, t1 % S)
+                lane_ok = j + 8 * t2 < 8 * R * S + 8  # lanes 8-15 only while t2 < R * S
+                ih = p[:, None] + (dr - pad_h)[None, :]
+                iw = q[:, None] + (ds - pad_w)[None, :]
+                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (lane_ok & group_ok)[None, :]
+                xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
+                w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
+                wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & w_cols_ok, other=0.0)
+            if IEEE:
+                acc = tl.dot(xt, wt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, wt, acc)
+        c = c0 + j
+        cmask = real & group_ok
         if HAS_BIAS:
             acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
         y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
@@ -172,6 +191,7 @@ def launch_fprop(
         S=s,
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
+        TAPS=cfg.taps,
         BLOCK_P=cfg.block_p,
         BLOCK_Q=cfg.block_q,
         BLOCK_C=cfg.block_c,
@@ -281,11 +301,11 @@ def layout_reason(
     return None
 
 
-def _dense_params(
-    weight: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Dense weight and bias: tiny, and channels_last in a model moved to channels_last."""
-    return weight.contiguous(), (bias.contiguous() if bias is not None else None)
+def _dense_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The kernels index the bias densely; weights of any layout are read through their strides
+    (a model moved to channels_last has channels_last weights, and a per-call copy would cost a
+    launch per layer)."""
+    return bias.contiguous() if bias is not None else None
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -345,7 +365,7 @@ def forward(
 ) -> torch.Tensor:
     """``conv2d(x, weight, bias, padding=(pad_h, pad_w), groups=C/8)``, channels_last output."""
     validate(x, weight, bias, pad_h, pad_w)
-    weight, bias = _dense_params(weight, bias)
+    bias = _dense_bias(bias)
     if not _kernel_ok(OP, x, weight, bias):
         return _channels_last(reference(x, weight, bias, (pad_h, pad_w)))
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
@@ -378,7 +398,7 @@ def backward(
     differences on the GPU); True reduces per-chunk partials with a PyTorch sum.
     """
     validate(x, weight, bias, pad_h, pad_w)
-    weight, bias = _dense_params(weight, bias)
+    bias = _dense_bias(bias)
     dispatch.check_same_device(OP_BWD, x=x, grad=grad)
     p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
     if tuple(grad.shape) != (x.shape[0], x.shape[1], p, q):

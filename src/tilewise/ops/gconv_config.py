@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -118,6 +118,7 @@ class GConvConfig:
     block_c: int
     num_warps: int = 4
     num_stages: int = 2
+    taps: int = 2  # taps per tl.dot: 2 fills K = 16 with two taps' 8 channels, 1 pads with zeros
 
     @property
     def block_m(self) -> int:
@@ -125,7 +126,10 @@ class GConvConfig:
 
     @property
     def name(self) -> str:
-        return f"p{self.block_p}q{self.block_q}c{self.block_c}w{self.num_warps}s{self.num_stages}"
+        return (
+            f"p{self.block_p}q{self.block_q}c{self.block_c}w{self.num_warps}s{self.num_stages}"
+            f"t{self.taps}"
+        )
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,8 @@ def _candidates(problem: GConvProblem, pass_: str, sms: int) -> tuple:
             if bp < 1 or (bp > max_p and bm > 16) or (bm == 16 and out_h * out_w > 64):
                 continue
             tiles.append((bp, bq))
-    configs = [default_config(problem, pass_, sms)]
+    default = default_config(problem, pass_, sms)
+    configs = [default, replace(default, taps=1)]
     for bc in _block_cs(problem.c):
         for bp, bq in tiles:
             for nw in _warps(bp * bq, bc):
