@@ -135,18 +135,21 @@ class GConvConfig:
 @dataclass(frozen=True)
 class WgradConfig:
     """wgrad launch: each program reduces ``chunk_steps`` runs of ``block_m`` output pixels
-    (flattened over n, p, q) for one block of ``block_c`` channels, all taps."""
+    (flattened over n, p, q) for one block of ``block_c`` channels and ``tap_block`` taps (a power
+    of two; the taps of one program share one tl.dot and one load of dy per step)."""
 
     block_m: int
     block_c: int
     chunk_steps: int
     num_warps: int = 4
     num_stages: int = 2
+    tap_block: int = 1
 
     @property
     def name(self) -> str:
         return (
             f"m{self.block_m}c{self.block_c}k{self.chunk_steps}w{self.num_warps}s{self.num_stages}"
+            f"t{self.tap_block}"
         )
 
 
@@ -228,31 +231,45 @@ def _candidates(problem: GConvProblem, pass_: str, sms: int) -> tuple:
     return tuple(dict.fromkeys(configs))
 
 
-def _wgrad_steps(m: int, block_m: int, c_blocks: int, sms: int) -> int:
-    """Steps per program so that the grid has about 4 programs per SM."""
-    chunks = max(1, (4 * sms) // c_blocks)
+def _wgrad_steps(m: int, block_m: int, other_blocks: int, sms: int) -> int:
+    """Steps per program so that the grid (chunks x channel blocks x tap blocks) has about 4
+    programs per SM."""
+    chunks = max(1, (4 * sms) // other_blocks)
     return max(1, min(1024, next_pow2(-(-m // (block_m * chunks)))))
 
 
-def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
+def _wgrad_config(problem: GConvProblem, sms: int, bm: int, bc: int, tb: int, nw: int, scale=1):
     m = problem.n * problem.p * problem.q
-    block_c = 32 if problem.c % 32 == 0 and problem.r * problem.s <= 9 else 16
+    blocks = -(-problem.c // bc) * -(-(problem.r * problem.s) // tb)
+    steps = _wgrad_steps(m, bm, blocks, sms)
+    return WgradConfig(bm, bc, max(1, min(1024, steps * scale)), nw, 2, tb)
+
+
+def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
+    """16 channels (2 groups), all taps of a kernel up to 3x3 in one tl.dot (8 of larger ones)."""
+    m = problem.n * problem.p * problem.q
+    taps = min(16, next_pow2(problem.r * problem.s))
     block_m = max(16, min(64, next_pow2(m)))
-    steps = _wgrad_steps(m, block_m, -(-problem.c // block_c), sms)
-    return WgradConfig(block_m, block_c, steps, 4, 2)
+    return _wgrad_config(problem, sms, block_m, 16, taps, 4)
 
 
 def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
+    """Tap blocks up to 16 taps x 16 channels (the accumulator is [tap_block * 16, 16] fp32) or
+    a single tap with 32 channels; pixel steps of 16-128; about 4 programs per SM, or 4x fewer or
+    more steps per program."""
     m = problem.n * problem.p * problem.q
+    rs = next_pow2(problem.r * problem.s)
     configs = [_default_wgrad(problem, sms)]
-    for bc in _block_cs(problem.c):
+    shapes = [(16, tb) for tb in (1, 2, 4, 8, 16) if tb <= rs]
+    if problem.c >= 32:
+        shapes.append((32, 1))
+    for bc, tb in shapes:
         for bm in (16, 32, 64, 128):
-            if bm > max(16, next_pow2(m)) or (bm == 16 and m > 256):
+            if bm > max(16, next_pow2(m)) or (bm == 16 and m > 256) or bm * tb > 1024:
                 continue
-            base = _wgrad_steps(m, bm, -(-problem.c // bc), sms)
-            for steps in dict.fromkeys((max(1, base // 4), base, base * 4)):
-                for nw in _warps(bm, bc):
-                    configs.append(WgradConfig(bm, bc, steps, nw, 2))
+            for scale in (1, 4) if m > 4096 else (1,):
+                for nw in _warps(bm * tb, bc):
+                    configs.append(_wgrad_config(problem, sms, bm, bc, tb, nw, scale))
     return list(dict.fromkeys(configs))
 
 

@@ -2,14 +2,15 @@
 
 ``dW[co, ci_local, r, s] = sum_{n,p,q} dy[n, p, q, co] * x[n, p + r - pad_h, q + s - pad_w, ci]``.
 
-A program owns one chunk of ``chunk_steps * block_m`` output pixels (flattened over n, p, q) and
-one block of ``block_c`` channels. For each tap it walks its chunk ``block_m`` pixels at a time,
-loads the shifted input [block_m, block_c] and ``dy`` [block_m, block_c] (channels innermost) and
-accumulates ``tl.dot(x_shifted^T, dy)`` -> [block_c, block_c] in fp32, of which it keeps the 8x8
-diagonal blocks. Deterministic mode stores per-chunk partials [chunks, R, S, C, 8] that a PyTorch
-sum reduces; fast mode adds them with fp32 atomics into a zeroed [R, S, C, 8] buffer.
-The bias gradient is fused: before the tap loop, each program sums ``dy`` over its chunk into
-per-chunk fp32 partials [chunks, C] (reduced by a PyTorch sum in both modes).
+A program owns one chunk of ``chunk_steps * block_m`` output pixels (flattened over n, p, q), one
+block of ``block_c`` channels and ``tap_block`` taps. It walks its chunk ``block_m`` pixels at a
+time: it loads ``dy`` [block_m, block_c] once, gathers the shifted inputs of all its taps into one
+[block_m, tap_block * block_c] operand, and accumulates ``tl.dot(x_taps^T, dy)`` ->
+[tap_block * block_c, block_c] in fp32, of which it keeps the 8x8 diagonal blocks (same group).
+Deterministic mode stores per-chunk partials [chunks, R, S, C, 8] that a PyTorch sum reduces; fast
+mode adds them with fp32 atomics into a zeroed [R, S, C, 8] buffer. The bias gradient is fused:
+the programs of the first tap block also sum the ``dy`` they load into per-chunk fp32 partials
+[chunks, C] (reduced by a PyTorch sum in both modes).
 """
 
 from __future__ import annotations
@@ -61,58 +62,61 @@ def _gconv_wgrad_kernel(
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    TAP_BLOCK: tl.constexpr,
 ):
     chunk = tl.program_id(0)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tap0 = tl.program_id(2) * TAP_BLOCK
+    c_blk = tl.program_id(1) * BLOCK_C
+    c = c_blk + tl.arange(0, BLOCK_C)
     cmask = c < C
-    # acc[i, j] pairs input channel c[i] with output channel c[j]; keep the diagonal 8x8 blocks.
-    keep = (c[:, None] // 8 == c[None, :] // 8) & cmask[:, None] & cmask[None, :]
-    out_offs = c[None, :] * 8 + c[:, None] % 8  # -> [co, ci_local] of a [C, 8] slab
+    # Row k of the accumulator pairs tap tap0 + k // BLOCK_C and input channel c_blk + k % BLOCK_C
+    # with the output channels c (columns): one tl.dot covers TAP_BLOCK taps, and dy is loaded once
+    # per pixel step for all of them.
+    k = tl.arange(0, TAP_BLOCK * BLOCK_C)
+    tap = tap0 + k // BLOCK_C
+    ck = c_blk + k % BLOCK_C
+    k_ok = (tap < R * S) & (ck < C)
+    dh = tap // S - pad_h
+    dwid = tap % S - pad_w
     m0 = chunk * steps * BLOCK_M
     PQ = P * Q
-    if HAS_DB:
-        db = tl.zeros((BLOCK_C,), dtype=tl.float32)
-        for k in range(steps):
-            m = m0 + k * BLOCK_M + tl.arange(0, BLOCK_M)
-            n = m // PQ
-            p = (m % PQ) // Q
-            q = m % Q
-            offs = n.to(tl.int64) * sdn + p * sdh + q * sdw
-            ok = (m < M)[:, None] & cmask[None, :]
-            dy = tl.load(dy_ptr + offs[:, None] + c[None, :] * sdc, mask=ok, other=0.0)
+    acc = tl.zeros((TAP_BLOCK * BLOCK_C, BLOCK_C), dtype=tl.float32)
+    db = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for step in range(steps):
+        m = m0 + step * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = m < M
+        n = (m // PQ).to(tl.int64)
+        p = (m % PQ) // Q
+        q = m % Q
+        dy = tl.load(
+            dy_ptr + (n * sdn + p * sdh + q * sdw)[:, None] + c[None, :] * sdc,
+            mask=m_ok[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        if HAS_DB:
             db += tl.sum(dy.to(tl.float32), axis=0)
-        tl.store(db_ptr + chunk * C + c, db, mask=cmask)
-    for t in range(R * S):
-        r = t // S
-        s = t % S
-        acc = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
-        for k in range(steps):
-            m = m0 + k * BLOCK_M + tl.arange(0, BLOCK_M)
-            m_ok = m < M
-            n = (m // PQ).to(tl.int64)
-            p = (m % PQ) // Q
-            q = m % Q
-            dy = tl.load(
-                dy_ptr + (n * sdn + p * sdh + q * sdw)[:, None] + c[None, :] * sdc,
-                mask=m_ok[:, None] & cmask[None, :],
-                other=0.0,
-            )
-            ih = p + r - pad_h
-            iw = q + s - pad_w
-            x_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            xs = tl.load(
-                x_ptr + (n * sxn + ih * sxh + iw * sxw)[:, None] + c[None, :] * sxc,
-                mask=x_ok[:, None] & cmask[None, :],
-                other=0.0,
-            )
-            if IEEE:
-                acc = tl.dot(tl.trans(xs), dy, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(tl.trans(xs), dy, acc)
-        if ATOMIC:
-            tl.atomic_add(dw_ptr + t * C * 8 + out_offs, acc, mask=keep)
+        ih = p[:, None] + dh[None, :]
+        iw = q[:, None] + dwid[None, :]
+        x_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & m_ok[:, None] & k_ok[None, :]
+        xs = tl.load(
+            x_ptr + (n * sxn)[:, None] + ih * sxh + iw * sxw + ck[None, :] * sxc,
+            mask=x_ok,
+            other=0.0,
+        )
+        if IEEE:
+            acc = tl.dot(tl.trans(xs), dy, acc, input_precision="ieee")
         else:
-            tl.store(dw_ptr + (chunk * R * S + t) * C * 8 + out_offs, acc, mask=keep)
+            acc = tl.dot(tl.trans(xs), dy, acc)
+    # keep the diagonal 8x8 blocks (same group); the rest paired channels of different groups
+    keep = (ck[:, None] // 8 == c[None, :] // 8) & k_ok[:, None] & cmask[None, :]
+    out_offs = tap[:, None] * C * 8 + c[None, :] * 8 + (ck % 8)[:, None]  # [R*S, C, 8] slab
+    if ATOMIC:
+        tl.atomic_add(dw_ptr + out_offs, acc, mask=keep)
+    else:
+        tl.store(dw_ptr + chunk.to(tl.int64) * R * S * C * 8 + out_offs, acc, mask=keep)
+    if HAS_DB:
+        if tap0 == 0:
+            tl.store(db_ptr + chunk * C + c, db, mask=cmask)
 
 
 def launch_wgrad(
@@ -134,7 +138,8 @@ def launch_wgrad(
     else:
         dw = torch.zeros(r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
     dbp = alloc.empty(chunks, c, device=dev, dtype=torch.float32) if need_db else dw
-    _gconv_wgrad_kernel[(chunks, triton.cdiv(c, cfg.block_c))](
+    grid = (chunks, triton.cdiv(c, cfg.block_c), triton.cdiv(r * s, cfg.tap_block))
+    _gconv_wgrad_kernel[grid](
         x,
         grad,
         dw,
@@ -157,6 +162,7 @@ def launch_wgrad(
         IEEE=x.dtype == torch.float32,
         BLOCK_M=cfg.block_m,
         BLOCK_C=cfg.block_c,
+        TAP_BLOCK=cfg.tap_block,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
