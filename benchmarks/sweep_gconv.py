@@ -1,0 +1,168 @@
+"""Sweep the grouped-conv kernel configs on a few problems, beside cuDNN, to set the candidate
+lists and heuristics in ``tilewise.ops.gconv_config``.
+
+Every config is checked against cuDNN's output (loose relative L2, the study does the strict
+fp64 check) and timed with CUDA events over inputs rotated past L2 (median). Prints, per problem
+and pass, cuDNN and the best configs, and the best of each kernel variant (taps per dot for
+fprop/dgrad, tap block for wgrad); writes all rows to ``$OUT/sweep_gconv.json`` (or --out).
+
+    python benchmarks/sweep_gconv.py [--problems c64_64x64_n128 ...] [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.gconv import make_activations, make_weight, pass_fn
+from tilewise.bench.results import environment
+from tilewise.bench.timing import l2_cache_bytes, rotation_count, time_events
+from tilewise.ops import gconv as ops
+from tilewise.ops import gconv_wgrad as wg
+from tilewise.ops.gconv_config import GConvConfig, GConvProblem, candidate_configs
+
+PROBLEMS = {
+    "c64_64x64_n128": GConvProblem(128, 64, 64, 64, 3, 3, 1, 1, "fp16"),
+    "c256_16x16_n128": GConvProblem(128, 256, 16, 16, 3, 3, 1, 1, "fp16"),
+    "c128_32x32_n32": GConvProblem(32, 128, 32, 32, 3, 3, 1, 1, "fp16"),
+    "c64_64x64_n8": GConvProblem(8, 64, 64, 64, 3, 3, 1, 1, "fp16"),
+    "c64_64x64_n128_k7": GConvProblem(128, 64, 64, 64, 7, 7, 3, 3, "fp16"),
+    "tiny_cpu": GConvProblem(1, 32, 6, 5, 3, 3, 1, 1, "fp32"),  # a smoke test on the interpreter
+}
+
+
+def fprop_configs(problem: GConvProblem, all_: bool) -> list[GConvConfig]:
+    if all_:
+        cands = candidate_configs(problem, "fprop")
+        return cands + [
+            GConvConfig(c.block_p, c.block_q, c.block_c, c.num_warps, 2, 1) for c in cands
+        ]
+    tiles = [(8, 8), (4, 16), (8, 16), (16, 8), (2, 16), (16, 16)]
+    out = []
+    for (bp, bq), bc, taps, nw in itertools.product(tiles, (16, 32), (1, 2), (4, 8)):
+        if bp * bq <= 64 and nw == 8:
+            continue
+        out.append(GConvConfig(bp, bq, bc, nw, 2, taps))
+    return out
+
+
+def run_pass(problem, pass_, sets, w, configs, copy_bw):
+    """Rows for every config of one pass, then cuDNN's row."""
+    nbytes = problem.bytes(pass_)
+    ph, pw = problem.pad_h, problem.pad_w
+    ref = pass_fn("cudnn", pass_, problem)(
+        sets[0][0], w.contiguous(memory_format=torch.channels_last), sets[0][1]
+    ).float()
+    rows = []
+    if pass_ == "wgrad":
+        runners = [
+            (c, lambda x, dy, c=c: wg.launch_wgrad(dy, x, problem, c, False, False)[0])
+            for c in configs
+        ]
+    else:
+        wt = ops.dgrad_weight(w) if pass_ == "dgrad" else w
+        pad = (problem.r - 1 - ph, problem.s - 1 - pw) if pass_ == "dgrad" else (ph, pw)
+
+        def conv(x, dy, c):
+            src = dy if pass_ == "dgrad" else x
+            out = torch.empty_like(x if pass_ == "dgrad" else dy)
+            ops.launch_fprop(src, wt, None, out, pad[0], pad[1], c)
+            return out
+
+        runners = [(c, lambda x, dy, c=c: conv(x, dy, c)) for c in configs]
+    for cfg, fn in runners:
+        try:
+            got = fn(*sets[0]).float()
+            if pass_ == "wgrad":
+                got = got.permute(2, 3, 0, 1)
+            err = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+            if not err < 2e-2:
+                rows.append({"config": cfg.name, "error": f"rel L2 err {err:.2e}"})
+                continue
+            t = time_events(fn, sets, warmup=3, reps=15).median_s
+        except Exception as exc:  # a config the compiler rejects is recorded, not hidden
+            rows.append({"config": cfg.name, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
+        rows.append(
+            {
+                "config": cfg.name,
+                "s": t,
+                "gbps": nbytes / t / 1e9,
+                "frac_copy": nbytes / t / copy_bw,
+            }
+        )
+    cu = pass_fn("cudnn", pass_, problem)
+    w_cu = w.contiguous(memory_format=torch.channels_last)
+    t = time_events(lambda x, dy: cu(x, w_cu, dy), sets, warmup=3, reps=15).median_s
+    rows.append(
+        {"config": "cudnn", "s": t, "gbps": nbytes / t / 1e9, "frac_copy": nbytes / t / copy_bw}
+    )
+    return rows
+
+
+def variant(name: str) -> str:
+    return name.rsplit("s2", 1)[-1] if name != "cudnn" else "cudnn"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--problems", nargs="+", default=list(PROBLEMS))
+    ap.add_argument("--passes", nargs="+", default=["fprop", "dgrad", "wgrad"])
+    ap.add_argument("--all", action="store_true", help="every autotune candidate for fprop/dgrad")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    copy_bw = measure_copy_bandwidth() if torch.cuda.is_available() else float("nan")
+    print(f"copy {copy_bw / 1e12:.2f} TB/s")
+    results = []
+    for key in args.problems:
+        problem = PROBLEMS[key]
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        gen = torch.Generator(device=dev).manual_seed(0)
+        rot = rotation_count(problem.bytes("fprop"), l2_cache_bytes()) if dev.type == "cuda" else 1
+        sets = [make_activations(problem, dev, gen) for _ in range(rot)]
+        w = make_weight(problem, dev, gen)
+        for pass_ in args.passes:
+            configs = (
+                fprop_configs(problem, args.all)
+                if pass_ != "wgrad"
+                else candidate_configs(problem, "wgrad")
+            )
+            rows = run_pass(problem, pass_, sets, w, configs, copy_bw)
+            ok = sorted((r for r in rows if "s" in r), key=lambda r: r["s"])
+            cud = next(r for r in rows if r["config"] == "cudnn")
+            best_by_variant = {}
+            for r in ok:
+                best_by_variant.setdefault(variant(r["config"]), r)
+            print(f"{key} {pass_}: cuDNN {cud['gbps']:.0f} GB/s ({cud['frac_copy']:.2f})")
+            for r in ok[:3]:
+                print(f"   {r['config']:28s} {r['gbps']:6.0f} GB/s ({r['frac_copy']:.2f})")
+            print(
+                "   best per variant: "
+                + ", ".join(f"{v} {r['gbps']:.0f}" for v, r in best_by_variant.items())
+            )
+            bad = [r for r in rows if "error" in r]
+            if bad:
+                print(f"   {len(bad)} configs failed, e.g. {bad[0]}")
+            results.append({"problem": key, "pass": pass_, "rows": rows})
+        del sets
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "sweep_gconv.json"
+    path.write_text(
+        json.dumps(
+            {"environment": environment(), "copy_bytes_per_s": copy_bw, "results": results},
+            indent=1,
+        )
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
