@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.gconv import make_activations, make_weight, pass_fn
@@ -37,6 +39,69 @@ PROBLEMS = {
 }
 
 
+@triton.jit
+def _blockdiag_probe_kernel(
+    x_ptr, w_ptr, y_ptr, C, H, W, P, Q, pad_h, pad_w, tiles_q, tiles_per_image,
+    sxn, sxc, sxh, sxw, swo, swi, swr, sws, syn, syc, syh, syw,
+    R: tl.constexpr, S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Experiment only (NOT NaN-exact, never shipped): block-diagonal [BC, BC] weight tiles, a
+    runtime tap loop that Triton can pipeline. It bounds what the faster layout could give."""
+    pid = tl.program_id(0)
+    n = (pid // tiles_per_image).to(tl.int64)
+    tile = pid % tiles_per_image
+    m = tl.arange(0, BLOCK_P * BLOCK_Q)
+    p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
+    q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    kk = tl.arange(0, BLOCK_C)
+    w_offs = c[None, :] * swo + (kk % 8)[:, None] * swi
+    w_mask = (kk[:, None] // 8 == tl.arange(0, BLOCK_C)[None, :] // 8) & cmask[None, :]
+    acc = tl.zeros((BLOCK_P * BLOCK_Q, BLOCK_C), dtype=tl.float32)
+    for t in range(0, R * S):
+        r = t // S
+        s = t % S
+        ih = p + r - pad_h
+        iw = q + s - pad_w
+        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        xt = tl.load(
+            x_ptr + n * sxn + (ih * sxh + iw * sxw)[:, None] + c[None, :] * sxc,
+            mask=ok[:, None] & cmask[None, :],
+            other=0.0,
+        )
+        wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
+        acc = tl.dot(xt, wt, acc)
+    y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+    tl.store(
+        y_ptr + y_offs,
+        acc.to(y_ptr.dtype.element_ty),
+        mask=((p < P) & (q < Q))[:, None] & cmask[None, :],
+    )
+
+
+class ProbeConfig(GConvConfig):
+    """A GConvConfig that runs the block-diagonal probe kernel."""
+
+    @property
+    def name(self) -> str:
+        return "probe_" + super().name
+
+
+def launch_probe(x, weight, out, pad_h, pad_w, cfg) -> None:
+    n, c, h, w = x.shape
+    p, q = out.shape[2], out.shape[3]
+    tiles_q = triton.cdiv(q, cfg.block_q)
+    tpi = triton.cdiv(p, cfg.block_p) * tiles_q
+    _blockdiag_probe_kernel[(n * tpi, triton.cdiv(c, cfg.block_c))](
+        x, weight, out, c, h, w, p, q, pad_h, pad_w, tiles_q, tpi,
+        *x.stride(), *weight.stride(), *out.stride(),
+        R=weight.shape[2], S=weight.shape[3], BLOCK_P=cfg.block_p, BLOCK_Q=cfg.block_q,
+        BLOCK_C=cfg.block_c, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
 def fprop_configs(problem: GConvProblem, all_: bool) -> list[GConvConfig]:
     if all_:
         cands = candidate_configs(problem, "fprop")
@@ -44,11 +109,13 @@ def fprop_configs(problem: GConvProblem, all_: bool) -> list[GConvConfig]:
             GConvConfig(c.block_p, c.block_q, c.block_c, c.num_warps, 2, 1) for c in cands
         ]
     tiles = [(8, 8), (4, 16), (8, 16), (16, 8), (2, 16), (16, 16)]
-    out = []
-    for (bp, bq), bc, taps, nw in itertools.product(tiles, (16, 32), (1, 2), (4, 8)):
+    out = [GConvConfig(16, 16, 32, 4, 2, 2), GConvConfig(16, 16, 16, 8, 2, 2)]  # unrolled
+    for (bp, bq), stages, nw in itertools.product(tiles, (2, 3, 4), (4, 8)):
         if bp * bq <= 64 and nw == 8:
             continue
-        out.append(GConvConfig(bp, bq, bc, nw, 2, taps))
+        out.append(GConvConfig(bp, bq, 8, nw, stages, 2))  # one group per program, pipelined
+    for (bp, bq), bc, stages in itertools.product(tiles[2:], (16, 32), (2, 3)):
+        out.append(ProbeConfig(bp, bq, bc, 4, stages, 1))
     return out
 
 
@@ -72,7 +139,10 @@ def run_pass(problem, pass_, sets, w, configs, copy_bw):
         def conv(x, dy, c):
             src = dy if pass_ == "dgrad" else x
             out = torch.empty_like(x if pass_ == "dgrad" else dy)
-            ops.launch_fprop(src, wt, None, out, pad[0], pad[1], c)
+            if isinstance(c, ProbeConfig):
+                launch_probe(src, wt, out, pad[0], pad[1], c)
+            else:
+                ops.launch_fprop(src, wt, None, out, pad[0], pad[1], c)
             return out
 
         runners = [(c, lambda x, dy, c=c: conv(x, dy, c)) for c in configs]
@@ -107,7 +177,12 @@ def run_pass(problem, pass_, sets, w, configs, copy_bw):
 
 
 def variant(name: str) -> str:
-    return name.rsplit("s2", 1)[-1] if name != "cudnn" else "cudnn"
+    """cudnn, probe, group (block_c 8), t1/t2 (unrolled fprop) or t<taps> (wgrad)."""
+    if name == "cudnn" or name.startswith("probe"):
+        return name.split("_")[0]
+    if "c8w" in name:
+        return "group"
+    return name.rsplit("s", 1)[-1][1:]
 
 
 def main() -> None:

@@ -151,6 +151,80 @@ def _gconv_fwd_kernel(
         )
 
 
+@triton.jit
+def _gconv_fwd_group_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    C,
+    H,
+    W,
+    P,
+    Q,
+    pad_h,
+    pad_w,
+    tiles_q,
+    tiles_per_image,
+    sxn,
+    sxc,
+    sxh,
+    sxw,
+    swo,
+    swi,
+    swr,
+    sws,
+    syn,
+    syc,
+    syh,
+    syw,
+    R: tl.constexpr,
+    S: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """One group (8 channels) per program; a runtime loop over pairs of taps, so Triton's software
+    pipeliner can stage the gathered [pixels, 16] operands through shared memory asynchronously
+    (``num_stages``) instead of converting every unrolled load through registers."""
+    pid = tl.program_id(0)
+    n = (pid // tiles_per_image).to(tl.int64)
+    tile = pid % tiles_per_image
+    m = tl.arange(0, BLOCK_P * BLOCK_Q)
+    p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
+    q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
+    out_ok = (p < P) & (q < Q)
+    c0 = tl.program_id(1) * 8
+    j = tl.arange(0, 16)
+    real = j < 8
+    lane_c = j % 8
+    second = (j >= 8).to(tl.int32)
+    x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
+    w_cols = (c0 + j[None, :]) * swo
+    acc = tl.zeros((BLOCK_P * BLOCK_Q, 16), dtype=tl.float32)
+    for i in range(0, (R * S + 1) // 2):
+        t = 2 * i + second  # lanes 0-7: tap 2i, lanes 8-15: tap 2i + 1
+        dr = t // S
+        ds = t % S
+        lane_ok = t < R * S
+        ih = p[:, None] + (dr - pad_h)[None, :]
+        iw = q[:, None] + (ds - pad_w)[None, :]
+        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & lane_ok[None, :]
+        xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
+        w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
+        wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & real[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(xt, wt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, wt, acc)
+    c = c0 + j
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + c, mask=real, other=0.0).to(tl.float32)[None, :]
+    y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_ok[:, None] & real[None, :])
+
+
 def launch_fprop(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -170,6 +244,34 @@ def launch_fprop(
     tiles_q = triton.cdiv(q, cfg.block_q)
     tiles_per_image = triton.cdiv(p, cfg.block_p) * tiles_q
     grid = (n * tiles_per_image, triton.cdiv(c, cfg.block_c))
+    if cfg.block_c == 8:
+        _gconv_fwd_group_kernel[grid](
+            x,
+            weight,
+            weight if bias is None else bias,
+            out,
+            c,
+            h,
+            w,
+            p,
+            q,
+            pad_h,
+            pad_w,
+            tiles_q,
+            tiles_per_image,
+            *x.stride(),
+            *weight.stride(),
+            *out.stride(),
+            R=r,
+            S=s,
+            HAS_BIAS=bias is not None,
+            IEEE=x.dtype == torch.float32,
+            BLOCK_P=cfg.block_p,
+            BLOCK_Q=cfg.block_q,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return
     _gconv_fwd_kernel[grid](
         x,
         weight,
