@@ -1,16 +1,16 @@
 """Grouped conv2d with group width 8 (C_in == C_out == C, groups = C/8), stride 1, NHWC.
 
 fprop: a program computes a ``block_p x block_q`` tile of output pixels of one image times
-``block_c`` channels (``block_c / 8`` groups), one group after another. Per group and tap (r, s)
-it loads the shifted input tile [pixels, 8 channels] (masked at the borders; 16-byte channel runs)
-into a [pixels, 16] operand whose other 8 lanes are exact zeros, and multiplies it by the tap's
-[16, 16] weight tile (the group's 8x8 block, zeros elsewhere, masked in-kernel from PyTorch's
-[C, 8, R, S] layout) into an fp32 accumulator; the epilogue adds the bias and stores NHWC. Groups
-never share a product, so NaN and Inf propagate exactly as in PyTorch (a block-diagonal tile
-multiplied other groups' values by zero: NaN x 0 leaked across groups). dgrad is the same kernel
-on flipped, per-group transposed weights with the transposed padding. wgrad is in
-``gconv_wgrad``. Problems, configs and heuristics are in ``gconv_config``; block sizes are launch
-parameters, chosen by ``tilewise.runtime.autotune``.
+``block_c`` channels (``block_c / 8`` groups). Per tap (r, s), a runtime loop that Triton
+software-pipelines, it loads the shifted input tile [pixels, block_c] (masked at the borders; the
+channel runs are contiguous in NHWC) and multiplies it by a block-diagonal [block_c, block_c]
+weight tile (each group's 8x8 block, zeros elsewhere, masked in-kernel from PyTorch's
+[C, 8, R, S] layout, any strides) into an fp32 accumulator; the epilogue adds the bias and stores
+NHWC. The zeros would turn another group's NaN or Inf into NaN, so a tile whose accumulator is not
+all finite is recomputed one group at a time (two taps per 16-lane dot), which propagates NaN and
+Inf exactly as PyTorch does. dgrad is the same kernel on flipped, per-group transposed weights with
+the transposed padding. wgrad is in ``gconv_wgrad``. Problems, configs and heuristics are in
+``gconv_config``; block sizes are launch parameters, chosen by ``tilewise.runtime.autotune``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,82 @@ OP_BWD = OP + "_backward"
 
 
 @triton.jit
+def _exact_groups_store(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    n,
+    p,
+    q,
+    out_ok,
+    c_start,
+    C,
+    H,
+    W,
+    pad_h,
+    pad_w,
+    sxn,
+    sxc,
+    sxh,
+    sxw,
+    swo,
+    swi,
+    swr,
+    sws,
+    syn,
+    syc,
+    syh,
+    syw,
+    R: tl.constexpr,
+    S: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Compute and store the tile one group at a time, so no product mixes groups: the 16 K lanes
+    of each tl.dot hold two taps' 8 channels of one group, output lanes 8-15 are padding. Twice
+    the tensor-core work of the block-diagonal path; run only for tiles that met a NaN or Inf."""
+    j = tl.arange(0, 16)
+    real = j < 8
+    lane_c = j % 8
+    second = j >= 8
+    for g in range(BLOCK_C // 8):  # runtime loops: this rare path stays small in code size
+        c0 = c_start + g * 8
+        group_ok = c0 + lane_c < C  # [16]; C is a multiple of 8: a group is all in or all out
+        x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
+        w_cols = (c0 + j[None, :]) * swo
+        w_cols_ok = (real & group_ok)[None, :]
+        acc = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
+        for i in range((R * S + 1) // 2):
+            t = 2 * i + second.to(tl.int32)  # lanes 0-7: tap 2i, lanes 8-15: tap 2i + 1
+            dr = t // S
+            ds = t % S
+            lane_ok = t < R * S
+            ih = p[:, None] + (dr - pad_h)[None, :]
+            iw = q[:, None] + (ds - pad_w)[None, :]
+            ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (lane_ok & group_ok)[None, :]
+            xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
+            w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
+            wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & w_cols_ok, other=0.0)
+            if IEEE:
+                acc = tl.dot(xt, wt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, wt, acc)
+        c = c0 + j
+        cmask = real & group_ok
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+        tl.store(
+            y_ptr + y_offs,
+            acc.to(y_ptr.dtype.element_ty),
+            mask=out_ok[:, None] & cmask[None, :],
+        )
+
+
+@triton.jit
 def _gconv_fwd_kernel(
     x_ptr,
     w_ptr,
@@ -81,7 +157,6 @@ def _gconv_fwd_kernel(
     S: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,
-    TAPS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -93,136 +168,78 @@ def _gconv_fwd_kernel(
     p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
     q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
     out_ok = (p < P) & (q < Q)
-    # One group at a time. tl.dot needs K >= 16 and a group has 8 input channels, so the 16 K
-    # lanes hold either one tap's 8 channels and 8 exact zeros (TAPS == 1) or two taps' 8 channels
-    # each (TAPS == 2, half the tensor-core work). Either way no product mixes groups, so a NaN or
-    # Inf stays in its own group, as in PyTorch. Output lanes j >= 8 are padding, never stored.
-    j = tl.arange(0, 16)
-    real = j < 8
-    lane_c = j % 8
-    second = j >= 8
-    for g in tl.static_range(BLOCK_C // 8):
-        c0 = tl.program_id(1) * BLOCK_C + g * 8
-        group_ok = c0 + lane_c < C  # [16]; C is a multiple of 8: a group is all in or all out
-        x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
-        w_cols = (c0 + j[None, :]) * swo  # column j of the tile: output channel c0 + j
-        w_cols_ok = (real & group_ok)[None, :]
-        acc = tl.zeros((BLOCK_P * BLOCK_Q, 16), dtype=tl.float32)
-        for i in tl.static_range((R * S + TAPS - 1) // TAPS):
-            if TAPS == 1:
-                r = i // S
-                s = i % S
-                ih = p + (r - pad_h)
-                iw = q + (s - pad_w)
-                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                xt = tl.load(
-                    x_base + (ih * sxh + iw * sxw)[:, None],
-                    mask=ok[:, None] & (real & group_ok)[None, :],
-                    other=0.0,
-                )
-                w_offs = w_cols + j[:, None] * swi + r * swr + s * sws
-                wt = tl.load(w_ptr + w_offs, mask=real[:, None] & w_cols_ok, other=0.0)
-            else:
-                t1 = 2 * i
-                t2 = 2 * i + 1
-                # lanes 0-7: tap t1, lanes 8-15: tap t2 (absent past the last tap)
-                dr = tl.where(second, t2 // S, t1 // S)
-                ds = tl.where(second, t2 % S, t1 % S)
-                lane_ok = j + 8 * t2 < 8 * R * S + 8  # lanes 8-15 only while t2 < R * S
-                ih = p[:, None] + (dr - pad_h)[None, :]
-                iw = q[:, None] + (ds - pad_w)[None, :]
-                ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (lane_ok & group_ok)[None, :]
-                xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
-                w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
-                wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & w_cols_ok, other=0.0)
-            if IEEE:
-                acc = tl.dot(xt, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
-        c = c0 + j
-        cmask = real & group_ok
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
-        tl.store(
-            y_ptr + y_offs,
-            acc.to(y_ptr.dtype.element_ty),
-            mask=out_ok[:, None] & cmask[None, :],
+    c_start = tl.program_id(1) * BLOCK_C
+    c = c_start + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    # Fast path: per tap, the shifted [pixels, BLOCK_C] input tile times a block-diagonal
+    # [BLOCK_C, BLOCK_C] weight tile (each group's 8x8 block, zeros elsewhere). The tap loop is a
+    # runtime loop, so Triton pipelines the loads through shared memory (num_stages).
+    k = tl.arange(0, BLOCK_C)
+    w_offs = c[None, :] * swo + (k % 8)[:, None] * swi
+    w_mask = (k[:, None] // 8 == k[None, :] // 8) & cmask[None, :]
+    x_base = x_ptr + n * sxn + c[None, :] * sxc
+    acc = tl.zeros((BLOCK_P * BLOCK_Q, BLOCK_C), dtype=tl.float32)
+    for t in range(0, R * S):
+        r = t // S
+        s = t % S
+        ih = p + (r - pad_h)
+        iw = q + (s - pad_w)
+        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        xt = tl.load(
+            x_base + (ih * sxh + iw * sxw)[:, None], mask=ok[:, None] & cmask[None, :], other=0.0
         )
-
-
-@triton.jit
-def _gconv_fwd_group_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    C,
-    H,
-    W,
-    P,
-    Q,
-    pad_h,
-    pad_w,
-    tiles_q,
-    tiles_per_image,
-    sxn,
-    sxc,
-    sxh,
-    sxw,
-    swo,
-    swi,
-    swr,
-    sws,
-    syn,
-    syc,
-    syh,
-    syw,
-    R: tl.constexpr,
-    S: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-):
-    """One group (8 channels) per program; a runtime loop over pairs of taps, so Triton's software
-    pipeliner can stage the gathered [pixels, 16] operands through shared memory asynchronously
-    (``num_stages``) instead of converting every unrolled load through registers."""
-    pid = tl.program_id(0)
-    n = (pid // tiles_per_image).to(tl.int64)
-    tile = pid % tiles_per_image
-    m = tl.arange(0, BLOCK_P * BLOCK_Q)
-    p = (tile // tiles_q) * BLOCK_P + m // BLOCK_Q
-    q = (tile % tiles_q) * BLOCK_Q + m % BLOCK_Q
-    out_ok = (p < P) & (q < Q)
-    c0 = tl.program_id(1) * 8
-    j = tl.arange(0, 16)
-    real = j < 8
-    lane_c = j % 8
-    second = (j >= 8).to(tl.int32)
-    x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
-    w_cols = (c0 + j[None, :]) * swo
-    acc = tl.zeros((BLOCK_P * BLOCK_Q, 16), dtype=tl.float32)
-    for i in range(0, (R * S + 1) // 2):
-        t = 2 * i + second  # lanes 0-7: tap 2i, lanes 8-15: tap 2i + 1
-        dr = t // S
-        ds = t % S
-        lane_ok = t < R * S
-        ih = p[:, None] + (dr - pad_h)[None, :]
-        iw = q[:, None] + (ds - pad_w)[None, :]
-        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & lane_ok[None, :]
-        xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
-        w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
-        wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & real[None, :], other=0.0)
+        wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
         if IEEE:
             acc = tl.dot(xt, wt, acc, input_precision="ieee")
         else:
             acc = tl.dot(xt, wt, acc)
-    c = c0 + j
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + c, mask=real, other=0.0).to(tl.float32)[None, :]
-    y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
-    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_ok[:, None] & real[None, :])
+    # The zeros of the block-diagonal tile meet other groups' inputs: a NaN or Inf there turns
+    # into NaN (x * 0) in every group of the tile. Any non-finite product leaves a non-finite sum,
+    # so a fully finite accumulator proves the fast result exact; otherwise redo the tile one
+    # group at a time, which propagates NaN and Inf exactly as PyTorch does.
+    bad = tl.sum(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32))
+    if bad > 0:
+        _exact_groups_store(
+            x_ptr,
+            w_ptr,
+            b_ptr,
+            y_ptr,
+            n,
+            p,
+            q,
+            out_ok,
+            c_start,
+            C,
+            H,
+            W,
+            pad_h,
+            pad_w,
+            sxn,
+            sxc,
+            sxh,
+            sxw,
+            swo,
+            swi,
+            swr,
+            sws,
+            syn,
+            syc,
+            syh,
+            syw,
+            R,
+            S,
+            HAS_BIAS,
+            IEEE,
+            BLOCK_P * BLOCK_Q,
+            BLOCK_C,
+        )
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        y_offs = n * syn + (p * syh + q * syw)[:, None] + c[None, :] * syc
+        tl.store(
+            y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=out_ok[:, None] & cmask[None, :]
+        )
 
 
 def launch_fprop(
@@ -244,34 +261,6 @@ def launch_fprop(
     tiles_q = triton.cdiv(q, cfg.block_q)
     tiles_per_image = triton.cdiv(p, cfg.block_p) * tiles_q
     grid = (n * tiles_per_image, triton.cdiv(c, cfg.block_c))
-    if cfg.block_c == 8:
-        _gconv_fwd_group_kernel[grid](
-            x,
-            weight,
-            weight if bias is None else bias,
-            out,
-            c,
-            h,
-            w,
-            p,
-            q,
-            pad_h,
-            pad_w,
-            tiles_q,
-            tiles_per_image,
-            *x.stride(),
-            *weight.stride(),
-            *out.stride(),
-            R=r,
-            S=s,
-            HAS_BIAS=bias is not None,
-            IEEE=x.dtype == torch.float32,
-            BLOCK_P=cfg.block_p,
-            BLOCK_Q=cfg.block_q,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        return
     _gconv_fwd_kernel[grid](
         x,
         weight,
@@ -293,7 +282,6 @@ def launch_fprop(
         S=s,
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
-        TAPS=cfg.taps,
         BLOCK_P=cfg.block_p,
         BLOCK_Q=cfg.block_q,
         BLOCK_C=cfg.block_c,

@@ -117,8 +117,7 @@ class GConvConfig:
     block_q: int
     block_c: int
     num_warps: int = 4
-    num_stages: int = 2
-    taps: int = 2  # taps per tl.dot: 2 fills K = 16 with two taps' 8 channels, 1 pads with zeros
+    num_stages: int = 3
 
     @property
     def block_m(self) -> int:
@@ -126,10 +125,7 @@ class GConvConfig:
 
     @property
     def name(self) -> str:
-        return (
-            f"p{self.block_p}q{self.block_q}c{self.block_c}w{self.num_warps}s{self.num_stages}"
-            f"t{self.taps}"
-        )
+        return f"p{self.block_p}q{self.block_q}c{self.block_c}w{self.num_warps}s{self.num_stages}"
 
 
 @dataclass(frozen=True)
@@ -172,16 +168,15 @@ def _warps(block_m: int, block_c: int) -> list[int]:
 def default_config(problem: GConvProblem, pass_: str = "fprop", sms: int = 132):
     """A reasonable config without timing: a GConvConfig, or a WgradConfig for ``"wgrad"``.
 
-    fprop/dgrad: up to 128-pixel tiles at most 16 wide, shrunk until there are >= 2 programs per
-    SM; 32 channels (4 groups, computed one after another) per program for small kernels, 16 for
-    R*S > 9 so that a program's sequential tap loop stays short.
+    fprop/dgrad (H100 sweep, ``benchmarks/sweep_gconv.py``): 256-pixel tiles, 16 wide, 32
+    channels, 3 pipeline stages, shrunk until there are >= 2 programs per SM.
     """
     if pass_ == "wgrad":
         return _default_wgrad(problem, sms)
     _, _, out_h, out_w = conv_dims(problem, pass_)
-    block_c = 32 if problem.c % 32 == 0 and problem.r * problem.s <= 9 else 16
+    block_c = 32 if problem.c % 32 == 0 else 16
     block_q = min(16, next_pow2(out_w))
-    block_p = max(16 // block_q, min(next_pow2(out_h), 128 // block_q))
+    block_p = max(16 // block_q, min(next_pow2(out_h), 256 // block_q))
 
     def programs(bp: int, bq: int) -> int:
         tiles = -(-out_h // bp) * -(-out_w // bq)
@@ -192,15 +187,15 @@ def default_config(problem: GConvProblem, pass_: str = "fprop", sms: int = 132):
             block_p //= 2
         else:
             block_q //= 2
-    return GConvConfig(block_p, block_q, block_c, _warps(block_p * block_q, block_c)[-1], 2)
+    return GConvConfig(block_p, block_q, block_c, 4, 3)
 
 
 def candidate_configs(problem: GConvProblem, pass_: str = "fprop", sms: int = 132) -> list:
     """The legal configs worth timing for this problem and pass, the heuristic default first.
 
-    Tiles of 16-128 pixels, 4-16 wide (narrower only for narrow images), no taller or wider than
-    the image rounded up to a power of two; every channel block up to the channel count. One
-    ``num_stages`` value: the tap loop is unrolled, so there is no loop to pipeline.
+    fprop/dgrad: the default with 2 and 4 pipeline stages and 8 warps, then tiles of 64-512
+    pixels (4-32 wide; narrower only for narrow images, never much larger than the image) times
+    16, 32 or 64 channels. Kept short: each config is a compile on first use.
     """
     return list(_candidates(problem, pass_, sms))  # a copy: callers may edit it
 
@@ -213,21 +208,20 @@ def _candidates(problem: GConvProblem, pass_: str, sms: int) -> tuple:
         raise ValueError(f"argument 'pass_' must be one of {PASSES}, got {pass_!r}")
     _, _, out_h, out_w = conv_dims(problem, pass_)
     max_p, max_q = next_pow2(out_h), next_pow2(out_w)
+    d = default_config(problem, pass_, sms)
+    configs = [d, replace(d, num_stages=2), replace(d, num_stages=4), replace(d, num_warps=8)]
     tiles = []
-    for bq in (1, 2, 4, 8, 16):
-        if bq > max_q or (bq < 4 and max_q >= 4):
-            continue
-        for bm in (16, 32, 64, 128):
+    for bq in (4, 8, 16, 32):
+        for bm in (64, 128, 256, 512):
             bp = bm // bq
-            if bp < 1 or (bp > max_p and bm > 16) or (bm == 16 and out_h * out_w > 64):
+            if (bq > max_q and bq > 4) or (bp > max_p and bp > 1) or bp < 1:
                 continue
             tiles.append((bp, bq))
-    default = default_config(problem, pass_, sms)
-    configs = [default, replace(default, taps=1)]
+    preferred = [(16, 16), (8, 16), (32, 16), (8, 32)]  # the H100 sweep's best shapes
+    tiles = ([t for t in preferred if t in tiles] + [t for t in tiles if t not in preferred])[:3]
     for bc in _block_cs(problem.c):
         for bp, bq in tiles:
-            for nw in _warps(bp * bq, bc):
-                configs.append(GConvConfig(bp, bq, bc, nw, 2))
+            configs.append(GConvConfig(bp, bq, bc, 4 if bp * bq * bc < 8192 else 8, 3))
     return tuple(dict.fromkeys(configs))
 
 
@@ -254,22 +248,22 @@ def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
 
 
 def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
-    """Tap blocks up to 16 taps x 16 channels (the accumulator is [tap_block * 16, 16] fp32) or
-    a single tap with 32 channels; pixel steps of 16-128; about 4 programs per SM, or 4x fewer or
-    more steps per program."""
+    """Tap blocks of 4-16 taps x 16 channels or 1-8 taps x 32 channels (the accumulator is
+    [tap_block * block_c, block_c] fp32), pixel steps of 32-128, about 4 programs per SM. Kept
+    short: each config is a compile on first use."""
     m = problem.n * problem.p * problem.q
     rs = next_pow2(problem.r * problem.s)
     configs = [_default_wgrad(problem, sms)]
-    shapes = [(16, tb) for tb in (1, 2, 4, 8, 16) if tb <= rs]
+    shapes = [(16, tb) for tb in (4, 8, 16)]
     if problem.c >= 32:
-        shapes.append((32, 1))
+        shapes += [(32, 1), (32, 4), (32, 8)]
     for bc, tb in shapes:
-        for bm in (16, 32, 64, 128):
-            if bm > max(16, next_pow2(m)) or (bm == 16 and m > 256) or bm * tb > 1024:
+        tb = min(tb, rs)
+        for bm in (32, 64, 128):
+            if bm > max(32, next_pow2(m)) or bm * tb > 1024:
                 continue
-            for scale in (1, 4) if m > 4096 else (1,):
-                for nw in _warps(bm * tb, bc):
-                    configs.append(_wgrad_config(problem, sms, bm, bc, tb, nw, scale))
+            nw = 8 if bm * tb * bc >= 16384 else 4
+            configs.append(_wgrad_config(problem, sms, bm, bc, tb, nw))
     return list(dict.fromkeys(configs))
 
 

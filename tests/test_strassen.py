@@ -1,0 +1,342 @@
+"""Fused Strassen chains: each kernel against its torch reference, whole chains against fp64 by
+the three-way rule, the 2N+1 structure, the StrassenMLP module, selection, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checks import ATOL, DEVICE_DTYPES, assert_three_way
+from torch import nn
+
+from tilewise.nn.strassen import StrassenMLP
+from tilewise.ops import strassen as ops
+from tilewise.runtime import dispatch
+
+# (x shape, out_features per layer): odd and even sizes so every padding case is hit
+SHAPES = [
+    ((1, 1), [1]),
+    ((3, 6), [7]),
+    ((7, 10), [3, 6]),
+    ((10, 7), [1, 10, 3]),
+    ((2, 3, 5), [6, 7]),
+]
+GPU_SHAPES = [((512, 4096), [4096] * 2), ((513, 4097), [4095]), ((1024, 4096), [4096] * 8)]
+
+
+def _chain(x_shape, outs, device, has_bias=True):
+    """Random input and He-scaled layers (values stay O(1) through ReLU); last layer linear."""
+    k = x_shape[-1]
+    x = torch.randn(x_shape, device=device)
+    ws, bs = [], []
+    for n in outs:
+        ws.append(torch.randn(n, k, device=device) * (2.0 / k) ** 0.5)
+        bs.append(torch.randn(n, device=device) * 0.5 if has_bias else None)
+        k = n
+    acts = ["relu"] * (len(outs) - 1) + ["none"]
+    return x, ws, bs, acts
+
+
+def _cast(ts, dtype):
+    return [None if t is None else t.to(dtype) for t in ts]
+
+
+def _atol(dtype: torch.dtype, ref: torch.Tensor) -> float:
+    """fp32: ``ATOL`` times the output's RMS (stricter than test_linear: no sqrt(K) factor).
+
+    fp16/bf16 miss the usual rule (test_linear's ``ATOL * sqrt(K) * rms`` failed ~0.6% of the
+    tiny CPU cases): operands, formatted weights and products are rounded to half precision at
+    the magnitude of the Strassen sums, so the error is ~3.5x PyTorch's in RMS, a few ulps of the
+    largest outputs, independent of K. Half precision is judged with ``4 * ATOL * max|ref|``
+    (0 failures in 5000 measured tiny cases; needed <= 1.1 units at K = 1024-4097).
+    """
+    if dtype == torch.float32:
+        return ATOL[dtype] * max(1.0, ref.double().square().mean().sqrt().item())
+    return 4 * ATOL[dtype] * max(1.0, ref.double().abs().max().item())
+
+
+def _judge_chain(x0, ws0, bs0, acts, dtype, seed):
+    x, ws, bs = x0.to(dtype), _cast(ws0, dtype), _cast(bs0, dtype)
+    outs = [w.shape[0] for w in ws]
+    y = ops.forward(x, [ops.format_weights(w) for w in ws], bs, acts, [x.shape[-1], *outs])
+    assert y.dtype == dtype and y.shape == (*x.shape[:-1], outs[-1])
+    y_torch = ops.reference(x, ws, bs, acts)
+    ref = ops.reference(x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts)
+    assert_three_way(y, y_torch, ref, _atol(dtype, ref), f"strassen {len(ws)} layers", seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_chain_matches_fp64(device, dtype, has_bias, rng_seed):
+    shapes = SHAPES if device == "cpu" else SHAPES + GPU_SHAPES
+    for x_shape, outs in shapes:
+        x, ws, bs, acts = _chain(x_shape, outs, device, has_bias)
+        _judge_chain(x, ws, bs, acts, dtype, rng_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layers", [1, 4])
+def test_fp32_tf32_off_large(layers, rng_seed):
+    """The benchmark's setting: fp32, TF32 off, hidden 4096, batch >= 512."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for batch in (512, 2048):
+            x, ws, bs, acts = _chain((batch, 4096), [4096] * layers, "cuda")
+            _judge_chain(x, ws, bs, ["relu"] * layers, torch.float32, rng_seed)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prefix_kernel_matches_reference(dtype):
+    for m, k in ((1, 1), (3, 6), (7, 10), (10, 7)):
+        x = torch.randn(m, k).to(dtype)
+        p = ops.prefix(x)
+        assert p.shape == (7, (m + 1) // 2, (k + 1) // 2)
+        assert torch.equal(p, ops.prefix_reference(x))
+        xt = torch.randn(k, m).to(dtype).t()  # a transposed view, read in place
+        assert torch.equal(ops.prefix(xt), ops.prefix_reference(xt.contiguous()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation", ["relu", "none", "gelu"])
+@pytest.mark.parametrize("to_prefix", [False, True])
+def test_suffix_kernel_matches_reference(dtype, activation, to_prefix):
+    # same operation order as the reference; gelu's erf differs by ulps between Triton and torch
+    fp32_atol = 1e-5 if activation == "gelu" else 1e-6
+    tol = (
+        {"rtol": 1e-6, "atol": fp32_atol}
+        if dtype == torch.float32
+        else {"rtol": 1e-3, "atol": 1e-3}
+    )
+    for m, n in ((1, 1), (3, 6), (7, 10), (10, 7)):
+        mh, nh = (m + 1) // 2, (n + 1) // 2
+        mprod = torch.randn(7, mh, nh).to(dtype)
+        for bias in (torch.randn(n).to(dtype), torch.randn(n), None):  # fp32 bias: mixed
+            got = ops.suffix(mprod, bias, activation, m, n, to_prefix)
+            want = ops.suffix_reference(mprod, bias, activation, m, n, to_prefix)
+            assert got.shape == want.shape == ((7, mh, nh) if to_prefix else (m, n))
+            torch.testing.assert_close(got, want, **tol)
+
+
+def test_next_layer_padding_is_exact_zero():
+    """With odd M and N the next layer's padded row and column must be 0, not act(bias)."""
+    m, n = 5, 7
+    mprod = torch.randn(7, 3, 4)
+    p = ops.suffix(mprod, torch.ones(n), "relu", m, n, to_prefix=True)
+    # P = [A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22]; the padding sits in row 2 of
+    # A21/A22 and column 3 of A12/A22
+    a11, a22 = p[2], p[3]
+    a12, a21 = p[4] - a11, p[5] + a11
+    assert torch.equal(a22[-1], torch.zeros(4)) and torch.equal(a22[:, -1], torch.zeros(3))
+    assert torch.equal(a21[-1], torch.zeros(4)) and torch.equal(a12[:, -1], torch.zeros(3))
+    assert torch.equal(p[6][:, -1], torch.zeros(3)) and torch.equal(p[1][-1], torch.zeros(4))
+
+
+def test_format_weights_and_algebra():
+    w = torch.randn(5, 7, dtype=torch.float64)
+    f = ops.format_weights(w)
+    assert f.shape == (7, 3, 4) and f.dtype == torch.float64 and f.is_contiguous()
+    wp = torch.zeros(6, 8, dtype=torch.float64)
+    wp[:5, :7] = w
+    w11, w12, w21, w22 = wp[:3, :4], wp[:3, 4:], wp[3:, :4], wp[3:, 4:]
+    torch.testing.assert_close(f[0], w11 + w22, rtol=0, atol=0)
+    torch.testing.assert_close(f[2], w21 - w22, rtol=0, atol=0)
+    torch.testing.assert_close(f[3], w12 - w11, rtol=0, atol=0)
+    assert ops.format_weights(w.half()).dtype == torch.float16
+    # the Strassen algebra in fp64 equals the plain chain (rounding only)
+    x, ws, bs, acts = _chain((9, 7), [5, 4, 3], "cpu")
+    ws, bs, x = _cast(ws, torch.float64), _cast(bs, torch.float64), x.double()
+    blocks = [ops.format_weights(w) for w in ws]
+    got = ops.strassen_reference(x, blocks, bs, acts, [7, 5, 4, 3])
+    torch.testing.assert_close(got, ops.reference(x, ws, bs, acts), rtol=1e-12, atol=1e-12)
+
+
+def test_chain_is_2n_plus_1_kernels(monkeypatch):
+    calls = {"prefix": 0, "products": 0, "suffix": 0}
+    for name in calls:
+        real = getattr(ops, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, counted)
+    x, ws, bs, acts = _chain((6, 4), [4, 5, 3], "cpu")
+    ops.forward(x, [ops.format_weights(w) for w in ws], bs, acts, [4, 4, 5, 3])
+    assert calls == {"prefix": 1, "products": 3, "suffix": 3}
+
+
+def test_kernel_paths_on_cpu_interpreter():
+    if torch.cuda.is_available():
+        pytest.skip("GPU runs do not use the interpreter")
+    assert dispatch.INTERPRET and dispatch.use_kernel(ops.OP, [torch.randn(2, 2)])
+
+
+def test_nan_reaches_its_row_and_empty_batch():
+    x, ws, bs, acts = _chain((6, 5), [4, 3], "cpu")
+    blocks = [ops.format_weights(w) for w in ws]
+    x[1, 2] = float("nan")
+    y = ops.forward(x, blocks, bs, acts, [5, 4, 3])
+    assert torch.isnan(y[1]).all()  # (row 1 + 3, its Strassen partner, may be NaN too)
+    empty = ops.forward(torch.randn(0, 5), blocks, bs, acts, [5, 4, 3])
+    assert empty.shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_no_kernel_dtypes_run_the_torch_strassen(dtype, rng_seed):
+    if dtype == torch.bfloat16 and torch.cuda.is_available():
+        pytest.skip("bf16 has a kernel on the GPU")
+    x, ws, bs, acts = _chain((5, 6), [3, 4], "cpu")
+    x, ws, bs = x.to(dtype), _cast(ws, dtype), _cast(bs, dtype)
+    blocks = [ops.format_weights(w) for w in ws]
+    y = ops.forward(x, blocks, bs, acts, [6, 3, 4])
+    assert torch.equal(y, ops.strassen_reference(x, blocks, bs, acts, [6, 3, 4]))
+    ref = ops.reference(x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts)
+    if dtype == torch.float64:
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    else:
+        y_torch = ops.reference(x, ws, bs, acts)
+        assert_three_way(y, y_torch, ref, _atol(dtype, ref), "bf16 fallback", rng_seed)
+
+
+def test_bad_input_names_the_argument():
+    x, ws, bs, acts = _chain((4, 6), [5, 3], "cpu")
+    blocks = [ops.format_weights(w) for w in ws]
+    sizes = [6, 5, 3]
+    with pytest.raises(ValueError, match="'x'"):
+        ops.forward(torch.randn(4, 5), blocks, bs, acts, sizes)  # 5 pads to 6: caught by sizes
+    with pytest.raises(ValueError, match=r"'blocks\[1\]'"):
+        ops.forward(x, [blocks[0], blocks[0]], bs, acts, sizes)
+    with pytest.raises(ValueError, match=r"'biases\[0\]'"):
+        ops.forward(x, blocks, [torch.randn(4), bs[1]], acts, sizes)
+    with pytest.raises(ValueError, match=r"'blocks\[0\]'"):
+        ops.forward(x, [blocks[0].half(), blocks[1]], bs, acts, sizes)
+    with pytest.raises(ValueError, match=r"'biases\[1\]'"):
+        ops.forward(x, blocks, [bs[0], torch.randn(3, device="meta")], acts, sizes)
+    with pytest.raises(ValueError, match=r"'biases\[1\]'"):
+        ops.forward(x, blocks, [bs[0], torch.randn(3, dtype=torch.float64)], acts, sizes)
+    with pytest.raises(ValueError, match="'activation'"):
+        ops.forward(x, blocks, bs, ["relu", "tanh"], sizes)
+    with pytest.raises(ValueError, match="'biases'"):
+        ops.forward(x, blocks, bs[:1], acts, sizes)
+    with pytest.raises(ValueError, match="'sizes'"):
+        ops.forward(x, blocks, bs, acts, [5, 3])
+    with pytest.raises(ValueError, match="'blocks'"):
+        ops.forward(x, [], [], [], [6])
+    with pytest.raises(ValueError, match="'weight'"):
+        ops.format_weights(torch.randn(3))
+
+
+# --- StrassenMLP and selection -----------------------------------------------------------------
+
+
+def _mlp(sizes, dtype=torch.float32, last_relu=True):
+    mods: list[nn.Module] = []
+    for i, (k, n) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        mods.append(nn.Linear(k, n, dtype=dtype))
+        if last_relu or i < len(sizes) - 2:
+            mods.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*mods)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mlp_strassen_mode_matches_sequential(dtype, rng_seed):
+    seq = _mlp([7, 6, 9, 5], dtype, last_relu=False)
+    model = StrassenMLP.from_modules(seq, mode="strassen")
+    assert model.activations == ("relu", "relu", "none") and not model.training
+    assert model.layers[0].weight is seq[0].weight  # shared, not copied
+    x = torch.randn(3, 7).to(dtype)
+    with torch.no_grad():
+        y, y_torch = model(x), seq(x.clone())
+        ref = seq.double()(x.double())
+    assert_three_way(y, y_torch, ref, _atol(dtype, ref), "StrassenMLP", rng_seed)
+    assert model.state_dict().keys() == {
+        f"layers.{i}.{p}" for i in range(3) for p in "weight bias".split()
+    }
+
+
+def test_mlp_auto_mode_and_selection_hook(monkeypatch):
+    model = StrassenMLP.from_modules(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 6))
+    x = torch.randn(2, 3, 6)
+    assert model.mode == "auto" and not model.uses_strassen(x)  # CPU: the Linear chain
+    seen = []
+    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", lambda *a: seen.append(a) or True)
+    assert model.uses_strassen(x)
+    assert seen[-1] == (6, 4, torch.float32, torch.device("cpu"))
+    y = model(x)
+    with torch.no_grad():
+        want = model.layers[1](torch.relu(model.layers[0](x)))
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", lambda *a: None)  # defer to the default rule
+    assert not model.uses_strassen(x)
+
+
+def test_mlp_linear_mode_formats_lazily_and_reformat():
+    model = StrassenMLP.from_modules([nn.Linear(5, 3), nn.ReLU()], mode="linear")
+    assert model.blocks0 is None
+    x = torch.randn(4, 5)
+    y_lin = model(x)
+    model.mode = "strassen"
+    torch.testing.assert_close(model(x), y_lin, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model.layers[0].weight.mul_(2.0)
+    model.reformat()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), torch.relu(model.layers[0](x)), rtol=1e-5, atol=1e-5)
+    model.half()  # formatted weights are buffers: they follow dtype and device moves
+    assert model.blocks0.dtype == torch.float16 and model(x.half()).dtype == torch.float16
+
+
+def test_mlp_bad_input():
+    with pytest.raises(ValueError, match="GELU"):
+        StrassenMLP.from_modules(nn.Linear(4, 4), nn.GELU())
+    with pytest.raises(ValueError, match="ReLU"):
+        StrassenMLP.from_modules(nn.ReLU(), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="in_features"):
+        StrassenMLP.from_modules(nn.Linear(4, 5), nn.ReLU(), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="'mode'"):
+        StrassenMLP.from_modules(nn.Linear(4, 4), mode="fast")
+    model = StrassenMLP.from_modules(nn.Linear(4, 4), nn.ReLU())
+    with pytest.raises(ValueError, match="'x'"):
+        model(torch.randn(2, 4, requires_grad=True))
+    with pytest.raises(ValueError, match="'x'"):
+        model(torch.randn(2, 5))
+    model.train()
+    with pytest.raises(ValueError, match="training"):
+        model(torch.randn(2, 4))
+    with torch.no_grad():
+        assert model(torch.randn(2, 4)).shape == (2, 4)
+
+
+def test_strassen_wins_default_rule(monkeypatch):
+    monkeypatch.setattr(ops, "SELECTION_OVERRIDE", None)
+    matmul = torch.backends.cuda.matmul  # a module whose allow_tf32 is a property
+    previous = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert ops.strassen_wins(512, 4096, torch.float32, "cuda")
+        assert not ops.strassen_wins(511, 4096, torch.float32, "cuda")
+        assert not ops.strassen_wins(512, 2048, torch.float32, "cuda")
+        assert not ops.strassen_wins(4096, 8192, torch.float16, "cuda")
+        assert not ops.strassen_wins(4096, 8192, torch.float32, "cpu")
+        matmul.allow_tf32 = True
+        assert not ops.strassen_wins(512, 4096, torch.float32, "cuda")
+    finally:
+        matmul.allow_tf32 = previous
+
+
+@pytest.mark.gpu
+def test_mlp_auto_picks_strassen_on_gpu(rng_seed):
+    seq = _mlp([4096] * 3).cuda()
+    model = StrassenMLP.from_modules(seq)
+    x = torch.randn(512, 4096, device="cuda")
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        assert model.uses_strassen(x) and not model.uses_strassen(x[:64])
+        with torch.no_grad():
+            y, y_torch, ref = model(x), seq(x.clone()), seq.double()(x.double())
+        assert_three_way(y, y_torch, ref, _atol(torch.float32, ref), "MLP gpu", rng_seed)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
