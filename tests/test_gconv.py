@@ -363,7 +363,8 @@ def test_torch_compile_fullgraph(device, rng_seed):
     expect.backward()
     torch.testing.assert_close(out, expect)
     for g, t in zip(got, (x, w, b), strict=True):
-        torch.testing.assert_close(g, t.grad)
+        # inductor's fused silu backward rounds the upstream gradient differently from eager
+        torch.testing.assert_close(g, t.grad, atol=1e-4, rtol=1e-4)
 
 
 def _autocast_case(device, dtype, seed):

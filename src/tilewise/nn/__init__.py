@@ -3,6 +3,15 @@
 from tilewise.nn.gconv import GroupedConv2d
 from tilewise.nn.linear import Linear
 from tilewise.nn.modules import BiasAct, LayerNorm
+from tilewise.nn.strassen import StrassenMLP
 from tilewise.nn.transform import TransformReport, transform
 
-__all__ = ["BiasAct", "GroupedConv2d", "LayerNorm", "Linear", "TransformReport", "transform"]
+__all__ = [
+    "BiasAct",
+    "GroupedConv2d",
+    "LayerNorm",
+    "Linear",
+    "StrassenMLP",
+    "TransformReport",
+    "transform",
+]
