@@ -114,6 +114,8 @@ def test_key_covers_device_versions_op_problem_and_dtype(tuner, monkeypatch):
             monkeypatch.setattr(autotune, "_device_name", lambda d: "Other GPU")
         if change == "version":
             monkeypatch.setattr(autotune, "_versions", lambda: ("99.0", "9.9"))
+        if change in ("device", "version"):  # another process, in effect: forget this one's
+            autotune._resolved.clear()
         op = "op2" if change == "op" else "op"
         prob = Prob(2) if change == "problem" else Prob(1, "bf16" if change == "dtype" else "fp16")
         autotune.choose_config(op, prob, CANDS, run, device=DEV)
