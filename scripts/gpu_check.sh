@@ -5,6 +5,7 @@
 # print a short summary table last.
 #   usage: scripts/gpu_check.sh [--no-tests] [BENCH ...]
 #   BENCH in: ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
+#             gconv-sweep (every config beside cuDNN) mlp (quick grid) mlp-full (no compile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -48,6 +49,9 @@ for b in "${benches[@]}"; do
     gconv-quick)
       "${TW[@]}" bench gconv --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log"
       "${TW[@]}" bench gconv-insitu --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    gconv-sweep) "$PY" benchmarks/sweep_gconv.py --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    mlp) "${TW[@]}" bench mlp --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    mlp-full) "${TW[@]}" bench mlp --no-compile --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     *) echo "unknown benchmark '$b'" ;;
   esac
 done

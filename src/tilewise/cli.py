@@ -1,5 +1,5 @@
 """``tilewise`` command line: ``bench ceilings``, ``bench pointwise``, ``bench gconv``,
-``bench gconv-insitu``, ``bench report`` and ``tour``.
+``bench gconv-insitu``, ``bench mlp`` (alias ``mlp-bench``), ``bench report`` and ``tour``.
 
 Everything printed is measured in the same run. Without a CUDA GPU the GPU studies refuse to
 run (exit code 2); ``tour`` then runs small CPU agreement checks instead and says so.
@@ -22,6 +22,7 @@ from tilewise.registry import DTYPES, OPS, RowsProblem
 if TYPE_CHECKING:
     from tilewise.bench.gconv import GConvStudyConfig
     from tilewise.bench.gconv_insitu import InSituConfig
+    from tilewise.bench.mlp import MLPConfig
     from tilewise.bench.pointwise import PointwiseConfig
 
 DEFAULT_OUT = Path("benchmarks/results")
@@ -309,6 +310,95 @@ def _report_insitu(records: list[dict], title: str) -> None:
     _print_errors(errors(records))
 
 
+# --- bench mlp (alias: mlp-bench) ----------------------------------------------------------------
+
+
+def add_mlp_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of the MLP study (shared with ``benchmarks/bench_mlp.py``)."""
+    p.add_argument(
+        "--quick", action="store_true", help="layers 1 8, batch 2 64 512, hidden 256 1024 4096"
+    )
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="default: fp32 fp16 bf16")
+    p.add_argument("--layers", nargs="+", type=int, help="default: 1 2 4 8")
+    p.add_argument("--batches", nargs="+", type=int, help="default: 2 4 ... 128 512 4096")
+    p.add_argument("--hiddens", nargs="+", type=int, help="default: 128 ... 4096 8192")
+    p.add_argument(
+        "--impls", nargs="+", choices=["eager", "graph", "compile", "tilewise", "strassen"]
+    )
+    p.add_argument(
+        "--no-compile", action="store_true", help="leave out torch.compile (slow to build)"
+    )
+    p.add_argument(
+        "--no-train", action="store_true", help="leave out the training-step measurement"
+    )
+    p.add_argument("--warmup", type=int, help="untimed calls per measurement")
+    p.add_argument("--reps", type=int, help="timed calls (or graph replays) per measurement")
+    _common_study_args(p, "mlp")
+    return p
+
+
+def mlp_config(args: argparse.Namespace) -> MLPConfig:
+    """An ``MLPConfig`` from parsed options (``--quick`` first, options on top)."""
+    from tilewise.bench.mlp import MLPConfig
+
+    base = MLPConfig.quick() if args.quick else MLPConfig.full()
+    overrides = {
+        "dtypes": args.dtypes,
+        "layers": args.layers,
+        "batches": args.batches,
+        "hiddens": args.hiddens,
+        "impls": args.impls,
+        "warmup": args.warmup,
+        "reps": args.reps,
+    }
+    cfg = _with_overrides(base, overrides)
+    if args.no_compile:
+        cfg = replace(cfg, impls=tuple(i for i in cfg.impls if i != "compile"))
+    return replace(cfg, train=False) if args.no_train else cfg
+
+
+def run_mlp_command(args: argparse.Namespace) -> int:
+    """``tilewise bench mlp`` / ``tilewise mlp-bench``: ceilings, the grid, tables, JSON (PNGs)."""
+    from tilewise.bench.mlp import plot_mlp, run_mlp
+
+    config = mlp_config(args)
+
+    def plot(results, path):
+        png = plot_mlp(results, path)
+        graph_png = png.with_name(png.stem + "-vs-graph.png")
+        if graph_png.exists():
+            print(f"wrote {graph_png}")
+        return png
+
+    return _run_study(
+        args,
+        "mlp",
+        lambda ceilings: run_mlp(config, ceilings, None, progress=not args.no_progress),
+        _report_mlp,
+        "MLP grid (seed 001)",
+        args.study,
+        plot,
+        config.dtypes,
+    )
+
+
+def _report_mlp(records: list[dict], title: str) -> None:
+    from tilewise.bench.mlp import errors, summary_table, train_table
+    from tilewise.bench.results import format_table
+
+    print(f"\n{title}")
+    print("(us per forward, median; eager/compile: CUDA events per call, host overhead included;")
+    print(" graph/tilewise/strassen: CUDA-graph replay; best: faster of tilewise and strassen;")
+    print(" targets: >= 3x eager at hidden <= 1024, batch <= 64, 8 layers; >= 1.0x graph)")
+    print(format_table(*summary_table(records)))
+    headers, rows = train_table(records)
+    if rows:
+        print("\n(training step: forward + MSE loss + backward + AdamW; targets: tilewise >= 5x")
+        print(" eager and faster than torch.compile)")
+        print(format_table(headers, rows))
+    _print_errors(errors(records))
+
+
 def _print_errors(errs: list[str]) -> None:
     if errs:
         print(f"\n{len(errs)} measurements not reported:")
@@ -416,10 +506,11 @@ def _frac(x: float | None) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     """``tilewise bench report DIR``: the summary tables of the JSON results found in DIR
-    (files named after their study: pointwise*, tour*, gconv*, gconv-insitu*)."""
+    (files named after their study: pointwise*, tour*, gconv*, gconv-insitu*, mlp*)."""
     from tilewise.bench.results import load_results
 
     reports = {  # longest prefix first
+        "mlp": _report_mlp,
         "gconv-insitu": _report_insitu,
         "gconv": _report_gconv,
         "pointwise": _report,
@@ -435,7 +526,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         title = f"{path.name} ({data['environment'].get('device_name')})"
         reports[prefix](list(data["records"]), title)
     if not found:
-        print(f"no pointwise/tour/gconv results in {args.dir}")
+        print(f"no pointwise/tour/gconv/mlp results in {args.dir}")
         return 1
     return 0
 
@@ -462,9 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=run_gconv_command)
     gi = add_insitu_args(studies.add_parser("gconv-insitu", help="grouped conv in block stacks"))
     gi.set_defaults(func=run_insitu_command)
+    ml = add_mlp_args(studies.add_parser("mlp", help="seed 001's MLP grid + a training step"))
+    ml.set_defaults(func=run_mlp_command)
     rep = studies.add_parser("report", help="summary tables of saved results in a directory")
     rep.add_argument("dir", type=Path)
     rep.set_defaults(func=_cmd_report)
+    alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
+    alias.set_defaults(func=run_mlp_command)
     tour = sub.add_parser("tour", help="ceilings + tilewise vs eager vs torch.compile")
     tour.add_argument("--out", type=Path, default=None, help="also write JSON/PNG here")
     tour.add_argument("--no-progress", action="store_true", help="no progress bar")

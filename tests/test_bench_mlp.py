@@ -1,0 +1,154 @@
+"""CPU tests of the MLP study's wiring (tilewise through the Triton interpreter), and one GPU run.
+
+Nothing here asserts on a timing: benchmarks are never timed tests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tilewise import cli
+from tilewise.bench import mlp
+from tilewise.bench.ceilings import Ceilings
+from tilewise.bench.results import load_results, save_results
+
+TINY = mlp.MLPConfig(
+    layers=(1, 2),
+    batches=(4,),
+    hiddens=(32, 64),
+    dtypes=("fp32",),
+    impls=("eager", "graph", "tilewise", "strassen"),
+    strassen_min_hidden=64,
+    warmup=1,
+    reps=2,
+    train_shape=(2, 32, 8),
+)
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+
+
+def test_configs():
+    q, f = mlp.MLPConfig.quick(), mlp.MLPConfig.full()
+    assert (q.layers, q.batches, q.hiddens) == ((1, 8), (2, 64, 512), (256, 1024, 4096))
+    assert f.layers == (1, 2, 4, 8) and f.batches[-2:] == (512, 4096) and f.hiddens[-1] == 8192
+    assert len(f.cells()) == 4 * 9 * 7 * 3 and "compile" in f.impls
+    with pytest.raises(ValueError, match="dtype"):
+        mlp.MLPConfig(dtypes=("fp8",)).cells()
+
+
+@no_cuda
+def test_cpu_grid_checks_and_records(tmp_path):
+    recs = mlp.run_mlp(TINY, None, "cpu", progress=False)
+    cells = [r for r in recs if r.get("study") != "train"]
+    assert len(cells) == 4 * len(TINY.impls)
+    by = {(r["layers"], r["hidden"], r["impl"]): r for r in cells}
+    for (_, hidden, impl), r in by.items():
+        if impl == "graph":
+            assert r["median_s"] is None and "skipped" in r["error"] and "CUDA" in r["error"]
+        elif impl == "strassen" and hidden < 64:
+            assert r["median_s"] is None and "strassen_min_hidden" in r["error"]
+        else:  # checked against the fp64 reference, then timed
+            assert r["checked"] and r["check_note"].startswith(("max abs err", "0/"))
+            assert r["median_s"] > 0 and r["timer"] == "perf_counter" and not r["graph_replayed"]
+    train = {r["impl"]: r for r in recs if r.get("study") == "train"}
+    assert set(train) == {"eager", "tilewise"}
+    assert all(r["error"] is None and r["median_s"] > 0 for r in train.values())
+    rows = mlp.summarize(recs)
+    assert len(rows) == 4 and all(r["x_eager"] and r["x_graph"] is None for r in rows)
+    assert mlp.errors(recs) == []  # skips are not errors
+    path = save_results("mlp", recs, None, tmp_path)
+    png = mlp.plot_mlp(load_results(path), path.with_suffix(".png"))
+    assert png.exists() and png.stat().st_size > 1000
+    assert not png.with_name(png.stem + "-vs-graph.png").exists()  # no graph column on a CPU
+
+
+def test_failed_check_is_recorded_not_timed(monkeypatch):
+    from tilewise.nn import Linear
+
+    real = Linear.forward
+    monkeypatch.setattr(Linear, "forward", lambda self, x: real(self, x) + 1.0)
+    cfg = replace(TINY, layers=(1,), hiddens=(32,), impls=("eager", "tilewise"), train=False)
+    recs = mlp.run_mlp(cfg, None, "cpu", progress=False)
+    tw = next(r for r in recs if r["impl"] == "tilewise")
+    assert not tw["checked"] and tw["median_s"] is None
+    assert tw["error"].startswith("correctness check failed")
+    assert any("correctness" in e for e in mlp.errors(recs))
+
+
+def test_plot_both_figures(tmp_path):
+    def rec(impl, s, batch, hidden, dtype="fp16"):
+        return dict(impl=impl, median_s=s, dtype=dtype, layers=8, batch=batch, hidden=hidden)
+
+    recs = [
+        rec(i, s, b, h, d)
+        for d in ("fp32", "fp16")
+        for b in (2, 64)
+        for h in (256, 1024)
+        for i, s in (("eager", 3e-4), ("graph", 1e-4), ("tilewise", 8e-5), ("strassen", 9e-5))
+    ]
+    rows = mlp.summarize(recs)
+    assert all(r["best"] == "tilewise" and r["x_eager"] == pytest.approx(3.75) for r in rows)
+    png = mlp.plot_mlp({"records": recs}, tmp_path / "m.png")
+    assert png.exists() and (tmp_path / "m-vs-graph.png").exists()
+    headers, cells = mlp.summary_table(recs)
+    assert headers[-2:] == ["x eager", "x graph"] and cells[0][-2:] == ["3.75x", "1.25x"]
+    with pytest.raises(ValueError):
+        mlp.plot_mlp({"records": [rec("eager", 1e-4, 2, 256)]}, tmp_path / "n.png")
+
+
+def test_cli_options_and_alias():
+    for argv in (["bench", "mlp"], ["mlp-bench"]):
+        args = cli.build_parser().parse_args(
+            [*argv, "--quick", "--dtypes", "fp16", "--no-compile", "--no-train", "--plot"]
+        )
+        assert args.func is cli.run_mlp_command
+        cfg = cli.mlp_config(args)
+        assert cfg.dtypes == ("fp16",) and "compile" not in cfg.impls and not cfg.train
+        assert cfg.layers == (1, 8) and args.plot and args.study == "mlp"
+    full = cli.mlp_config(cli.build_parser().parse_args(["mlp-bench", "--hiddens", "512"]))
+    assert full.hiddens == (512,) and full.layers == (1, 2, 4, 8) and "compile" in full.impls
+
+
+@no_cuda
+def test_cli_refuses_without_cuda(tmp_path, capsys):
+    assert cli.main(["mlp-bench", "--quick", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@no_cuda
+def test_cli_runs_study_end_to_end(tmp_path, monkeypatch, capsys):
+    """The CUDA-only runner with its GPU checks faked: grid on the CPU, tables, JSON and PNG."""
+    from tilewise.bench import ceilings as ceilings_mod
+
+    fake = Ceilings(3e12, {"fp32": 5e13}, device="test", method="x")
+    monkeypatch.setattr(cli, "_needs_cuda", lambda what: True)
+    monkeypatch.setattr(ceilings_mod, "measure_ceilings", lambda *a, **k: fake)
+    argv = ["bench", "mlp", "--dtypes", "fp32", "--layers", "1", "--batches", "4"]
+    argv += ["--hiddens", "32", "--impls", "eager", "tilewise", "--reps", "2", "--warmup", "1"]
+    argv += ["--no-train", "--plot", "--no-progress", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "MLP grid" in out and "x eager" in out
+    doc = json.loads(next(tmp_path.glob("mlp__*.json")).read_text())
+    assert {r["impl"] for r in doc["records"]} == {"eager", "tilewise"}
+    assert all(r["frac_matmul"] is not None for r in doc["records"])
+    assert next(tmp_path.glob("mlp__*.png")).stat().st_size > 1000
+    assert cli.main(["bench", "report", str(tmp_path)]) == 0
+
+
+@pytest.mark.gpu
+def test_quick_grid_on_gpu(tmp_path):
+    cfg = mlp.MLPConfig.quick(dtypes=("fp16",), impls=("eager", "graph", "tilewise", "strassen"))
+    recs = mlp.run_mlp(cfg, None, "cuda", progress=False)
+    errs = mlp.errors(recs)
+    assert errs == [], "\n".join(errs)
+    timed = [r for r in recs if r["median_s"] is not None]
+    fwd = [r for r in timed if r.get("study") != "train"]
+    assert all(r["graph_replayed"] for r in fwd if r["impl"] in ("graph", "tilewise", "strassen"))
+    assert {r["impl"] for r in recs if r.get("study") == "train"} == {"eager", "tilewise"}
+    path = save_results("mlp", recs, None, tmp_path)
+    assert mlp.plot_mlp(load_results(path), path.with_suffix(".png")).exists()
+    assert (tmp_path / (path.stem + "-vs-graph.png")).exists()
