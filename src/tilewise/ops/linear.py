@@ -313,12 +313,14 @@ def forward(
 
         def run(be: Backend) -> tuple[torch.Tensor, torch.Tensor | None]:
             if be == CUBLAS:
-                b = None if bias is None else bias.to(x.dtype)
-                if activation == "none":
-                    g = torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt)
-                    return g, None
+                if activation in ("none", "relu"):
+                    # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
+                    # does: the ReLU mask (y > 0) then matches PyTorch's element for element
+                    b = None if bias is None else bias.to(x.dtype)
+                    z = torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt)
+                    return (z if activation == "none" else _bias_act.forward(z, None, "relu")), None
                 g = torch.mm(x2, wt)
-                return _bias_act.forward(g, bias, activation, -1), (g if store_g else None)
+                return _bias_act.forward(g, bias, activation, -1), g
             return _launch(x2, wt, x.dtype, allow_tf32, bias, activation, store_g)
 
         epilogue = f"{activation}{'+bias' if bias is not None else ''}"
