@@ -129,7 +129,7 @@ def run_pass(problem, pass_, sets, w, configs, copy_bw):
             for c in configs
         ]
     else:
-        wt = ops.dgrad_weight(w) if pass_ == "dgrad" else w
+        wt = ops.dgrad_weight(w) if pass_ == "dgrad" else w  # for the probe kernel only
         pad = (problem.r - 1 - ph, problem.s - 1 - pw) if pass_ == "dgrad" else (ph, pw)
 
         def conv(x, dy, c):
@@ -138,7 +138,7 @@ def run_pass(problem, pass_, sets, w, configs, copy_bw):
             if isinstance(c, ProbeConfig):
                 launch_probe(src, wt, out, pad[0], pad[1], c)
             else:
-                ops.launch_fprop(src, wt, None, out, pad[0], pad[1], c)
+                ops.launch_fprop(src, w, None, out, pad[0], pad[1], c, pass_ == "dgrad")
             return out
 
         runners = [(c, lambda x, dy, c=c: conv(x, dy, c)) for c in configs]

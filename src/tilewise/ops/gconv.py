@@ -8,9 +8,10 @@ weight tile (each group's 8x8 block, zeros elsewhere, masked in-kernel from PyTo
 [C, 8, R, S] layout, any strides) into an fp32 accumulator; the epilogue adds the bias and stores
 NHWC. The zeros would turn another group's NaN or Inf into NaN, so a tile whose accumulator is not
 all finite is recomputed one group at a time (two taps per 16-lane dot), which propagates NaN and
-Inf exactly as PyTorch does. dgrad is the same kernel on flipped, per-group transposed weights with
-the transposed padding. wgrad is in ``gconv_wgrad``. Problems, configs and heuristics are in
-``gconv_config``; block sizes are launch parameters, chosen by ``tilewise.runtime.autotune``.
+Inf exactly as PyTorch does. dgrad is the same kernel reading the weights flipped and per-group
+transposed (index arithmetic, no copy) with the transposed padding. wgrad is in ``gconv_wgrad``.
+Problems, configs and heuristics are in ``gconv_config``; block sizes are launch parameters,
+chosen by ``tilewise.runtime.autotune``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def _exact_groups_store(
     S: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,
+    DGRAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -96,7 +98,6 @@ def _exact_groups_store(
         c0 = c_start + g * 8
         group_ok = c0 + lane_c < C  # [16]; C is a multiple of 8: a group is all in or all out
         x_base = x_ptr + n * sxn + (c0 + lane_c)[None, :] * sxc
-        w_cols = (c0 + j[None, :]) * swo
         w_cols_ok = (real & group_ok)[None, :]
         acc = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
         for i in range((R * S + 1) // 2):
@@ -108,7 +109,11 @@ def _exact_groups_store(
             iw = q[:, None] + (ds - pad_w)[None, :]
             ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (lane_ok & group_ok)[None, :]
             xt = tl.load(x_base + ih * sxh + iw * sxw, mask=ok, other=0.0)
-            w_offs = w_cols + (lane_c * swi + dr * swr + ds * sws)[:, None]
+            if DGRAD:  # rows: forward output channel c0 + lane_c; columns: its input lane j
+                w_offs = (c0 + lane_c)[:, None] * swo + j[None, :] * swi
+                w_offs += ((R - 1 - dr) * swr + (S - 1 - ds) * sws)[:, None]
+            else:  # rows: input lane lane_c of the tap; columns: output channel c0 + j
+                w_offs = (c0 + j[None, :]) * swo + (lane_c * swi + dr * swr + ds * sws)[:, None]
             wt = tl.load(w_ptr + w_offs, mask=lane_ok[:, None] & w_cols_ok, other=0.0)
             if IEEE:
                 acc = tl.dot(xt, wt, acc, input_precision="ieee")
@@ -157,6 +162,7 @@ def _gconv_fwd_kernel(
     S: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,
+    DGRAD: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -175,7 +181,10 @@ def _gconv_fwd_kernel(
     # [BLOCK_C, BLOCK_C] weight tile (each group's 8x8 block, zeros elsewhere). The tap loop is a
     # runtime loop, so Triton pipelines the loads through shared memory (num_stages).
     k = tl.arange(0, BLOCK_C)
-    w_offs = c[None, :] * swo + (k % 8)[:, None] * swi
+    if DGRAD:  # w_t[c, k] = w[c_start + k, c % 8, R-1-r, S-1-s]: no flipped copy of the weights
+        w_offs = (c_start + k)[:, None] * swo + (c % 8)[None, :] * swi
+    else:
+        w_offs = c[None, :] * swo + (k % 8)[:, None] * swi
     w_mask = (k[:, None] // 8 == k[None, :] // 8) & cmask[None, :]
     x_base = x_ptr + n * sxn + c[None, :] * sxc
     acc = tl.zeros((BLOCK_P * BLOCK_Q, BLOCK_C), dtype=tl.float32)
@@ -188,7 +197,12 @@ def _gconv_fwd_kernel(
         xt = tl.load(
             x_base + (ih * sxh + iw * sxw)[:, None], mask=ok[:, None] & cmask[None, :], other=0.0
         )
-        wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
+        if DGRAD:
+            wt = tl.load(
+                w_ptr + w_offs + (R - 1 - r) * swr + (S - 1 - s) * sws, mask=w_mask, other=0.0
+            )
+        else:
+            wt = tl.load(w_ptr + w_offs + r * swr + s * sws, mask=w_mask, other=0.0)
         if IEEE:
             acc = tl.dot(xt, wt, acc, input_precision="ieee")
         else:
@@ -230,6 +244,7 @@ def _gconv_fwd_kernel(
             S,
             HAS_BIAS,
             IEEE,
+            DGRAD,
             BLOCK_P * BLOCK_Q,
             BLOCK_C,
         )
@@ -250,10 +265,13 @@ def launch_fprop(
     pad_h: int,
     pad_w: int,
     cfg: GConvConfig,
+    dgrad: bool = False,
 ) -> None:
     """Run the fprop kernel: ``out = conv(x, weight) + bias``; ``out``'s size sets P and Q.
 
-    Padding may be negative (dgrad with padding > R - 1): it is only an offset with masks.
+    ``dgrad=True`` reads ``weight`` (the forward's) flipped and per-group transposed in-kernel,
+    i.e. convolves with ``dgrad_weight(weight)`` without making it. Padding may be negative
+    (dgrad with padding > R - 1): it is only an offset with masks.
     """
     n, c, h, w = x.shape
     r, s = weight.shape[2], weight.shape[3]
@@ -282,6 +300,7 @@ def launch_fprop(
         S=s,
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
+        DGRAD=dgrad,
         BLOCK_P=cfg.block_p,
         BLOCK_Q=cfg.block_q,
         BLOCK_C=cfg.block_c,
@@ -435,6 +454,7 @@ def _run_conv(
     out: torch.Tensor,
     pad_h: int,
     pad_w: int,
+    dgrad: bool = False,
 ) -> torch.Tensor:
     """Choose a config (autotuned on CUDA) and run the fprop kernel into ``out``."""
     sms = num_sms(x.device)
@@ -442,11 +462,11 @@ def _run_conv(
         f"{op}.{pass_}",
         problem,
         candidate_configs(problem, pass_, sms),
-        lambda c: launch_fprop(x, weight, bias, out, pad_h, pad_w, c),
+        lambda c: launch_fprop(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
     )
-    launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg)
+    launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
     return out
 
 
@@ -515,8 +535,7 @@ def backward(
         dx = alloc.empty(
             *x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
-        wt = dgrad_weight(weight)
-        _run_conv(OP, "dgrad", problem, grad, wt, None, dx, r - 1 - pad_h, s - 1 - pad_w)
+        _run_conv(OP, "dgrad", problem, grad, weight, None, dx, r - 1 - pad_h, s - 1 - pad_w, True)
     if need[1]:
         dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic)
     if need_db and db is None:
