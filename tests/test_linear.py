@@ -232,3 +232,32 @@ def test_module_drop_in_shares_parameters(rng_seed):
         tilewise.nn.Linear(12, 6, activation="bad")
     with pytest.raises(ValueError, match="'activation'"):
         tilewise.nn.Linear.from_linear(base, activation="bad")
+
+
+def test_transform_fuses_linear_activation_pairs_in_sequentials(rng_seed):
+    """Linear -> ReLU/erf-GELU/SiLU inside an nn.Sequential become one fused tilewise Linear that
+    shares the original parameters; other pairs (tanh GELU) and lone Linears are left alone."""
+    import torch.nn as tnn
+
+    torch.manual_seed(rng_seed)
+    model = tnn.Sequential(
+        tnn.Linear(8, 16),
+        tnn.ReLU(),
+        tnn.Linear(16, 16),
+        tnn.GELU(approximate="tanh"),
+        tnn.Sequential(tnn.Linear(16, 12), tnn.GELU(), tnn.Linear(12, 4), tnn.SiLU()),
+        tnn.Linear(4, 3),
+    )
+    x = torch.randn(5, 8)
+    expect = model(x)
+    params = list(model.parameters())
+    report = tilewise.transform(model)
+    swapped = dict(report.swapped)
+    assert set(swapped) == {"0", "4.0", "4.2"}, swapped
+    assert "activation='gelu'" in swapped["4.0"] and "activation='silu'" in swapped["4.2"]
+    assert isinstance(model[1], tnn.Identity) and isinstance(model[3], tnn.GELU)
+    assert model[0].activation == "relu" and model[0].weight is params[0]
+    y = model(x)
+    torch.testing.assert_close(y, expect, atol=1e-5, rtol=1e-5)
+    y.sum().backward()
+    assert all(p.grad is not None for p in params)

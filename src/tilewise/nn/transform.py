@@ -1,9 +1,15 @@
-"""``transform(model)``: swap every eligible ``nn.Conv2d`` for a parameter-sharing tilewise module.
+"""``transform(model)``: swap eligible layers for parameter-sharing tilewise modules.
+
+- Every eligible ``nn.Conv2d`` (group width 8, ...) becomes a ``GroupedConv2d``.
+- Every ``nn.Linear`` directly followed by ``nn.ReLU`` / ``nn.GELU()`` (erf form) / ``nn.SiLU``
+  inside an ``nn.Sequential`` (the one container whose child order is its execution order) becomes a
+  ``tilewise.nn.Linear(activation=...)`` and the activation an ``nn.Identity``: one fused kernel.
+  Pairs elsewhere (a custom forward) are invisible to a module walk, and are not reported.
 
 Works on any module tree (timm models included): candidates come from ``named_modules``, swaps
 are ``setattr`` on every parent that holds the module (shared modules stay shared). Only exact
-``nn.Conv2d`` instances are swapped: subclasses (e.g. timm's ``Conv2dSame``, ``StdConv2d``) have
-their own forward, so they are reported and left alone.
+``nn.Conv2d`` / ``nn.Linear`` instances are swapped: subclasses (e.g. timm's ``Conv2dSame``,
+``StdConv2d``) have their own forward, so they are reported and left alone.
 """
 
 from __future__ import annotations
@@ -14,6 +20,39 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from tilewise.nn.gconv import GroupedConv2d, conv_unsupported_reason
+from tilewise.nn.linear import Linear as FusedLinear
+
+_ACTIVATIONS = {nn.ReLU: "relu", nn.SiLU: "silu", nn.GELU: "gelu"}
+
+
+def _activation_name(module: nn.Module) -> str | None:
+    """The fused-epilogue name of an exact ReLU / SiLU / erf-GELU module, else None."""
+    name = _ACTIVATIONS.get(type(module))
+    if name == "gelu" and getattr(module, "approximate", "none") != "none":
+        return None
+    return name
+
+
+def _fuse_linear_pairs(model: nn.Module, report: TransformReport, prefix: str = "") -> None:
+    """Fuse Linear -> activation pairs in every ``nn.Sequential`` of ``model`` (in place)."""
+    for seq_name, seq in list(model.named_modules()):
+        if type(seq) is not nn.Sequential:
+            continue
+        names = list(seq._modules)
+        for first, second in zip(names, names[1:], strict=False):
+            lin, act = seq._modules[first], seq._modules[second]
+            if type(lin) is not nn.Linear or act is None:
+                continue
+            act_name = _activation_name(act)
+            if act_name is None:
+                continue
+            full = f"{seq_name}.{first}" if seq_name else first
+            seq._modules[first] = FusedLinear.from_linear(lin, activation=act_name)
+            seq._modules[second] = nn.Identity()
+            report.swapped.append(
+                (full, f"Linear({lin.in_features}, {lin.out_features}) + {type(act).__name__} "
+                 f"-> tilewise Linear(activation={act_name!r})")
+            )  # fmt: skip
 
 
 @dataclass
@@ -40,13 +79,19 @@ def _describe(conv: nn.Conv2d) -> str:
 
 
 def transform(
-    model: nn.Module, *, inplace: bool = True, deterministic: bool | None = None
+    model: nn.Module,
+    *,
+    inplace: bool = True,
+    deterministic: bool | None = None,
+    fuse_linear: bool = True,
 ) -> TransformReport:
-    """Replace each eligible ``nn.Conv2d`` in ``model`` by ``GroupedConv2d.from_conv``.
+    """Replace each eligible ``nn.Conv2d`` in ``model`` by ``GroupedConv2d.from_conv`` and (with
+    ``fuse_linear``) each Linear -> ReLU/GELU/SiLU pair of an ``nn.Sequential`` by one fused
+    ``tilewise.nn.Linear``.
 
-    Eligible: C_in == C_out, groups == C / 8, stride 1, dilation 1, zero padding (symmetric),
-    kernel up to 7x7. ``inplace=False`` transforms a deep copy. The transformed model is
-    ``report.model`` (the same object as ``model`` when in place, unless ``model`` itself is an
+    Eligible convs: C_in == C_out, groups == C / 8, stride 1, dilation 1, zero padding
+    (symmetric), kernel up to 7x7. ``inplace=False`` transforms a deep copy. The transformed model
+    is ``report.model`` (the same object as ``model`` when in place, unless ``model`` itself is an
     eligible conv, which cannot be replaced in its caller).
     """
     if not inplace:
@@ -65,6 +110,8 @@ def transform(
             continue
         replacements[id(module)] = GroupedConv2d.from_conv(module, deterministic=deterministic)
         report.swapped.append((name, _describe(module)))
+    if fuse_linear:
+        _fuse_linear_pairs(model, report)
     if id(model) in replacements:
         report.model = replacements[id(model)]
     for parent in list(model.modules()):
