@@ -256,6 +256,8 @@ def test_tour_on_cpu(capsys):
     assert cli.NO_GPU in out
     assert "bias_act" in out and "layer_norm" in out
     assert "NO" not in out.split("CPU checks", 1)[1]  # every tilewise result agreed
+    steps = out.split("Training steps", 1)[1]  # the model-level rows ran and agreed
+    assert "mlp" in steps and "convfirst" in steps and "grouped convs swapped" in steps
 
 
 @no_cuda

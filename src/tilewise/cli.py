@@ -420,7 +420,18 @@ def _tour_gpu(args: argparse.Namespace) -> int:
     _report(records, "tilewise vs eager PyTorch vs torch.compile (fp16, bf16; 64 and 256 MB)")
     if args.out is not None:
         _save("tour", records, ceilings, args.out, plot=True)
-    return 0
+    return 0 if _tour_models(torch.device("cuda")) else 1
+
+
+def _tour_models(device: torch.device) -> bool:
+    """Whole training steps (MLP, ConvFirst stack), tilewise vs eager; True if all agree."""
+    from tilewise.bench import tour
+    from tilewise.bench.results import format_table
+
+    records = tour.rows(device)
+    print("\nTraining steps from the same weights (median wall time per step, host included):")
+    print(format_table(*tour.format_rows(records)))
+    return all(r["agrees"] for r in records)
 
 
 def _tour_cpu(args: argparse.Namespace) -> int:
@@ -491,6 +502,7 @@ def _tour_cpu(args: argparse.Namespace) -> int:
             "\nOn a CPU tilewise runs its PyTorch reference unless TRITON_INTERPRET=1 was set "
             "before import; the kernels and the GPU figures need a CUDA GPU."
         )
+    all_ok &= _tour_models(torch.device("cpu"))
     if not all_ok:
         print("Some tilewise results disagree with eager PyTorch (see 'agrees').")
     return 0 if all_ok else 1
