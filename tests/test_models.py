@@ -412,5 +412,20 @@ class TestGPU:
             if r["impl"] == "tilewise":
                 assert r["name_s"] is not None and r["name_s"] <= r["layer_s"] * 1.001, r
         steps = [r for r in recs if r["record"] == "step"]
-        assert [r["impl"] for r in steps] == ["tilewise", "eager"]
+        assert [r["impl"] for r in steps] == ["tilewise", "tilewise-graph", "eager"]
         assert all(r["step_s"] > 0 and r["device_s"] > 0 for r in steps)
+
+
+def test_graphed_tilewise_step_record_wiring():
+    """The ``tilewise-graph`` step record (capture_train_step + FusedSGD) and its table column;
+    on a CPU the capture API runs eagerly, so this checks the wiring, not the graph."""
+    torch.manual_seed(0)
+    base = block_stack("convfirst", 16, depth=1, expansion=2, extra=0).to(memory_format=CL)
+    model = ins.prepare(base, "tilewise")
+    x = _x(1, 16)
+    cfg = ins.InSituConfig(step_warmup=1, step_reps=2)
+    case = {"args": [(x,)], "step_ident": dict(block="convfirst", batch=1, depth=1, extra=0)}
+    rec = ins._graph_step_record(model, case, cfg)
+    assert rec["impl"] == "tilewise-graph" and rec["error"] is None and rec["step_s"] > 0
+    ((sh, srow),) = ins.summary_tables([rec])[1:]
+    assert "tw graph ms" in sh and srow[0][sh.index("tw graph ms")] != "-"

@@ -351,6 +351,35 @@ def _step_record(model, impl: str, case: dict, config: InSituConfig) -> dict:
     return StepRecord(**case["step_ident"], impl=impl, **times, timer=wall.method).to_dict()
 
 
+def _graph_step_record(model, case: dict, config: InSituConfig) -> dict:
+    """The tilewise stack's training step as tilewise's runtime runs it: the whole step (autocast
+    forward, loss, backward, ``FusedSGD``) captured in one CUDA graph by ``capture_train_step``;
+    recorded as impl ``tilewise-graph`` (eagerly, with a note, where there is no CUDA)."""
+    from tilewise.optim import FusedSGD
+    from tilewise.runtime.capture import capture_train_step
+
+    args = case["args"]
+    with torch.no_grad(), torch.autocast(args[0][0].device.type, dtype=torch.float16):
+        zeros = torch.zeros_like(model(args[0][0]), dtype=torch.float32)
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (out.float() - target).square().mean()  # = fwd_bwd_step's loss (target zeros)
+
+    opt = FusedSGD(model.parameters(), lr=config.lr)
+    captured = capture_train_step(
+        model, loss_fn, opt, args[0], (zeros,), autocast_dtype=torch.float16
+    )
+
+    def step(x: torch.Tensor) -> None:
+        captured((x,), (zeros,))
+
+    wall = time_events(step, args, config.step_warmup, config.step_reps, keep_ahead=False)
+    dev = time_events(step, args, 2, config.step_reps, keep_ahead=True)
+    times = dict(step_s=wall.median_s, p20_s=wall.p20_s, p80_s=wall.p80_s, device_s=dev.median_s)
+    rec = StepRecord(**case["step_ident"], impl="tilewise-graph", **times, timer=wall.method)
+    return rec.to_dict()
+
+
 def measure_block(
     spec: BlockSpec,
     batch: int,
@@ -396,6 +425,15 @@ def measure_block(
                         PassRecord(**case["ident"], impl=impl, **err, error=msg).to_dict()
                     )
                 records.append(_step_record(model, impl, case, config))
+                if impl == "tilewise":
+                    try:
+                        records.append(_graph_step_record(model, case, config))
+                    except Exception as exc:  # recorded, the other impls still run
+                        msg = f"{type(exc).__name__}: {exc}"
+                        ident = case["step_ident"]
+                        records.append(
+                            StepRecord(**ident, impl="tilewise-graph", error=msg).to_dict()
+                        )
             except Exception as exc:
                 msg = f"{type(exc).__name__}: {exc}"
                 records.append(StepRecord(**case["step_ident"], impl=impl, error=msg).to_dict())
@@ -442,12 +480,14 @@ def summary_tables(records: Iterable[Mapping[str, Any]]) -> list[tuple[list[str]
             ratio, name_us = ratio_of(ea, tw, "layer_s"), fmt(tw, "name_s", ".1f", 1e6)
             passes.append([block, batch, pass_, *bws, *fracs, ratio, name_us])
         else:
-            ms = [fmt(r, "step_s", ".2f", 1e3) for r in (tw, ea, co)]
-            steps.append(
-                [block, batch, *ms, ratio_of(ea, tw, "step_s"), ratio_of(co, tw, "step_s")]
-            )
+            tg = d.get("tilewise-graph")
+            ms = [fmt(r, "step_s", ".2f", 1e3) for r in (tw, tg, ea, co)]
+            ratios = [ratio_of(ea, tw, "step_s"), ratio_of(co, tw, "step_s")]
+            ratios += [ratio_of(ea, tg, "step_s"), ratio_of(co, tg, "step_s")]
+            steps.append([block, batch, *ms, *ratios])
     heads = ["block", "batch", "pass", "tw GB/s", "eager GB/s", "tw frac", "eager frac", "x eager"]
-    step_heads = ["block", "batch", "tilewise ms", "eager ms", "compile ms", "x eager", "x compile"]
+    step_heads = ["block", "batch", "tilewise ms", "tw graph ms", "eager ms", "compile ms"]
+    step_heads += ["x eager", "x compile", "graph x eager", "graph x compile"]
     return [(heads + ["tw gconv us"], passes), (step_heads, steps)]
 
 
