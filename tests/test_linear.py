@@ -261,3 +261,18 @@ def test_transform_fuses_linear_activation_pairs_in_sequentials(rng_seed):
     torch.testing.assert_close(y, expect, atol=1e-5, rtol=1e-5)
     y.sum().backward()
     assert all(p.grad is not None for p in params)
+
+
+def test_transform_leaves_pairs_with_hooks_alone():
+    """A hook on the Linear would see the fused (activated) output; one on the activation would
+    never run: such pairs are not fused."""
+    import torch.nn as tnn
+
+    model = tnn.Sequential(tnn.Linear(4, 4), tnn.ReLU(), tnn.Linear(4, 4), tnn.ReLU())
+    seen = []
+    model[1].register_forward_hook(lambda m, i, o: seen.append("relu"))
+    report = tilewise.transform(model)
+    assert [name for name, _ in report.swapped] == ["2"]
+    assert type(model[0]) is tnn.Linear and type(model[1]) is tnn.ReLU
+    model(torch.randn(2, 4))
+    assert seen == ["relu"]

@@ -312,3 +312,39 @@ def test_lr_change_during_capture_raises():
         with torch.cuda.graph(graph):
             opt.param_groups[0]["lr"] = 0.2
             opt.step()
+
+
+def test_in_place_writes_to_half_params_reach_the_master():
+    """Loading model weights (or nn.init, EMA) after building the optimizer must not be undone by
+    the next step writing the stale fp32 master back over the fp16 weights."""
+    model = torch.nn.Linear(4, 4).half()
+    opt = FusedSGD(model.parameters(), lr=0.0)
+    with torch.no_grad():
+        model.weight.fill_(0.5)
+    model.load_state_dict({"weight": model.weight.detach().clone(), "bias": torch.ones(4).half()})
+    opt.zero_grad()
+    model(torch.randn(2, 4).half()).float().sum().backward()
+    opt.step()
+    assert torch.all(model.weight == 0.5) and torch.all(model.bias == 1.0)
+
+
+def test_frozen_params_are_refused():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    with pytest.raises(ValueError, match="'params'.*requires_grad=False"):
+        FusedAdamW(model.parameters())
+
+
+def test_a_refused_state_dict_changes_nothing():
+    model = torch.nn.Linear(4, 2)
+    opt = FusedSGD(model.parameters(), lr=0.1, momentum=0.9)
+    bad = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=torch.tensor(0.5), momentum=0.9)
+    with pytest.raises(ValueError, match="'lr'"):
+        opt.load_state_dict(bad.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.1
+    maximize = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.5, maximize=True)
+    with pytest.raises(ValueError, match="maximize"):
+        opt.load_state_dict(maximize.state_dict())
+    opt.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()  # still usable

@@ -343,3 +343,13 @@ def test_mlp_auto_picks_strassen_on_gpu(rng_seed):
         assert_three_way(y, y_torch, ref, _atol(torch.float32, ref, 4096), "MLP gpu", rng_seed)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def test_load_state_dict_reformats_the_strassen_blocks(rng_seed):
+    """The formatted blocks are derived buffers: loading new weights must rebuild them."""
+    seq, other = _mlp([6, 10, 4]), _mlp([6, 10, 4])
+    model = StrassenMLP.from_modules(seq, mode="strassen")
+    model.load_state_dict(StrassenMLP.from_modules(other, mode="strassen").state_dict())
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), other(x), atol=1e-5, rtol=1e-5)

@@ -102,6 +102,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             raise self._error("params", "contains a parameter twice")
         first = params[0]
         for p in params:
+            if not p.requires_grad:  # it would still get weight decay / momentum every step
+                raise self._error("params", "contains a parameter with requires_grad=False")
             if p.device != first.device or p.device.type not in ("cuda", "cpu"):
                 raise self._error("params", f"must be on one CUDA or CPU device, got {p.device}")
             if p.dtype not in _DTYPES or p.dtype != first.dtype:
@@ -131,6 +133,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 p.data, p.grad = data, grad
                 self._grads.append(grad)
         self._ptrs = [p.data_ptr() for p in params]
+        self._versions = [p._version for p in params]  # the kernels' writes do not bump these
         groups = len(self.param_groups)
         self._hyper = torch.zeros(groups, len(self._HYPER), dtype=torch.float64, **kw)
         self._counters = torch.zeros(groups, 2, dtype=torch.int32, **kw)
@@ -214,7 +217,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
             self.sync_hyperparameters(i)
 
     # -- step -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def refresh_masters(self) -> None:
+        """Copy fp16/bf16 parameters written in place since the last step (``load_state_dict`` of
+        the model, ``nn.init``, EMA, ...) into their fp32 masters, which the next update would
+        otherwise write back over them. ``step()`` calls this; a captured step calls it before
+        every replay."""
+        if self._flat_model is None:
+            return
+        for i, p in enumerate(self._params):
+            if p._version != self._versions[i]:
+                self.state[p]["master_param"].copy_(p)
+                self._versions[i] = p._version
+
     def _gather_grads(self) -> None:
+        self.refresh_masters()
         for i, p in enumerate(self._params):
             if p.data_ptr() != self._ptrs[i]:
                 raise RuntimeError(
@@ -280,6 +297,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             for s, g in zip(saved, self.param_groups, strict=True)
         ):
             raise self._error("state_dict", "has param groups of other sizes than this optimizer")
+        for s, group in zip(saved, self.param_groups, strict=True):  # check all before changing
+            if s.get("maximize") or s.get("amsgrad"):
+                raise self._error("state_dict", "uses maximize/amsgrad, which this optimizer lacks")
+            self._values({**group, **{k: v for k, v in s.items() if k != "params"}})
         for i, (s, group) in enumerate(zip(saved, self.param_groups, strict=True)):
             for k, v in s.items():
                 if k != "params":
@@ -297,6 +318,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 steps = max(steps, self._loaded_steps(st))
             self._counters[i, 0].fill_(steps)
             self._counters[i, 1].fill_(0)
+        self._versions = [p._version for p in self._params]  # a loaded master is the truth
 
 
 class FusedSGD(_FusedOptimizer):

@@ -34,6 +34,11 @@ def _flatten(modules: Iterable[nn.Module]) -> list[nn.Module]:
     return out
 
 
+def _reformat_after_load(module: StrassenMLP, _incompatible: object) -> None:
+    if module.blocks0 is not None:
+        module.reformat()
+
+
 class StrassenMLP(nn.Module):
     """``act_N(... act_1(x @ W_1^T + b_1) ...)`` for a Linear chain, activations "relu" or "none".
 
@@ -75,6 +80,8 @@ class StrassenMLP(nn.Module):
             self.register_buffer(f"blocks{i}", None, persistent=False)
         if mode != "linear":
             self.reformat()
+        # the formatted blocks are derived, not saved: rebuild them when weights are loaded
+        self.register_load_state_dict_post_hook(_reformat_after_load)
         self.eval()
 
     @classmethod

@@ -290,6 +290,7 @@ class CapturedTrainStep:
     def _sync(self) -> None:
         if isinstance(self.optimizer, _FusedOptimizer):
             self.optimizer.sync_hyperparameters()
+            self.optimizer.refresh_masters()
         for i, (g, frozen) in enumerate(
             zip(self.optimizer.param_groups, self._frozen, strict=True)
         ):
