@@ -182,3 +182,13 @@ def test_item_inside_the_step_raises_capture_error():
     x, t = torch.randn(8, 12, device="cuda"), torch.randn(8, 5, device="cuda")
     with pytest.raises(CaptureError, match="synchronises with the host"):
         capture_train_step(model, loss_fn, opt, x, t, warmup=1)
+
+
+def test_torch_sgd_with_dampened_momentum_is_refused():
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=torch.tensor(0.1), momentum=0.9, dampening=0.1, fused=True
+    )
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    with pytest.raises(ValueError, match="dampening"):
+        capture_train_step(model, torch.nn.functional.mse_loss, opt, x, y)

@@ -209,6 +209,13 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> 
             )
         if device.type == "cuda" and lr.device != device:
             raise ValueError(f"argument 'optimizer': {name}'s lr tensor must be on {device}")
+        if g.get("momentum", 0) and g.get("dampening", 0):
+            # warm-up creates the momentum buffers and the restore can only zero them, after
+            # which torch's first update is (1 - dampening) * g instead of g
+            raise ValueError(
+                f"argument 'optimizer': {name} has momentum with dampening != 0, whose first "
+                "step a capture cannot reproduce; use tilewise.optim.FusedSGD"
+            )
 
 
 class CapturedTrainStep:
