@@ -22,8 +22,8 @@ cores at about a third of cuBLAS SGEMM on an H100.
 
 fp32 is true fp32 by default (``tl.dot(..., input_precision="ieee")``); ``allow_tf32=True`` lets
 fp32 products use TF32 tensor cores. fp16 / bf16 accumulate in fp32 (the cuBLAS backend follows
-PyTorch's reduced-precision-reduction flags, exactly as ``F.linear`` does). The bias may be fp32 with a
-half-precision ``x``; ``x`` and ``weight`` share one dtype.
+PyTorch's reduced-precision-reduction flags, exactly as ``F.linear`` does). The bias may be fp32
+with a half-precision ``x``; ``x`` and ``weight`` share one dtype.
 """
 
 from __future__ import annotations
