@@ -116,7 +116,7 @@ def run_model(spec: TourModel, device: torch.device, reps: int = 20) -> dict[str
         )
         t_step = _eager_step(tw, torch.optim.SGD(tw.parameters(), lr=1e-3), loss_fn, x, target)
         how = f"transform: {len(report.swapped)} grouped convs swapped, eager step"
-    losses = [(float(e_step()), float(t_step())) for _ in range(3)]
+    losses = [(float(e_step().detach()), float(t_step().detach())) for _ in range(3)]
     agrees = all(abs(a - b) <= LOSS_RTOL * max(abs(a), 1e-12) for a, b in losses)
     return {
         "model": spec.name,
