@@ -330,7 +330,12 @@ def test_strassen_wins_default_rule(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_mlp_auto_picks_strassen_on_gpu(rng_seed):
+def test_mlp_auto_picks_strassen_on_gpu(rng_seed, monkeypatch):
+    """The untimed rule (TILEWISE_AUTOTUNE=0: timing would make the choice machine-dependent)."""
+    from tilewise.runtime import autotune
+
+    monkeypatch.setenv("TILEWISE_AUTOTUNE", "0")
+    autotune.clear_memory_cache()
     seq = _mlp([4096] * 3).cuda()
     model = StrassenMLP.from_modules(seq)
     x = torch.randn(512, 4096, device="cuda")
@@ -353,3 +358,31 @@ def test_load_state_dict_reformats_the_strassen_blocks(rng_seed):
     x = torch.randn(5, 6)
     with torch.no_grad():
         torch.testing.assert_close(model(x), other(x), atol=1e-5, rtol=1e-5)
+
+
+def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_path):
+    """On a (faked) CUDA machine, fp32 "auto" times Strassen against the fused chain on first
+    use of a shape and caches the faster; the second call times nothing."""
+    from tilewise.runtime import autotune
+
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
+    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
+    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
+    autotune.clear_memory_cache()
+    timings = iter([2.0, 1.0])  # the rule's default (linear at this size) first, then Strassen
+
+    def fake_bench(fn):
+        fn()
+        return next(timings)
+
+    monkeypatch.setattr(autotune, "_bench", fake_bench)
+    model = StrassenMLP.from_modules(_mlp([6, 10, 4]))  # mode "auto"
+    x = torch.randn(5, 6)
+    assert not ops.strassen_wins(5, 4, torch.float32, "cpu")
+    assert model.uses_strassen(x)  # measured faster, although the rule says no
+    monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed twice"))
+    assert model.uses_strassen(x)
+    assert not model.uses_strassen(x.half())  # half precision: the rule alone decides
+    autotune.clear_memory_cache()

@@ -2,21 +2,27 @@
 
 Weights are formatted once (``tilewise.ops.strassen.format_weights``) into non-persistent buffers,
 so ``.to()`` / ``.half()`` move them with the module; call ``reformat()`` after editing weights.
-``mode="auto"`` picks fused Strassen per call where ``strassen_wins(batch, hidden, dtype, device)``
-says it wins (``hidden`` = the smallest feature size of the chain) and otherwise runs the fused
-Linear chain (``tilewise.functional.linear``, one GEMM + bias + activation kernel per layer).
+``mode="auto"`` picks, per input shape, fused Strassen or the fused Linear chain
+(``tilewise.functional.linear``, one GEMM + bias + activation kernel per layer): on CUDA it times
+both on first use and caches the winner like any kernel config (``tilewise.runtime.autotune``,
+keyed by batch, sizes, dtype and TF32); the rule ``strassen_wins(batch, hidden, dtype, device)``
+(``hidden`` = the smallest feature size of the chain) is the untimed default, used on CPU, with
+``TILEWISE_AUTOTUNE=0`` and during CUDA-graph capture. Only true fp32 is timed: in half precision
+and TF32 Strassen's error exceeds the three-way rule, so there the rule alone decides.
 Both paths follow PyTorch's TF32 switch (``torch.backends.cuda.matmul.allow_tf32``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tilewise import functional as F
 from tilewise.ops import strassen as ops
+from tilewise.runtime import autotune
 
 MODES = ("auto", "strassen", "linear")
 _ACTIVATIONS = ("relu", "none")
@@ -32,6 +38,26 @@ def _flatten(modules: Iterable[nn.Module]) -> list[nn.Module]:
         else:
             raise ValueError(f"tilewise.StrassenMLP: argument 'modules': {m!r} is not an nn.Module")
     return out
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    """A cache key for the per-shape path choice of ``StrassenMLP(mode="auto")``."""
+
+    batch: int
+    sizes: tuple[int, ...]
+    dtype: str
+    tf32: bool
+
+
+@dataclass(frozen=True)
+class Path:
+    """``strassen`` or ``linear``: the path a ``StrassenMLP`` call takes."""
+
+    name: str
+
+
+STRASSEN, LINEAR = Path("strassen"), Path("linear")
 
 
 def _reformat_after_load(module: StrassenMLP, _incompatible: object) -> None:
@@ -134,12 +160,26 @@ class StrassenMLP(nn.Module):
         return [self.in_features] + [lin.out_features for lin in self.layers]
 
     def uses_strassen(self, x: torch.Tensor) -> bool:
-        """Whether ``forward(x)`` takes the fused Strassen path."""
+        """Whether ``forward(x)`` takes the fused Strassen path (timed on first use in "auto")."""
         if self.mode != "auto":
             return self.mode == "strassen"
         hidden = min(min(lin.in_features, lin.out_features) for lin in self.layers)
         batch = x.numel() // max(1, x.shape[-1]) if x.ndim else 0
-        return ops.strassen_wins(batch, hidden, x.dtype, x.device)
+        rule = STRASSEN if ops.strassen_wins(batch, hidden, x.dtype, x.device) else LINEAR
+        if x.dtype != torch.float32 or ops.tf32_enabled():
+            # half precision / TF32: Strassen's sums cost ~3.5x PyTorch's rounding error, more
+            # than the three-way rule allows, so it is never chosen by timing there
+            return rule == STRASSEN
+        dtype = str(x.dtype).removeprefix("torch.")
+        problem = ChainProblem(batch, tuple(self.sizes), dtype, ops.tf32_enabled())
+        path = autotune.choose_config(
+            "strassen_mlp.path",
+            problem,
+            (rule, LINEAR if rule == STRASSEN else STRASSEN),
+            lambda p: self._run(x, p == STRASSEN),
+            device=x.device,
+        )
+        return path == STRASSEN
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.training):
@@ -152,8 +192,11 @@ class StrassenMLP(nn.Module):
                 f"tilewise.StrassenMLP: argument 'x' has shape {tuple(x.shape)}; its last dim "
                 f"must be in_features={self.in_features}"
             )
+        return self._run(x, self.uses_strassen(x))
+
+    def _run(self, x: torch.Tensor, strassen: bool) -> torch.Tensor:
         biases = [None if lin.bias is None else lin.bias.detach() for lin in self.layers]
-        if self.uses_strassen(x):
+        if strassen:
             if self.blocks0 is None:
                 self.reformat()
             blocks = [getattr(self, f"blocks{i}") for i in range(len(self.layers))]
