@@ -10,6 +10,10 @@ keyed by batch, sizes, dtype and TF32); the rule ``strassen_wins(batch, hidden, 
 ``TILEWISE_AUTOTUNE=0`` and during CUDA-graph capture. Only true fp32 is timed: in half precision
 and TF32 Strassen's error exceeds the three-way rule, so there the rule alone decides.
 Both paths follow PyTorch's TF32 switch (``torch.backends.cuda.matmul.allow_tf32``).
+
+Non-finite inputs: Strassen mixes rows r and r + M/2 (and columns likewise), so a NaN or Inf in
+one input row also reaches its partner row of the output, which plain PyTorch would not; use
+``mode="linear"`` where inputs may hold NaN/Inf and that matters.
 """
 
 from __future__ import annotations
