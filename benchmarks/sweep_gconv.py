@@ -89,6 +89,14 @@ class ProbeConfig(GConvConfig):
         return "probe_" + super().name
 
 
+def dgrad_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The probe's dgrad weights, made explicitly (the shipped kernel indexes them in place):
+    ``w_t[ci, co_local, r, s] = w[co, ci_local, R-1-r, S-1-s]``, contiguous [C, 8, R, S]."""
+    c, gw, r, s = weight.shape
+    wt = weight.reshape(c // gw, gw, gw, r, s).transpose(1, 2).flip(3, 4)
+    return wt.reshape(c, gw, r, s).contiguous()
+
+
 def launch_probe(x, weight, out, pad_h, pad_w, cfg) -> None:
     n, c, h, w = x.shape
     p, q = out.shape[2], out.shape[3]
@@ -129,7 +137,7 @@ def run_pass(problem, pass_, sets, w, configs, copy_bw):
             for c in configs
         ]
     else:
-        wt = ops.dgrad_weight(w) if pass_ == "dgrad" else w  # for the probe kernel only
+        wt = dgrad_weight(w) if pass_ == "dgrad" else w  # for the probe kernel only
         pad = (problem.r - 1 - ph, problem.s - 1 - pw) if pass_ == "dgrad" else (ph, pw)
 
         def conv(x, dy, c):

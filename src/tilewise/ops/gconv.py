@@ -41,7 +41,6 @@ __all__ = [
     "candidate_configs",
     "check_conv_args",
     "default_config",
-    "dgrad_weight",
     "forward",
     "reference",
     "reference_backward",
@@ -270,8 +269,8 @@ def launch_fprop(
     """Run the fprop kernel: ``out = conv(x, weight) + bias``; ``out``'s size sets P and Q.
 
     ``dgrad=True`` reads ``weight`` (the forward's) flipped and per-group transposed in-kernel,
-    i.e. convolves with ``dgrad_weight(weight)`` without making it. Padding may be negative
-    (dgrad with padding > R - 1): it is only an offset with masks.
+    i.e. convolves with ``w_t[ci, co_local, r, s] = w[co, ci_local, R-1-r, S-1-s]`` without making
+    it. Padding may be negative (dgrad with padding > R - 1): it is only an offset with masks.
     """
     n, c, h, w = x.shape
     r, s = weight.shape[2], weight.shape[3]
@@ -344,17 +343,6 @@ def reference_backward(
     if need[2] and bias is not None:
         db = grad.sum((0, 2, 3), dtype=torch.float32).to(bias.dtype)
     return dx, dw, db
-
-
-def dgrad_weight(weight: torch.Tensor) -> torch.Tensor:
-    """Weights of the dgrad conv: ``w_t[ci, co_local, r, s] = w[co, ci_local, R-1-r, S-1-s]``.
-
-    Within each group the 8x8 channel block is transposed and the taps are flipped; the result is a
-    contiguous [C, 8, R, S] tensor that the fprop kernel takes as is.
-    """
-    c, gw, r, s = weight.shape
-    wt = weight.reshape(c // gw, gw, gw, r, s).transpose(1, 2).flip(3, 4)
-    return wt.reshape(c, gw, r, s).contiguous()
 
 
 # --- argument checks ----------------------------------------------------------------------------
