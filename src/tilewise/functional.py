@@ -27,12 +27,62 @@ def _fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
     return out.clone() if any(out is t for t in inputs) else out
 
 
+# --- the eager fast path ----------------------------------------------------------------------
+#
+# A Python custom op costs ~100 us of host time per call in eager mode (the dispatcher, schema
+# defaults, the Python autograd wrapper), several times the device time of a small conv. In
+# plain eager code the public functions therefore call the op bodies through a
+# ``torch.autograd.Function`` instead; the custom ops (the same bodies) take over wherever the
+# dispatcher matters: torch.compile, fake/meta tensors, dispatch or function modes, functorch
+# transforms, tensor subclasses and tracing.
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _eager(*tensors: Tensor | None) -> bool:
+    """True when no tracer, mode, transform or tensor subclass needs the custom-op path."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return all(t is None or type(t) in _PLAIN for t in tensors)
+
+
+def _eager_function(name: str, forward, setup, backward, backward_impl):
+    """An autograd.Function running ``forward``, with the custom op's setup and backward
+    (``backward`` called with ``bwd=backward_impl``, the backward op's body)."""
+
+    # forward takes ctx itself: with a separate setup_context, Function.apply binds the
+    # arguments through inspect.signature on every call (~10 us).
+    def fwd(ctx, *args):
+        out = forward(*args)
+        setup(ctx, args, out)
+        return out
+
+    def bwd(ctx, *grads):
+        return backward(ctx, *grads, bwd=backward_impl)
+
+    fn = type(
+        name,
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(fwd),
+            "backward": staticmethod(torch.autograd.function.once_differentiable(bwd)),
+        },
+    )
+    return fn.apply
+
+
 # --- bias + activation ------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tilewise::bias_act", mutates_args=())
-def _bias_act_op(x: Tensor, bias: Tensor | None, activation: str, dim: int) -> Tensor:
+def _bias_act_impl(x: Tensor, bias: Tensor | None, activation: str, dim: int) -> Tensor:
     return _fresh(_bias_act.forward(x, bias, activation, dim), x)
+
+
+_bias_act_op = torch.library.custom_op("tilewise::bias_act", mutates_args=())(_bias_act_impl)
 
 
 @_bias_act_op.register_fake
@@ -41,12 +91,16 @@ def _(x, bias, activation, dim):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("tilewise::bias_act_backward", mutates_args=())
-def _bias_act_backward_op(
+def _bias_act_backward_impl(
     grad: Tensor, x: Tensor, bias: Tensor | None, activation: str, dim: int
 ) -> tuple[Tensor, Tensor]:
     dx, db = _bias_act.backward(grad, x, bias, activation, dim)
     return _fresh(dx, grad, x), (db if db is not None else x.new_empty(0))
+
+
+_bias_act_backward_op = torch.library.custom_op("tilewise::bias_act_backward", mutates_args=())(
+    _bias_act_backward_impl
+)
 
 
 @_bias_act_backward_op.register_fake
@@ -61,13 +115,16 @@ def _bias_act_setup(ctx, inputs, output):
     ctx.activation, ctx.dim = activation, dim
 
 
-def _bias_act_backward(ctx, grad):
+def _bias_act_backward(ctx, grad, bwd=_bias_act_backward_op):
     x, bias = ctx.saved_tensors
-    dx, db = _bias_act_backward_op(grad, x, bias, ctx.activation, ctx.dim)
+    dx, db = bwd(grad, x, bias, ctx.activation, ctx.dim)
     return dx, (db if bias is not None else None), None, None
 
 
 _bias_act_op.register_autograd(_bias_act_backward, setup_context=_bias_act_setup)
+_bias_act_eager = _eager_function(
+    "BiasAct", _bias_act_impl, _bias_act_setup, _bias_act_backward, _bias_act_backward_impl
+)
 
 
 def bias_act(
@@ -78,14 +135,14 @@ def bias_act(
     ``activation`` is one of "none", "relu", "gelu" (erf form), "silu". ``bias`` may be fp32 with
     a half-precision ``x`` (mixed precision); math is fp32, the output has ``x``'s dtype.
     """
-    return _bias_act_op(x, bias, activation, dim)
+    op = _bias_act_eager if _eager(x, bias) else _bias_act_op
+    return op(x, bias, activation, dim)
 
 
 # --- layer norm -------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tilewise::layer_norm", mutates_args=())
-def _layer_norm_op(
+def _layer_norm_impl(
     x: Tensor,
     normalized_shape: Sequence[int],
     weight: Tensor | None,
@@ -96,6 +153,9 @@ def _layer_norm_op(
     return _layernorm.forward(x, normalized_shape, weight, bias, eps, relu)
 
 
+_layer_norm_op = torch.library.custom_op("tilewise::layer_norm", mutates_args=())(_layer_norm_impl)
+
+
 @_layer_norm_op.register_fake
 def _(x, normalized_shape, weight, bias, eps, relu):
     _layernorm.validate(x, normalized_shape, weight, bias)
@@ -104,8 +164,7 @@ def _(x, normalized_shape, weight, bias, eps, relu):
     return torch.empty_like(x, memory_format=torch.contiguous_format), stats, stats.clone()
 
 
-@torch.library.custom_op("tilewise::layer_norm_backward", mutates_args=())
-def _layer_norm_backward_op(
+def _layer_norm_backward_impl(
     grad: Tensor,
     x: Tensor,
     normalized_shape: Sequence[int],
@@ -120,6 +179,11 @@ def _layer_norm_backward_op(
     return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
 
 
+_layer_norm_backward_op = torch.library.custom_op("tilewise::layer_norm_backward", mutates_args=())(
+    _layer_norm_backward_impl
+)
+
+
 @_layer_norm_backward_op.register_fake
 def _(grad, x, normalized_shape, weight, bias, mean, rstd, relu):
     dw = torch.empty_like(weight) if weight is not None else x.new_empty(0)
@@ -132,13 +196,12 @@ def _layer_norm_setup(ctx, inputs, output):
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, bias, mean, rstd)
     ctx.normalized_shape, ctx.relu = list(normalized_shape), relu
+    ctx.mark_non_differentiable(mean, rstd)
 
 
-def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
+def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd, bwd=_layer_norm_backward_op):
     x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _layer_norm_backward_op(
-        grad, x, ctx.normalized_shape, weight, bias, mean, rstd, ctx.relu
-    )
+    dx, dw, db = bwd(grad, x, ctx.normalized_shape, weight, bias, mean, rstd, ctx.relu)
     return (
         dx,
         None,
@@ -150,6 +213,13 @@ def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
 
 
 _layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
+_layer_norm_eager = _eager_function(
+    "LayerNorm",
+    _layer_norm_impl,
+    _layer_norm_setup,
+    _layer_norm_backward,
+    _layer_norm_backward_impl,
+)
 
 
 def layer_norm(
@@ -166,18 +236,23 @@ def layer_norm(
     """
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    y, _, _ = _layer_norm_op(x, list(normalized_shape), weight, bias, float(eps), bool(relu))
+    op = _layer_norm_eager if _eager(x, weight, bias) else _layer_norm_op
+    y, _, _ = op(x, list(normalized_shape), weight, bias, float(eps), bool(relu))
     return y
 
 
 # --- grouped conv2d, group width 8 ------------------------------------------------------------
 
 
-@torch.library.custom_op("tilewise::grouped_conv2d", mutates_args=())
-def _grouped_conv2d_op(
+def _grouped_conv2d_impl(
     x: Tensor, weight: Tensor, bias: Tensor | None, pad_h: int, pad_w: int, deterministic: bool
 ) -> Tensor:
     return _fresh(_gconv.forward(x, weight, bias, pad_h, pad_w), x)
+
+
+_grouped_conv2d_op = torch.library.custom_op("tilewise::grouped_conv2d", mutates_args=())(
+    _grouped_conv2d_impl
+)
 
 
 @_grouped_conv2d_op.register_fake
@@ -186,8 +261,7 @@ def _(x, weight, bias, pad_h, pad_w, deterministic):
     return _gconv.empty_output(x, weight, pad_h, pad_w)
 
 
-@torch.library.custom_op("tilewise::grouped_conv2d_backward", mutates_args=())
-def _grouped_conv2d_backward_op(
+def _grouped_conv2d_backward_impl(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
@@ -209,6 +283,11 @@ def _grouped_conv2d_backward_op(
     )
 
 
+_grouped_conv2d_backward_op = torch.library.custom_op(
+    "tilewise::grouped_conv2d_backward", mutates_args=()
+)(_grouped_conv2d_backward_impl)
+
+
 @_grouped_conv2d_backward_op.register_fake
 def _(grad, x, weight, bias, pad_h, pad_w, need_dx, need_dw, need_db, deterministic):
     _gconv.validate(x, weight, bias, pad_h, pad_w)
@@ -227,13 +306,11 @@ def _grouped_conv2d_setup(ctx, inputs, output):
     ctx.pad, ctx.deterministic = (pad_h, pad_w), deterministic
 
 
-def _grouped_conv2d_backward(ctx, grad):
+def _grouped_conv2d_backward(ctx, grad, bwd=_grouped_conv2d_backward_op):
     x, weight, bias = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     need_db = need_db and bias is not None
-    dx, dw, db = _grouped_conv2d_backward_op(
-        grad, x, weight, bias, *ctx.pad, need_dx, need_dw, need_db, ctx.deterministic
-    )
+    dx, dw, db = bwd(grad, x, weight, bias, *ctx.pad, need_dx, need_dw, need_db, ctx.deterministic)
     return (
         dx if need_dx else None,
         dw if need_dw else None,
@@ -245,6 +322,13 @@ def _grouped_conv2d_backward(ctx, grad):
 
 
 _grouped_conv2d_op.register_autograd(_grouped_conv2d_backward, setup_context=_grouped_conv2d_setup)
+_grouped_conv2d_eager = _eager_function(
+    "GroupedConv2d",
+    _grouped_conv2d_impl,
+    _grouped_conv2d_setup,
+    _grouped_conv2d_backward,
+    _grouped_conv2d_backward_impl,
+)
 
 
 def _autocast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -292,14 +376,14 @@ def grouped_conv2d(
     pad_h, pad_w = _gconv_config.resolve_padding(padding, r, s)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    return _grouped_conv2d_op(x, weight, bias, pad_h, pad_w, bool(deterministic))
+    op = _grouped_conv2d_eager if _eager(x, weight, bias) else _grouped_conv2d_op
+    return op(x, weight, bias, pad_h, pad_w, bool(deterministic))
 
 
 # --- linear + bias + activation ---------------------------------------------------------------
 
 
-@torch.library.custom_op("tilewise::linear", mutates_args=())
-def _linear_op(
+def _linear_impl(
     x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, allow_tf32: bool
 ) -> tuple[Tensor, Tensor]:
     y, saved = _linear.forward(x, weight, bias, activation, allow_tf32)
@@ -307,6 +391,9 @@ def _linear_op(
     # relu the backward uses y itself, which an op may not return twice.
     pre = saved if activation in _linear.SAVES_PRE_ACTIVATION else x.new_empty(0)
     return _fresh(y, x), pre
+
+
+_linear_op = torch.library.custom_op("tilewise::linear", mutates_args=())(_linear_impl)
 
 
 @_linear_op.register_fake
@@ -317,8 +404,7 @@ def _(x, weight, bias, activation, allow_tf32):
     return y, pre
 
 
-@torch.library.custom_op("tilewise::linear_backward", mutates_args=())
-def _linear_backward_op(
+def _linear_backward_impl(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
@@ -329,6 +415,11 @@ def _linear_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = _linear.backward(grad, x, weight, bias, saved, activation, allow_tf32)
     return dx, dw, (db if db is not None else x.new_empty(0))
+
+
+_linear_backward_op = torch.library.custom_op("tilewise::linear_backward", mutates_args=())(
+    _linear_backward_impl
+)
 
 
 @_linear_backward_op.register_fake
@@ -348,15 +439,19 @@ def _linear_setup(ctx, inputs, output):
         saved = y
     ctx.save_for_backward(x, weight, bias, saved)
     ctx.activation, ctx.allow_tf32 = activation, allow_tf32
+    ctx.mark_non_differentiable(pre)
 
 
-def _linear_backward(ctx, grad, _grad_pre):
+def _linear_backward(ctx, grad, _grad_pre, bwd=_linear_backward_op):
     x, weight, bias, saved = ctx.saved_tensors
-    dx, dw, db = _linear_backward_op(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32)
+    dx, dw, db = bwd(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32)
     return dx, dw, (db if bias is not None else None), None, None
 
 
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+_linear_eager = _eager_function(
+    "Linear", _linear_impl, _linear_setup, _linear_backward, _linear_backward_impl
+)
 
 
 def linear(
@@ -374,5 +469,6 @@ def linear(
     half-precision ``x``. fp32 products are true fp32 unless ``allow_tf32=True`` (TF32 tensor
     cores on the GPU). Strided ``x``/``weight`` (e.g. transposed views) are read in place.
     """
-    y, _ = _linear_op(x, weight, bias, activation, bool(allow_tf32))
+    op = _linear_eager if _eager(x, weight, bias) else _linear_op
+    y, _ = op(x, weight, bias, activation, bool(allow_tf32))
     return y

@@ -29,6 +29,7 @@ from tilewise.ops.gconv_config import (
     GConvConfig,
     GConvProblem,
     candidate_configs,
+    candidate_tuple,
     check_conv_args,
     default_config,
 )
@@ -449,7 +450,7 @@ def _run_conv(
     cfg = autotune.choose_config(
         f"{op}.{pass_}",
         problem,
-        candidate_configs(problem, pass_, sms),
+        candidate_tuple(problem, pass_, sms),
         lambda c: launch_fprop(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),

@@ -197,7 +197,13 @@ def candidate_configs(problem: GConvProblem, pass_: str = "fprop", sms: int = 13
     pixels (4-32 wide; narrower only for narrow images, never much larger than the image) times
     16, 32 or 64 channels. Kept short: each config is a compile on first use.
     """
-    return list(_candidates(problem, pass_, sms))  # a copy: callers may edit it
+    return list(candidate_tuple(problem, pass_, sms))  # a copy: callers may edit it
+
+
+def candidate_tuple(problem: GConvProblem, pass_: str = "fprop", sms: int = 132) -> tuple:
+    """``candidate_configs`` as the one cached tuple per problem: the launch path passes it to
+    the autotuner, whose per-call memo then skips hashing the candidates."""
+    return _candidates(problem, pass_, sms)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,7 +24,7 @@ from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     GConvProblem,
     WgradConfig,
-    candidate_configs,
+    candidate_tuple,
     default_config,
 )
 from tilewise.runtime import alloc, autotune
@@ -182,7 +182,7 @@ def wgrad(
     cfg = autotune.choose_config(
         f"{OP}.{'det' if deterministic else 'atomic'}",
         problem,
-        candidate_configs(problem, "wgrad", num_sms(x.device)),
+        candidate_tuple(problem, "wgrad", num_sms(x.device)),
         lambda k: launch_wgrad(grad, x, problem, k, need_db, deterministic),
         device=x.device,
         default=default_config(problem, "wgrad", num_sms(x.device)),

@@ -209,6 +209,8 @@ class Backend:
 
 
 TRITON, CUBLAS = Backend("triton"), Backend("cublas")
+#: candidate orders (one tuple each, so the autotuner's per-call memo skips hashing them)
+_CUBLAS_FIRST, _TRITON_FIRST = (CUBLAS, TRITON), (TRITON, CUBLAS)
 
 
 def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
@@ -231,10 +233,8 @@ def _backend(
     m, k = a.shape
     prob = GemmProblem(m, b.shape[1], k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     ieee = a.dtype == torch.float32 and not allow_tf32
-    default = CUBLAS if ieee else TRITON
-    return autotune.choose_config(
-        OP + ".backend", prob, (default, TRITON if ieee else CUBLAS), run, device=a.device
-    )
+    candidates = _CUBLAS_FIRST if ieee else _TRITON_FIRST
+    return autotune.choose_config(OP + ".backend", prob, candidates, run, device=a.device)
 
 
 def matmul(

@@ -1,0 +1,100 @@
+"""The public functions' two routes: the eager fast path (autograd.Function over the op bodies)
+and the custom ops (what torch.compile, modes and transforms see) must agree bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import tilewise
+from tilewise import functional as tf
+
+from checks import leaf
+
+
+class _Passthrough(TorchFunctionMode):
+    """A function mode that changes nothing, but forces the custom-op route."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _cases():
+    """(name, fn(*leaves) -> output, input factory) for each public op, tiny CPU shapes."""
+    x2 = lambda: torch.randn(5, 12)  # noqa: E731
+    return [
+        ("bias_act", lambda x, b: tf.bias_act(x, b, "gelu"), lambda: (x2(), torch.randn(12))),
+        (
+            "layer_norm",
+            lambda x, w, b: tf.layer_norm(x, 12, w, b, relu=True),
+            lambda: (x2(), torch.randn(12), torch.randn(12)),
+        ),
+        (
+            "linear",
+            lambda x, w, b: tf.linear(x, w, b, "silu"),
+            lambda: (torch.randn(5, 16), torch.randn(12, 16), torch.randn(12)),
+        ),
+        (
+            "grouped_conv2d",
+            lambda x, w, b: tilewise.grouped_conv2d(x, w, b, padding=1),
+            lambda: (
+                torch.randn(2, 16, 5, 4).contiguous(memory_format=torch.channels_last),
+                torch.randn(16, 8, 3, 3) * 0.2,
+                torch.randn(16),
+            ),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_eager_route_matches_custom_op_route(case):
+    name, fn, make = case
+    inputs = make()
+    grad_out = None
+    results = []
+    for forced in (False, True):
+        leaves = [leaf(t) for t in inputs]
+        if forced:
+            with _Passthrough():
+                assert not tf._eager(*leaves)
+                out = fn(*leaves)
+        else:
+            assert tf._eager(*leaves)
+            out = fn(*leaves)
+        if grad_out is None:
+            grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        results.append([out.detach()] + [t.grad for t in leaves])
+    for a, b in zip(*results, strict=True):
+        assert a is not None and b is not None, name
+        assert torch.equal(a, b), f"{name}: eager and custom-op routes differ"
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_double_backward_raises_instead_of_a_wrong_answer(case):
+    """The fused backward is not differentiable: create_graph must fail loudly."""
+    name, fn, make = case
+    leaves = [leaf(t) for t in make()]
+    out = fn(*leaves)
+    (g,) = torch.autograd.grad(out.sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+def test_eager_route_refused_for_subclasses_and_transforms():
+    x = torch.randn(3, 4)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert tf._eager(x, None)
+    assert not tf._eager(x.as_subclass(Sub))
+    seen = []
+
+    def probe(t):
+        seen.append(tf._eager(t))
+        return t.sum()
+
+    torch.func.grad(probe)(x)
+    assert seen == [False]
