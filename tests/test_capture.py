@@ -182,6 +182,24 @@ def test_item_inside_the_step_raises_capture_error():
     x, t = torch.randn(8, 12, device="cuda"), torch.randn(8, 5, device="cuda")
     with pytest.raises(CaptureError, match="synchronises with the host"):
         capture_train_step(model, loss_fn, opt, x, t, warmup=1)
+    torch.randn(4, device="cuda")  # CUDA and its RNG are still usable
+
+
+@pytest.mark.gpu
+def test_a_capture_failing_inside_cuda_leaves_cuda_and_the_rng_usable():
+    """An explicit device sync passes the warm-up check but breaks the capture itself; the RNG
+    must not stay in capture mode (before the fix the next torch.randn raised)."""
+    model = _mlp("cuda")
+
+    def forward(x):
+        y = model(x)
+        torch.cuda.synchronize()
+        return y
+
+    with pytest.raises(CaptureError):
+        capture_inference(forward, torch.randn(8, 12, device="cuda"))
+    a = torch.randn(1000, device="cuda")
+    assert a.std().item() > 0.5
 
 
 def test_torch_sgd_with_dampened_momentum_is_refused():

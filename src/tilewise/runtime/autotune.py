@@ -85,10 +85,23 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _bench(fn: Callable[[], object]) -> float:
-    """Median milliseconds of ``fn`` after warm-up (CUDA events, L2 flushed between runs)."""
+    """Median device milliseconds of ``fn``: replays of a CUDA graph of it.
+
+    Event timing of single launches (``do_bench``) charges the host's launch cost to every
+    candidate; on the H100 host a Triton launch costs 15-50 us against a few us of kernel, so
+    small problems were decided by host time (``scripts/linear_backend_probe.py``: fp32
+    64x256x256 chose the Triton GEMM at 25 us of device time over cuBLAS's 9 us). Graph replay
+    measures what a captured step (``tilewise.capture_*``) pays. Candidates that cannot be
+    captured are timed with ``do_bench`` instead.
+    """
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+    except RuntimeError as exc:
+        log.debug("tilewise.autotune: graph timing failed (%s); timing launches instead", exc)
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
 # --- keys and the disk file ---------------------------------------------------------------------

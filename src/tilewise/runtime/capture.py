@@ -107,14 +107,40 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def _warmup(fn: Callable[[], Any], device: torch.device, n: int) -> None:
-    """Run ``fn`` ``n`` times on a side stream, as CUDA-graph capture requires."""
+    """Run ``fn`` ``n`` times on a side stream, as CUDA-graph capture requires, then once more
+    with host synchronisation turned into an error: a step that syncs is refused here, before
+    capture, where refusing it leaves CUDA and the RNG untouched (a sync inside a capture
+    invalidates it). The first runs may sync (kernel autotuning times candidates)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(n):
             fn()
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn()
+        except RuntimeError as exc:
+            if "synchroniz" not in str(exc):
+                raise
+            raise CaptureError(
+                f"tilewise.capture: {_SYNC_HINT}. Cause: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
+
+
+def _repair_rng_after_failed_capture(device: torch.device) -> None:
+    """A capture that fails inside CUDA leaves PyTorch's CUDA generator in capture mode (the next
+    ``torch.randn`` raises "Offset increment outside graph capture"); one clean capture resets
+    it."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
+    with contextlib.suppress(RuntimeError), torch.cuda.stream(stream):
+        graph.capture_begin()
+        torch.empty(1, device=device).zero_()
+        graph.capture_end()
 
 
 def _capture(fn: Callable[[], Any], device: torch.device, pool: Any) -> tuple[Any, Any]:
@@ -138,14 +164,17 @@ def _capture(fn: Callable[[], Any], device: torch.device, pool: Any) -> tuple[An
                 then = f" (capture then ended with: {end})"
             why = _SYNC_HINT if _SYNC_PATTERN.search(str(exc)) else "CUDA-graph capture failed"
             msg = f"tilewise.capture: {why}. Cause: {type(exc).__name__}: {exc}{then}"
+            _repair_rng_after_failed_capture(device)
             raise CaptureError(msg) from exc
         except BaseException:
             with contextlib.suppress(RuntimeError):
                 graph.capture_end()
+            _repair_rng_after_failed_capture(device)
             raise
         try:
             graph.capture_end()
         except RuntimeError as exc:  # e.g. work left on a side stream that never joined
+            _repair_rng_after_failed_capture(device)
             raise CaptureError(f"tilewise.capture: CUDA-graph capture failed: {exc}") from exc
     torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
