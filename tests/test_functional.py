@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import leaf
 from torch.overrides import TorchFunctionMode
 
 import tilewise
 from tilewise import functional as tf
-
-from checks import leaf
 
 
 class _Passthrough(TorchFunctionMode):

@@ -140,6 +140,28 @@ def test_every_wgrad_config(deterministic, rng_seed):
         assert_three_way(db, dy.sum((0, 2, 3)), db_ref, 1e-4, f"dbias {cfg.name}", rng_seed)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_wgrad_config_half_with_bias_grad(k, dtype, rng_seed):
+    """Half precision takes the tensor-core dot: with the fused bias gradient and full tap blocks
+    (5x5, 7x7) a per-step reduction once corrupted dw on the H100."""
+    x, wt, _ = make_inputs(4, 64, 24, 20, k, k, dtype, bias=False, device="cuda")
+    problem = GConvProblem.from_tensors(x, wt, torch.zeros(64, device="cuda"), k // 2, k // 2)
+    dy = torch.randn(x.shape, device="cuda", dtype=dtype)
+    dy = dy.contiguous(memory_format=torch.channels_last)
+    ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), padding=k // 2, groups=8)
+    same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, padding=k // 2, groups=8)
+    db_ref = dy.double().sum((0, 2, 3))
+    atol = ATOL[dtype] * (4 * 24 * 20) ** 0.5
+    for cfg in candidate_configs(problem, "wgrad", 132):
+        for det in (True, False):
+            dw32, db = gconv_wgrad.launch_wgrad(dy, x, problem, cfg, True, det)
+            tag = f"wgrad {cfg.name} det={det}"
+            assert_three_way(dw32.permute(2, 3, 0, 1), same, ref, atol, tag, rng_seed)
+            assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
+
+
 def test_deterministic_and_atomic_wgrad_agree(rng_seed):
     x0, w0, b0 = make_inputs(2, 32, 7, 6, 3, 3, torch.float32)
     grads = []

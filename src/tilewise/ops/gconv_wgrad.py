@@ -81,7 +81,10 @@ def _gconv_wgrad_kernel(
     m0 = chunk * steps * BLOCK_M
     PQ = P * Q
     acc = tl.zeros((TAP_BLOCK * BLOCK_C, BLOCK_C), dtype=tl.float32)
-    db = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    # The bias gradient is summed over rows once, after the loop: a tl.sum inside the pipelined
+    # loop (a cross-warp reduction through shared memory) corrupted dw on the H100 in half
+    # precision whenever a program's tap block was full (5x5, 7x7; scripts/wgrad_diag.py).
+    db = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
     for step in range(steps):
         m = m0 + step * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = m < M
@@ -94,7 +97,7 @@ def _gconv_wgrad_kernel(
             other=0.0,
         )
         if HAS_DB:
-            db += tl.sum(dy.to(tl.float32), axis=0)
+            db += dy.to(tl.float32)
         ih = p[:, None] + dh[None, :]
         iw = q[:, None] + dwid[None, :]
         x_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & m_ok[:, None] & k_ok[None, :]
@@ -116,7 +119,7 @@ def _gconv_wgrad_kernel(
         tl.store(dw_ptr + chunk.to(tl.int64) * R * S * C * 8 + out_offs, acc, mask=keep)
     if HAS_DB:
         if tap0 == 0:
-            tl.store(db_ptr + chunk * C + c, db, mask=cmask)
+            tl.store(db_ptr + chunk * C + c, tl.sum(db, axis=0), mask=cmask)
 
 
 def launch_wgrad(
