@@ -247,10 +247,8 @@ def _wgrad_config(problem: GConvProblem, sms: int, bm: int, bc: int, tb: int, nw
 
 def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
     """16 channels (2 groups), all taps of a kernel up to 3x3 in one tl.dot (8 of larger ones)."""
-    m = problem.n * problem.p * problem.q
     taps = min(16, next_pow2(problem.r * problem.s))
-    block_m = max(16, min(64, next_pow2(m)))
-    return _wgrad_config(problem, sms, block_m, 16, taps, 4)
+    return _wgrad_config(problem, sms, 64, 16, taps, 4)  # >= 64: see gconv_wgrad.wgrad_candidates
 
 
 def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
@@ -265,8 +263,8 @@ def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
         shapes += [(32, 1), (32, 4), (32, 8)]
     for bc, tb in shapes:
         tb = min(tb, rs)
-        for bm in (32, 64, 128):
-            if bm > max(32, next_pow2(m)) or bm * tb > 1024:
+        for bm in (64, 128):  # not 32: see gconv_wgrad.wgrad_candidates
+            if bm > max(64, next_pow2(m)) or bm * tb > 1024:
                 continue
             nw = 8 if bm * tb * bc >= 16384 else 4
             configs.append(_wgrad_config(problem, sms, bm, bc, tb, nw))
