@@ -1,49 +1,38 @@
-"""Where the half-precision full-size wgrad test fails (5x5, 7x7): the kernel called directly with
-and without the fused bias gradient, in both reduction modes, and the public autograd path.
+"""Every wgrad candidate on the shapes where the GPU test found wrong results (half precision,
+bias gradient fused): bad-element counts of dw and db against fp64, per config and mode.
 
 python scripts/wgrad_diag.py
 """
 
 import torch
-import torch.nn.functional as F
 
-import tilewise
 from tilewise.ops import gconv_wgrad
-from tilewise.ops.gconv_config import GConvProblem, default_config
+from tilewise.ops.gconv_config import GConvProblem
 
 for n, c, h, w, k, dtype in (
+    (4, 64, 24, 20, 7, torch.float16),
+    (4, 64, 24, 20, 7, torch.bfloat16),
     (4, 64, 64, 64, 5, torch.float16),
-    (4, 128, 32, 32, 7, torch.float16),
-    (8, 64, 64, 64, 3, torch.float16),
 ):
     x = torch.randn(n, c, h, w, device="cuda", dtype=dtype)
     x = x.contiguous(memory_format=torch.channels_last)
     dy = torch.randn(n, c, h, w, device="cuda", dtype=dtype)
-    wt = torch.randn(c, 8, k, k, device="cuda", dtype=dtype) / (8 * k * k) ** 0.5
-    g = c // 8
-    ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), padding=k // 2, groups=g)
-    same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, padding=k // 2, groups=g)
-    bound = 2 * (same.double() - ref).abs() + 2e-3 * (n * h * w) ** 0.5
-
-    def report(tag, dw, ref=ref, bound=bound):
-        bad = (dw.double() - ref).abs() > bound
-        print(f"  {tag:40s} bad {int(bad.sum()):6d}/{bad.numel()}")
-
-    prob = GConvProblem.from_tensors(x, wt, None, k // 2, k // 2)
-    cfg = default_config(prob, "wgrad", 132)
-    print(f"n{n} c{c} {h}x{w} k{k} {dtype} default {cfg.name}")
-    dyc = dy.contiguous(memory_format=torch.channels_last)
-    for det in (True, False):
-        for need_db in (False, True):
-            dw32, _ = gconv_wgrad.launch_wgrad(dyc, x, prob, cfg, need_db, det)
-            report(f"kernel det={det} db={need_db}", dw32.permute(2, 3, 0, 1))
-    for bias in (False, True):
+    dy = dy.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(c, 8, k, k, device="cuda", dtype=dtype)
+    g, pad = c // 8, k // 2
+    ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), padding=pad, groups=g)
+    same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, padding=pad, groups=g)
+    bound = (
+        2 * (same.double() - ref).abs()
+        + {torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype] * (n * h * w) ** 0.5
+    )
+    db_ref = dy.double().sum((0, 2, 3))
+    prob = GConvProblem.from_tensors(x, wt, torch.zeros(c, device="cuda"), pad, pad)
+    print(f"n{n} c{c} {h}x{w} k{k} {dtype}")
+    for cfg in gconv_wgrad.wgrad_candidates(prob, True, 132) * 3:
         for det in (True, False):
-            xl = x.detach().clone().requires_grad_()
-            wl = wt.detach().clone().requires_grad_()
-            b = torch.zeros(c, device="cuda", dtype=dtype, requires_grad=True) if bias else None
-            y = tilewise.grouped_conv2d(xl, wl, b, padding=k // 2, deterministic=det)
-            y.backward(dy)
-            report(f"public bias={bias} det={det}", wl.grad)
-            yr = F.conv2d(xl, wl, b, padding=k // 2, groups=g)
-            assert torch.isfinite(yr).all()
+            dw32, db = gconv_wgrad.launch_wgrad(dy, x, prob, cfg, True, det)
+            bad = ((dw32.permute(2, 3, 0, 1).double() - ref).abs() > bound).sum().item()
+            bad_db = ((db.double() - db_ref).abs() > 1e-3 + 1e-5 * db_ref.abs()).sum().item()
+            flag = "  <-- WRONG" if bad or bad_db else ""
+            print(f"  {cfg.name:22s} det={det!s:5s} bad dw {bad:6d} bad db {bad_db:4d}{flag}")
