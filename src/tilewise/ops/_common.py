@@ -36,6 +36,12 @@ def num_sms(device: torch.device) -> int:
     return 2
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for host code: ``triton.cdiv`` is a constexpr function object whose call
+    costs microseconds, several times per launch."""
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 

@@ -21,6 +21,7 @@ from tilewise.ops._common import (
     act_grad_reference,
     act_reference,
     activation_code,
+    cdiv,
     next_pow2,
     num_sms,
     pick_config,
@@ -180,7 +181,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
     xv, yv = views[0], _rows_view(y, dim)
     m, n = xv.shape
     cfg = _config("bias_act_fwd", m, n, x.element_size())
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    grid = (cdiv(m, cfg.block_m), cdiv(n, cfg.block_n))
     _bias_act_fwd_kernel[grid](
         xv,
         xv if bias is None else bias,
@@ -216,12 +217,10 @@ def backward(
     dxv = _rows_view(dx, dim)
     m, n = xv.shape
     cfg = _config("bias_act_bwd", m, n, x.element_size())
-    n_blocks = triton.cdiv(n, cfg.block_n)
-    progs_m = min(
-        triton.cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks)
-    )
-    rows_per_prog = triton.cdiv(triton.cdiv(m, progs_m), cfg.block_m) * cfg.block_m
-    progs_m = triton.cdiv(m, rows_per_prog)
+    n_blocks = cdiv(n, cfg.block_n)
+    progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
+    rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
+    progs_m = cdiv(m, rows_per_prog)
     partial = (
         alloc.empty((progs_m, n), device=x.device, dtype=torch.float32) if bias is not None else dxv
     )

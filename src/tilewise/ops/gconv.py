@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import gconv_wgrad
-from tilewise.ops._common import num_sms
+from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     MAX_KERNEL,
@@ -276,9 +276,9 @@ def launch_fprop(
     n, c, h, w = x.shape
     r, s = weight.shape[2], weight.shape[3]
     p, q = out.shape[2], out.shape[3]
-    tiles_q = triton.cdiv(q, cfg.block_q)
-    tiles_per_image = triton.cdiv(p, cfg.block_p) * tiles_q
-    grid = (n * tiles_per_image, triton.cdiv(c, cfg.block_c))
+    tiles_q = cdiv(q, cfg.block_q)
+    tiles_per_image = cdiv(p, cfg.block_p) * tiles_q
+    grid = (n * tiles_per_image, cdiv(c, cfg.block_c))
     _gconv_fwd_kernel[grid](
         x,
         weight,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import num_sms
+from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     GConvProblem,
@@ -136,14 +136,14 @@ def launch_wgrad(
     n, c, h, w = x.shape
     p, q, r, s = problem.p, problem.q, problem.r, problem.s
     m = n * p * q
-    chunks = triton.cdiv(m, cfg.block_m * cfg.chunk_steps)
+    chunks = cdiv(m, cfg.block_m * cfg.chunk_steps)
     dev = x.device
     if deterministic:
         dw = alloc.empty(chunks, r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
     else:
         dw = torch.zeros(r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
     dbp = alloc.empty(chunks, c, device=dev, dtype=torch.float32) if need_db else dw
-    grid = (chunks, triton.cdiv(c, cfg.block_c), triton.cdiv(r * s, cfg.tap_block))
+    grid = (chunks, cdiv(c, cfg.block_c), cdiv(r * s, cfg.tap_block))
     _gconv_wgrad_kernel[grid](
         x,
         grad,

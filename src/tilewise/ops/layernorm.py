@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import TileConfig, next_pow2, num_sms, pick_config
+from tilewise.ops._common import TileConfig, cdiv, next_pow2, num_sms, pick_config
 from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
@@ -316,7 +316,7 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n <= MAX_FUSED_N:
         cfg = _config("layer_norm_fwd", m, n, x.element_size())
-        _ln_fwd_kernel[(triton.cdiv(m, cfg.block_m),)](
+        _ln_fwd_kernel[(cdiv(m, cfg.block_m),)](
             xv,
             w,
             b,
@@ -365,9 +365,9 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         db = db.view(bias.shape) if db is not None else None
         return dx.view(x.shape), dw, db
     cfg = _config("layer_norm_bwd", m, n, x.element_size())
-    progs = min(triton.cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
-    rows_per_prog = triton.cdiv(triton.cdiv(m, progs), cfg.block_m) * cfg.block_m
-    progs = triton.cdiv(m, rows_per_prog)
+    progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
+    rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
+    progs = cdiv(m, rows_per_prog)
     dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
     dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
     _ln_bwd_kernel[(progs,)](

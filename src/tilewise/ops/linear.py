@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import bias_act as _bias_act
-from tilewise.ops._common import act_fwd, act_reference, activation_code, next_pow2, num_sms
+from tilewise.ops._common import act_fwd, act_reference, activation_code, cdiv, next_pow2, num_sms
 from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "linear"
@@ -134,7 +134,7 @@ def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -
         if cfg is not None:
             return cfg
     block_k = 32 if elem_bytes >= 4 else 64
-    if triton.cdiv(m, 128) * triton.cdiv(n, 128) >= num_sms(device):
+    if cdiv(m, 128) * cdiv(n, 128) >= num_sms(device):
         return GemmConfig(128, 128, block_k, num_warps=8, num_stages=3)
 
     def fit(size: int, block: int) -> int:
@@ -158,7 +158,7 @@ def _launch(
     c = alloc.empty((m, n), device=a.device, dtype=out_dtype)
     g = alloc.empty((m, n), device=a.device, dtype=out_dtype) if store_g else None
     cfg = gemm_config(m, n, k, a.element_size(), a.device)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _gemm_kernel[grid](
         a,
         b,

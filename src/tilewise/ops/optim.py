@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import num_sms
+from tilewise.ops._common import cdiv, num_sms
 from tilewise.runtime import dispatch
 
 #: Order of the values in a group's ``hyper`` row.
@@ -195,7 +195,7 @@ def reference_adamw_(
 
 
 def _grid(n: int, device: torch.device) -> tuple[int]:
-    return (max(1, min(triton.cdiv(n, BLOCK), PROGS_PER_SM * num_sms(device))),)
+    return (max(1, min(cdiv(n, BLOCK), PROGS_PER_SM * num_sms(device))),)
 
 
 def _check(op: str, master: torch.Tensor, grad: torch.Tensor, hyper: torch.Tensor, counter):

@@ -31,6 +31,7 @@ from tilewise.ops._common import (
     act_fwd,
     act_reference,
     activation_code,
+    cdiv,
     next_pow2,
     pick_config,
 )
@@ -155,7 +156,7 @@ def _tile_config(kernel: str, mh: int, nh: int, elem_bytes: int) -> TileConfig:
 
 
 def _launch_2d(kernel, cfg: TileConfig, mh: int, nh: int, *args, **meta) -> None:
-    grid = (triton.cdiv(mh, cfg.block_m), triton.cdiv(nh, cfg.block_n))
+    grid = (cdiv(mh, cfg.block_m), cdiv(nh, cfg.block_n))
     kernel[grid](*args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **meta)
 
 
