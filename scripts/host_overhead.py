@@ -3,24 +3,11 @@
 python scripts/host_overhead.py
 """
 
-import time
-
 import torch
 import torch.nn.functional as F
 
 import tilewise
-
-
-def per_call(fn, iters=200):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e6
-
+from tilewise.bench.timing import host_us_per_call
 
 x = torch.randn(1, 64, 16, 16, device="cuda", dtype=torch.float16)
 x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
@@ -32,7 +19,7 @@ rows = {
     "cudnn fwd+bwd": lambda: F.conv2d(x, w, None, padding=1, groups=8).sum().backward(),
 }
 for name, fn in rows.items():
-    print(f"{name:18s} {per_call(fn):8.1f} us/call")
+    print(f"{name:18s} {host_us_per_call(fn, iters=200):8.1f} us/call")
 
 if __import__("sys").argv[1:] == ["--profile"]:
     import cProfile

@@ -6,13 +6,13 @@ python scripts/launch_overhead.py [--profile]
 """
 
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 
 import tilewise
+from tilewise.bench.timing import host_us_per_call
 from tilewise.ops import gconv
 from tilewise.ops.gconv_config import GConvProblem, default_config
 
@@ -55,17 +55,6 @@ def _k25(
     tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
 
 
-def per_call(fn, iters=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e6
-
-
 x = torch.randn(1024, device="cuda")
 y = torch.empty_like(x)
 xc = torch.randn(1, 64, 16, 16, device="cuda", dtype=torch.float16)
@@ -88,7 +77,7 @@ rows = {
 }
 print(f"triton {triton.__version__}, torch {torch.__version__}")
 for name, fn in rows.items():
-    print(f"{name:30s} {per_call(fn):8.1f} us/call")
+    print(f"{name:30s} {host_us_per_call(fn, iters=2000):8.1f} us/call")
 
 if "--profile" in sys.argv:
     import cProfile

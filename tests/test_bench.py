@@ -301,3 +301,11 @@ def test_study_runner_wiring(tmp_path, monkeypatch, capsys):
     saved = json.loads(next(tmp_path.glob("demo__*.json")).read_text())
     assert saved["records"] == [{"op": "x", "median_s": 1e-3}]
     assert "wrote" in capsys.readouterr().out
+
+
+def test_host_us_per_call_counts_every_call():
+    from tilewise.bench.timing import host_us_per_call
+
+    calls = []
+    us = host_us_per_call(lambda: calls.append(1), iters=30, warmup=5)
+    assert len(calls) == 35 and 0 < us < 1e5

@@ -192,6 +192,20 @@ def time_graph(
     return _timing(samples, "cuda-graph")
 
 
+def host_us_per_call(fn: Callable[[], Any], iters: int = 2000, warmup: int = 50) -> float:
+    """Wall microseconds per call of ``fn`` in a loop, synchronised at both ends: host launch
+    cost when ``fn``'s kernels are too small to keep the GPU busy (``scripts/*_overhead.py``)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
 def l2_cache_bytes(device: torch.device | str | None = None) -> int:
     """L2 size of a CUDA device in bytes (0 for a CPU)."""
     device = torch.device(device) if device is not None else None
