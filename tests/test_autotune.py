@@ -250,3 +250,30 @@ def test_gconv_searches_its_candidates_on_a_fake_gpu(tuner, rng_seed):
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     for got, exp in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
         torch.testing.assert_close(got.double(), exp, rtol=1e-5, atol=1e-4)
+
+
+def test_identity_memo_follows_the_candidates_and_the_environment(tuner, monkeypatch, tmp_path):
+    """The per-call memo keyed by the candidate tuple's identity must never hand back a choice made
+    for other candidates, another default, or another cache/autotune setting."""
+    cands = tuple(CANDS)
+    assert autotune.choose_config("op", Prob(1), cands, run, device=DEV) == Cfg(32)
+    n = len(tuner.calls)
+    assert autotune.choose_config("op", Prob(1), cands, run, device=DEV) == Cfg(32)
+    assert len(tuner.calls) == n  # memo hit, no timing
+    # an equal but distinct tuple, and a different candidate set: the choice follows the contents
+    assert autotune.choose_config("op", Prob(1), tuple(CANDS), run, device=DEV) == Cfg(32)
+    only = (Cfg(16), Cfg(64))
+    assert autotune.choose_config("op", Prob(1), only, run, device=DEV) == Cfg(64)
+    # TILEWISE_AUTOTUNE=0: the default, without timing, even though a timed answer is memoised
+    monkeypatch.setenv("TILEWISE_AUTOTUNE", "0")
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    got = autotune.choose_config("op", Prob(1), cands, run, device=DEV, default=Cfg(64))
+    assert got == Cfg(64)
+    assert autotune.choose_config("op", Prob(1), cands, run, device=DEV) == Cfg(16)
+    # back on, with another cache directory: nothing there, so it times again
+    monkeypatch.delenv("TILEWISE_AUTOTUNE")
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path / "other"))
+    timed = []
+    monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or TIMES[timed[-1]])
+    assert autotune.choose_config("op", Prob(1), cands, run, device=DEV) == Cfg(32)
+    assert len(timed) == 3
