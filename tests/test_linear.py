@@ -313,3 +313,15 @@ def test_transform_leaves_pairs_with_hooks_alone():
     assert type(model[0]) is tnn.Linear and type(model[1]) is tnn.ReLU
     model(torch.randn(2, 4))
     assert seen == ["relu"]
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, rng_seed):
+    """The cuBLAS backend (torch GEMM + tilewise or PyTorch epilogue) is only legal on CUDA; forced
+    here on the CPU so its host logic (bias cast, in-place ReLU, saved pre-activation) is tested
+    everywhere."""
+    monkeypatch.setattr(ops, "_backend", lambda *a, **k: ops.CUBLAS)
+    for x_shape, n in SHAPES:
+        x, w, b = _inputs(x_shape, n, "cpu", has_bias)
+        _run_case(x, w, b, activation, torch.float32, rng_seed)

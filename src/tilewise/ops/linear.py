@@ -316,10 +316,12 @@ def forward(
             if be == CUBLAS:
                 if activation in ("none", "relu"):
                     # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
-                    # does: the ReLU mask (y > 0) then matches PyTorch's element for element
+                    # does: the ReLU mask (y > 0) then matches PyTorch's element for element.
+                    # The ReLU is PyTorch's, in place on the fresh product: a Triton launch costs
+                    # 15-25 us of host time against ~6, for the same device work.
                     b = None if bias is None else bias.to(x.dtype)
                     z = torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt)
-                    return (z if activation == "none" else _bias_act.forward(z, None, "relu")), None
+                    return (z if activation == "none" else torch.relu_(z)), None
                 g = torch.mm(x2, wt)
                 return _bias_act.forward(g, bias, activation, -1), g
             return _launch(x2, wt, x.dtype, allow_tf32, bias, activation, store_g)
