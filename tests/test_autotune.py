@@ -277,3 +277,13 @@ def test_identity_memo_follows_the_candidates_and_the_environment(tuner, monkeyp
     monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or TIMES[timed[-1]])
     assert autotune.choose_config("op", Prob(1), cands, run, device=DEV) == Cfg(32)
     assert len(timed) == 3
+
+
+def test_fresh_candidate_tuples_do_not_grow_the_memo(tuner):
+    """Callers that build their candidate tuple per call must not add a memo entry per call."""
+    for _ in range(2):  # the timed answer, then its per-call entry
+        autotune.choose_config("op", Prob(2), tuple(CANDS), run, device=DEV)
+    size = len(autotune._resolved)
+    for _ in range(50):
+        assert autotune.choose_config("op", Prob(2), tuple(CANDS), run, device=DEV) == Cfg(32)
+    assert len(autotune._resolved) == size

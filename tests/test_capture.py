@@ -180,9 +180,12 @@ def test_item_inside_the_step_raises_capture_error():
         return loss
 
     x, t = torch.randn(8, 12, device="cuda"), torch.randn(8, 5, device="cuda")
+    before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(CaptureError, match="synchronises with the host"):
         capture_train_step(model, loss_fn, opt, x, t, warmup=1)
     torch.randn(4, device="cuda")  # CUDA and its RNG are still usable
+    for p, q in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, q), "the refused step's warm-up was not undone"
 
 
 @pytest.mark.gpu

@@ -97,3 +97,18 @@ def test_eager_route_refused_for_subclasses_and_transforms():
 
     torch.func.grad(probe)(x)
     assert seen == [False]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_batched_grads_through_the_eager_route(case):
+    """A graph built on the eager route, differentiated with batched grads (vmap inside the
+    backward): the backward must take the custom op, not the body that cannot read batched
+    tensors."""
+    name, fn, make = case
+    leaves = [leaf(t) for t in make()]
+    out = fn(*leaves)
+    basis = torch.randn(3, *out.shape)
+    (g,) = torch.autograd.grad(out, leaves[0], basis, is_grads_batched=True, retain_graph=True)
+    for i in range(3):
+        (gi,) = torch.autograd.grad(out, leaves[0], basis[i], retain_graph=True)
+        torch.testing.assert_close(g[i], gi, msg=name)

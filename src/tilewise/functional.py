@@ -37,6 +37,7 @@ def _fresh(out: Tensor, *inputs: Tensor | None) -> Tensor:
 # transforms, tensor subclasses and tracing.
 
 _PLAIN = (Tensor, torch.nn.Parameter)
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
 
 
 def _eager(*tensors: Tensor | None) -> bool:
@@ -47,7 +48,14 @@ def _eager(*tensors: Tensor | None) -> bool:
         return False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or t.is_meta:
+            return False
+        if _is_legacy_batched(t):  # the vmap of autograd.grad(..., is_grads_batched=True)
+            return False
+    return True
 
 
 def _eager_function(name: str, forward, setup, backward, backward_impl):
@@ -62,7 +70,11 @@ def _eager_function(name: str, forward, setup, backward, backward_impl):
         return out
 
     def bwd(ctx, *grads):
-        return backward(ctx, *grads, bwd=backward_impl)
+        # the backward op's body only for plain grads; batched grads (is_grads_batched, vmapped
+        # jacobians) need the dispatcher's batching fallback, i.e. the backward custom op
+        if _eager(*(g for g in grads if isinstance(g, Tensor))):
+            return backward(ctx, *grads, bwd=backward_impl)
+        return backward(ctx, *grads)
 
     fn = type(
         name,

@@ -62,6 +62,8 @@ class Path:
 
 
 STRASSEN, LINEAR = Path("strassen"), Path("linear")
+#: candidate orders, one tuple each (the autotuner's per-call memo is keyed by their identity)
+_STRASSEN_FIRST, _LINEAR_FIRST = (STRASSEN, LINEAR), (LINEAR, STRASSEN)
 
 
 def _reformat_after_load(module: StrassenMLP, _incompatible: object) -> None:
@@ -179,7 +181,7 @@ class StrassenMLP(nn.Module):
         path = autotune.choose_config(
             "strassen_mlp.path",
             problem,
-            (rule, LINEAR if rule == STRASSEN else STRASSEN),
+            _STRASSEN_FIRST if rule == STRASSEN else _LINEAR_FIRST,
             lambda p: self._run(x, p == STRASSEN),
             device=x.device,
         )

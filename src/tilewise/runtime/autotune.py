@@ -96,10 +96,17 @@ def _bench(fn: Callable[[], object]) -> float:
     """
     import triton.testing
 
+    from tilewise.runtime.graph_state import repair_after_failed_capture
+
+    # do_bench_cudagraph runs fn on a stream of its own that does not wait for the current one:
+    # without this sync, fn could read inputs not yet written, or write an output whose memory
+    # queued kernels still read.
+    torch.cuda.synchronize()
     try:
         return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
     except RuntimeError as exc:
         log.debug("tilewise.autotune: graph timing failed (%s); timing launches instead", exc)
+        repair_after_failed_capture()
         torch.cuda.synchronize()
         return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
@@ -244,10 +251,11 @@ def choose_config(
     """
     # The per-call fast path: a launch must not pay for keys, JSON or config comparisons (those
     # cost ~0.3 ms, which dominated small layers' time). Problems are frozen dataclasses. Callers
-    # that pass the same (cached) candidate tuple each time skip even hashing it: the first memo
-    # is keyed by its identity and checked against the object it stored.
+    # that pass the same (cached) candidate tuple each time skip even hashing it: one entry per
+    # (op, problem, device) remembers the last candidate and default objects (identity checks)
+    # and the environment it answered for; anything else falls through to the full memo.
     env = (os.environ.get(ENV_AUTOTUNE), os.environ.get(ENV_CACHE_DIR))
-    fast_key = (op, problem, device, id(candidates), id(default))
+    fast_key = ("fast", op, problem, device)
     fast = _resolved.get(fast_key)
     if fast is not None and fast[0] is candidates and fast[1] is default and fast[2] == env:
         return fast[3]

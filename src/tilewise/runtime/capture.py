@@ -10,9 +10,10 @@ into the static buffers and replays. Rules:
   argument (capture again per shape). Results are static tensors, overwritten by the next call
   (``clone=True`` returns copies).
 - Anything that synchronises with the host (``.item()``, ``.cpu()``, printing a tensor,
-  data-dependent shapes such as ``nonzero``) cannot be captured: ``CaptureError``. Warmup does not
-  run under ``torch.cuda.set_sync_debug_mode("error")``: legitimate eager-only syncs (autotune
-  timing, which is skipped during capture) would be flagged, so capture itself is the judge.
+  data-dependent shapes such as ``nonzero``) cannot be captured: ``CaptureError``. The warmup runs
+  may sync (autotune timing); one more run after them goes under
+  ``torch.cuda.set_sync_debug_mode("error")``, so most syncs are refused before capture begins.
+  Whatever fails, a training step's warmup is undone and CUDA and its RNG stay usable.
 - Training: warmup steps are undone (parameters, buffers, optimizer state and the RNG are
   restored), so replay ``n`` equals eager step ``n``. Inside the graph: ``zero_grad`` (a memset),
   forward, loss, backward, ``step``. Parameters outside the optimizer get a fresh gradient per
@@ -41,6 +42,7 @@ import torch
 from torch.utils import _pytree
 
 from tilewise.optim import _FusedOptimizer
+from tilewise.runtime.graph_state import repair_after_failed_capture
 
 log = logging.getLogger("tilewise")
 
@@ -113,34 +115,25 @@ def _warmup(fn: Callable[[], Any], device: torch.device, n: int) -> None:
     invalidates it). The first runs may sync (kernel autotuning times candidates)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(n):
-            fn()
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            fn()
-        except RuntimeError as exc:
-            if "synchroniz" not in str(exc):
-                raise
-            raise CaptureError(
-                f"tilewise.capture: {_SYNC_HINT}. Cause: {type(exc).__name__}: {exc}"
-            ) from exc
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
-
-
-def _repair_rng_after_failed_capture(device: torch.device) -> None:
-    """A capture that fails inside CUDA leaves PyTorch's CUDA generator in capture mode (the next
-    ``torch.randn`` raises "Offset increment outside graph capture"); one clean capture resets
-    it."""
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
-    with contextlib.suppress(RuntimeError), torch.cuda.stream(stream):
-        graph.capture_begin()
-        torch.empty(1, device=device).zero_()
-        graph.capture_end()
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(n):
+                fn()
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn()
+            except RuntimeError as exc:
+                if "synchroniz" not in str(exc):
+                    raise
+                raise CaptureError(
+                    f"tilewise.capture: {_SYNC_HINT}. Cause: {type(exc).__name__}: {exc}"
+                ) from exc
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+    finally:
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
 
 
 def _capture(fn: Callable[[], Any], device: torch.device, pool: Any) -> tuple[Any, Any]:
@@ -164,17 +157,17 @@ def _capture(fn: Callable[[], Any], device: torch.device, pool: Any) -> tuple[An
                 then = f" (capture then ended with: {end})"
             why = _SYNC_HINT if _SYNC_PATTERN.search(str(exc)) else "CUDA-graph capture failed"
             msg = f"tilewise.capture: {why}. Cause: {type(exc).__name__}: {exc}{then}"
-            _repair_rng_after_failed_capture(device)
+            repair_after_failed_capture(device)
             raise CaptureError(msg) from exc
         except BaseException:
             with contextlib.suppress(RuntimeError):
                 graph.capture_end()
-            _repair_rng_after_failed_capture(device)
+            repair_after_failed_capture(device)
             raise
         try:
             graph.capture_end()
         except RuntimeError as exc:  # e.g. work left on a side stream that never joined
-            _repair_rng_after_failed_capture(device)
+            repair_after_failed_capture(device)
             raise CaptureError(f"tilewise.capture: CUDA-graph capture failed: {exc}") from exc
     torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
@@ -275,8 +268,10 @@ class CapturedTrainStep:
             return
         with torch.random.fork_rng(devices=[self.device]):  # warmup draws no random numbers
             snapshot = self._snapshot()
-            _warmup(self._run, self.device, warmup)
-            self._restore(snapshot)
+            try:
+                _warmup(self._run, self.device, warmup)
+            finally:  # also when the step is refused: the caller gets its model back untouched
+                self._restore(snapshot)
         owned = {p for g in optimizer.param_groups for p in g["params"]}
         for p in model.parameters():
             if p not in owned:
