@@ -195,7 +195,9 @@ def candidate_configs(problem: GConvProblem, pass_: str = "fprop", sms: int = 13
 
     fprop/dgrad: the default with 2 and 4 pipeline stages and 8 warps, then tiles of 64-512
     pixels (4-32 wide; narrower only for narrow images, never much larger than the image) times
-    16, 32 or 64 channels. Kept short: each config is a compile on first use.
+    16, 32 or 64 channels. Kept short: each config is a compile on first use. wgrad: the launch
+    path uses the subset in ``gconv_wgrad.wgrad_candidates`` (the others were not exact on the
+    H100); this full list is for sweeps and the CPU tests.
     """
     return list(candidate_tuple(problem, pass_, sms))  # a copy: callers may edit it
 
