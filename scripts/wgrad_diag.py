@@ -1,13 +1,23 @@
 """Every wgrad candidate on the shapes where the GPU test found wrong results (half precision,
 bias gradient fused): bad-element counts of dw and db against fp64, per config and mode.
 
-python scripts/wgrad_diag.py
+python scripts/wgrad_diag.py [--all] [--stages N]
+  --all       every candidate of gconv_config.candidate_configs, the excluded ones included
+  --stages N  launch each config with num_stages=N (a pipeliner-race hypothesis: PERF_NOTES)
 """
+
+import argparse
+from dataclasses import replace
 
 import torch
 
 from tilewise.ops import gconv_wgrad
-from tilewise.ops.gconv_config import GConvProblem
+from tilewise.ops.gconv_config import GConvProblem, candidate_configs
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--all", action="store_true")
+parser.add_argument("--stages", type=int, default=None)
+args = parser.parse_args()
 
 for n, c, h, w, k, dtype in (
     (4, 64, 24, 20, 7, torch.float16),
@@ -29,7 +39,14 @@ for n, c, h, w, k, dtype in (
     db_ref = dy.double().sum((0, 2, 3))
     prob = GConvProblem.from_tensors(x, wt, torch.zeros(c, device="cuda"), pad, pad)
     print(f"n{n} c{c} {h}x{w} k{k} {dtype}")
-    for cfg in gconv_wgrad.wgrad_candidates(prob, True, 132) * 3:
+    configs = (
+        candidate_configs(prob, "wgrad", 132)
+        if args.all
+        else list(gconv_wgrad.wgrad_candidates(prob, True, 132))
+    )
+    if args.stages is not None:
+        configs = [replace(c, num_stages=args.stages) for c in configs]
+    for cfg in configs * 3:
         for det in (True, False):
             dw32, db = gconv_wgrad.launch_wgrad(dy, x, prob, cfg, True, det)
             bad = ((dw32.permute(2, 3, 0, 1).double() - ref).abs() > bound).sum().item()
