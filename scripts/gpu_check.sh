@@ -3,7 +3,8 @@
 # and pytest: install tilewise without fetching anything, run the GPU tests, run the benchmarks
 # named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
 # print a short summary table last.
-#   usage: scripts/gpu_check.sh [--no-tests] [BENCH ...]
+#   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] scripts/gpu_check.sh [--no-tests] [BENCH ...]
+#   (test files run one at a time, each under its own timeout; the summary has a line per file)
 #   BENCH in: ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
 #             gconv-sweep (every config beside cuDNN) mlp (quick grid) mlp-full (no compile)
 set -uo pipefail
@@ -31,12 +32,25 @@ TW=("$PY" -m tilewise.cli)
 nvidia-smi -L || true
 "$PY" -c "import torch, triton, tilewise; print('torch', torch.__version__, 'triton', triton.__version__, 'tilewise', tilewise.__version__, torch.cuda.get_device_name())"
 
-test_status="not run"
+test_status=" not run"
 if [ "$run_tests" = 1 ]; then
-  # GPU_TESTS selects test files (default: all of tests/)
-  "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 | tee "$OUT/gpu_tests.log"
-  rc=${PIPESTATUS[0]}
-  test_status="$(tail -n 1 "$OUT/gpu_tests.log") (exit $rc)"
+  # GPU_TESTS selects test files (default: every tests/test_*.py). Each file runs on its own with
+  # GPU_TEST_TIMEOUT seconds (default 300), so one slow file cannot swallow the others' results;
+  # a file cut off by its timeout is reported as such with what it had run.
+  files=${GPU_TESTS:-$(ls tests/test_*.py)}
+  test_status=""
+  for f in $files; do
+    log="$OUT/gpu_tests__$(basename "$f" .py).log"
+    timeout "${GPU_TEST_TIMEOUT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short \
+      "$f" >"$log" 2>&1
+    rc=$?
+    last=$(grep -E "passed|failed|error|deselected|no tests ran" "$log" | tail -n 1)
+    if [ "$rc" = 124 ]; then
+      last="TIMED OUT after ${GPU_TEST_TIMEOUT:-300} s; progress: $(grep -E '^[.FEsx]+' "$log" | tr -d ' \n' | cut -c1-80)"
+    fi
+    test_status+=$'\n'"  $f: ${last:-no summary} (exit $rc)"
+    grep -E "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
+  done
 fi
 
 for b in "${benches[@]}"; do
@@ -58,5 +72,5 @@ done
 
 echo
 echo "================ summary ================"
-echo "GPU tests: $test_status"
+echo "GPU tests:$test_status"
 "$PY" -m tilewise.cli bench report "$OUT" || true
