@@ -12,6 +12,8 @@ def repair_after_failed_capture(device: torch.device | None = None) -> None:
     """A capture that fails inside CUDA leaves PyTorch's CUDA generator in capture mode (the next
     ``torch.randn`` raises "Offset increment outside graph capture"); one clean capture resets
     it. Safe to call when nothing is wrong."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
     with contextlib.suppress(RuntimeError), torch.cuda.stream(stream):
         graph.capture_begin()
