@@ -42,7 +42,7 @@ for n, c, h, w, k, dtype in (
     configs = (
         candidate_configs(prob, "wgrad", 132)
         if args.all
-        else list(gconv_wgrad.wgrad_candidates(prob, True, 132))
+        else list(gconv_wgrad.wgrad_candidates(prob, 132))
     )
     if args.stages is not None:
         configs = [replace(c, num_stages=args.stages) for c in configs]

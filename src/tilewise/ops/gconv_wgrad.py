@@ -27,7 +27,6 @@ from tilewise.ops.gconv_config import (
     GConvProblem,
     WgradConfig,
     candidate_tuple,
-    default_config,
 )
 from tilewise.runtime import alloc, autotune
 
@@ -177,9 +176,9 @@ def launch_wgrad(
 
 
 @functools.lru_cache(maxsize=4096)
-def wgrad_candidates(problem: GConvProblem, deterministic: bool, sms: int) -> tuple:
-    """The configs ``wgrad`` may time and launch (``deterministic`` kept for callers that
-    distinguish the modes; both use the same list).
+def wgrad_candidates(problem: GConvProblem, sms: int) -> tuple:
+    """The configs ``wgrad`` may time and launch, in both reduction modes, the heuristic default
+    (``gconv_config.default_config``) first.
 
     Only 64-pixel steps x 16 channels x 4 warps (tap blocks of 4, 8 or 16). On the H100
     (Triton 3.6) other candidates returned wrong dw in half precision, differently from run to
@@ -206,15 +205,14 @@ def wgrad(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dweight [C, 8, R, S] contiguous in x's dtype, fp32 dbias or None); config autotuned."""
     sms = num_sms(x.device)
-    candidates = wgrad_candidates(problem, deterministic, sms)
-    default = default_config(problem, "wgrad", sms)
+    candidates = wgrad_candidates(problem, sms)
     cfg = autotune.choose_config(
         f"{OP}.{'det' if deterministic else 'atomic'}",
         problem,
         candidates,
         lambda k: launch_wgrad(grad, x, problem, k, need_db, deterministic),
         device=x.device,
-        default=default if default in candidates else candidates[0],
+        default=candidates[0],
     )
     dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
     dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
