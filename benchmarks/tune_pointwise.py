@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +24,18 @@ from tilewise.ops import _common
 from tilewise.ops import bias_act as ba
 from tilewise.ops import layernorm as ln
 from tilewise.ops._common import TileConfig
+
+
+def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+    """The heuristic default with prefetch on/off, 4/8/16 programs per SM and 1x/2x its warps."""
+    mod = ba if kernel.startswith("bias_act") else ln
+    base = mod._config(kernel, m, n, elem)
+    out: list[TileConfig | None] = [None]
+    for prefetch, pps, wmul in itertools.product((True, False), (4, 8, 16), (1, 2)):
+        cfg = replace(base, prefetch=prefetch, progs_per_sm=pps, num_warps=base.num_warps * wmul)
+        if cfg != base and cfg.num_warps <= 16:
+            out.append(cfg)
+    return out
 
 
 def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
@@ -67,7 +80,13 @@ def _problem(kernel: str, m: int, n: int, dtype: torch.dtype):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--mb", type=int, default=256, help="size of one activation tensor")
+    ap.add_argument("--mb", type=int, nargs="+", default=[256], help="sizes of one activation")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="only the default config and its prefetch/programs-per-SM/warps variants, each "
+        "timed with atomic and with deterministic (stored-partials) reductions",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
     args = ap.parse_args()
@@ -84,13 +103,19 @@ def main() -> None:
     if args.only:
         jobs = [j for j in jobs if j[0] in args.only]
     results = []
-    for kernel, n in jobs:
-        m = args.mb * 2**20 // (n * 2)
+    for (kernel, n), mb in itertools.product(jobs, args.mb):
+        m = mb * 2**20 // (n * 2)
         fn, nbytes, _keep = _problem(kernel, m, n, dtype)
         ref = fn()
         rows = []
-        for cfg in _candidates(kernel, n, 2):
+        if args.variants:
+            modes = (False, True) if kernel.endswith("bwd") else (False,)
+            cands = [(v, d) for v in _variants(kernel, m, n, 2) for d in modes]
+        else:
+            cands = [(v, False) for v in _candidates(kernel, n, 2)]
+        for cfg, det in cands:
             _common.CONFIG_OVERRIDES[kernel] = (lambda c: lambda *_: c)(cfg)
+            torch.use_deterministic_algorithms(det, warn_only=True)
             try:
                 got = fn()
                 for a, r in zip(
@@ -106,20 +131,25 @@ def main() -> None:
                 continue
             finally:
                 _common.CONFIG_OVERRIDES.pop(kernel, None)
+                torch.use_deterministic_algorithms(False)
             rows.append(
                 {
+                    "deterministic": det,
                     "config": None if cfg is None else cfg.__dict__,
                     "s": t,
                     "frac_copy": nbytes / t / copy_bw,
                 }
             )
         rows.sort(key=lambda r: r["s"])
-        default = next(r for r in rows if r["config"] is None)
+        default = next(r for r in rows if r["config"] is None and not r["deterministic"])
+        det = [r for r in rows if r["config"] is None and r["deterministic"]]
         print(
-            f"{kernel:15s} n={n:5d}  default {default['frac_copy']:.3f}  "
-            f"best {rows[0]['frac_copy']:.3f} {rows[0]['config']}"
+            f"{kernel:15s} n={n:5d} {mb:4d} MB  default {default['frac_copy']:.3f}"
+            + (f" (deterministic {det[0]['frac_copy']:.3f})" if det else "")
+            + f"  best {rows[0]['frac_copy']:.3f} det={rows[0]['deterministic']}"
+            + f" {rows[0]['config']}"
         )
-        results.append({"kernel": kernel, "n": n, "m": m, "rows": rows})
+        results.append({"kernel": kernel, "n": n, "m": m, "mb": mb, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "tune_pointwise.json"
     path.write_text(

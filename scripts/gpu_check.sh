@@ -5,7 +5,7 @@
 # print a short summary table last.
 #   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] scripts/gpu_check.sh [--no-tests] [BENCH ...]
 #   (test files run one at a time, each under its own timeout; the summary has a line per file)
-#   BENCH in: ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
+#   BENCH in: none ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
 #             gconv-sweep (every config beside cuDNN) mlp (quick grid) mlp-full (no compile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +66,7 @@ for b in "${benches[@]}"; do
     gconv-sweep) "$PY" benchmarks/sweep_gconv.py --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     mlp) "${TW[@]}" bench mlp --quick --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
     mlp-full) "${TW[@]}" bench mlp --no-compile --plot --out "$OUT" 2>&1 | tee -a "$OUT/bench.log" ;;
+    none) ;;
     *) echo "unknown benchmark '$b'" ;;
   esac
 done

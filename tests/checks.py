@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -40,3 +43,17 @@ def assert_three_way(out, out_torch, ref64, atol: float, what: str, seed: int | 
 def leaf(t: torch.Tensor, dtype=None) -> torch.Tensor:
     """A fresh leaf copy that requires grad (optionally cast)."""
     return t.detach().to(dtype or t.dtype).clone().requires_grad_(True)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """PyTorch's deterministic mode for the block (tilewise's reductions then avoid atomics)."""
+    was, was_warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)

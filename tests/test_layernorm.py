@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
+from checks import ATOL, DEVICE_DTYPES, assert_three_way, deterministic_algorithms, leaf
 
 import tilewise
 from tilewise.ops import layernorm as ops
@@ -79,6 +79,45 @@ def test_forward_backward(device, dtype, relu, affine, rng_seed):
     for xshape, shape in cases:
         x = torch.randn(xshape, device=device, dtype=torch.float32)
         _run_case(x, shape, affine, relu, dtype, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_deterministic_mode_sums_partials_in_order(device, dtype, rng_seed):
+    """PyTorch's deterministic mode takes the stored-partials path: judged by the same rule, and
+    bit-identical from call to call."""
+    cases = CASES[2:4] if device == "cpu" else GPU_CASES[:2]
+    with deterministic_algorithms():
+        for relu in (False, True):
+            for xshape, shape in cases:
+                x = torch.randn(xshape, device=device, dtype=torch.float32)
+                _run_case(x, shape, "wb", relu, dtype, dtype, rng_seed)
+        xshape, shape = cases[0]
+        x = torch.randn(xshape, device=device, dtype=dtype)
+        w, b = (
+            torch.randn(shape, device=device, dtype=dtype),
+            torch.randn(shape, device=device, dtype=dtype),
+        )
+        _, mean, rstd = ops.forward(x, shape, w, b)
+        dy = torch.randn_like(x)
+        first, again = (ops.backward(dy, x, shape, w, b, mean, rstd, True) for _ in range(2))
+        for a, c in zip(first, again, strict=True):
+            assert torch.equal(a, c)
+
+
+@pytest.mark.gpu
+def test_atomic_weight_grads_are_complete_on_every_call(rng_seed):
+    """The last program casts the atomically summed dw/db; a missed partial (a memory-ordering
+    bug) would show as a large error on some call."""
+    x = torch.randn(8191, 1024, device="cuda", dtype=torch.float16)
+    w, b = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+    _, mean, rstd = ops.forward(x, (1024,), w, b)
+    dy = torch.randn_like(x)
+    with deterministic_algorithms():
+        _, dw0, db0 = ops.backward(dy, x, (1024,), w, b, mean, rstd)
+    for _ in range(50):
+        _, dw, db = ops.backward(dy, x, (1024,), w, b, mean, rstd)
+        torch.testing.assert_close(dw, dw0, rtol=1e-3, atol=1e-2)
+        torch.testing.assert_close(db, db0, rtol=1e-3, atol=1e-2)
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)

@@ -57,6 +57,7 @@ class TileConfig:
     block_n: int
     num_warps: int = 4
     progs_per_sm: int = 8
+    prefetch: bool = True  # backward kernels: load the next step's tile before this step's math
 
 
 #: Config overrides by kernel name ("bias_act_fwd", ...): a hook for tuning sweeps.
@@ -68,6 +69,49 @@ def pick_config(kernel: str, m: int, n: int, elem_bytes: int, default: TileConfi
     override = CONFIG_OVERRIDES.get(kernel)
     cfg = override(m, n, elem_bytes) if override is not None else None
     return cfg or default
+
+
+def zeroed_accumulators(
+    n_floats: int, n_counters: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 accumulators and int32 ticket counters for ``cast_if_last``, zeroed by one memset."""
+    buf = torch.zeros(n_floats + n_counters, device=device, dtype=torch.float32)
+    return buf[:n_floats], buf[n_floats:].view(torch.int32)
+
+
+def use_atomics() -> bool:
+    """Backward reductions over rows add their per-program partials with fp32 atomics (one launch;
+    the summation order, hence the last bits, varies run to run) unless PyTorch's deterministic
+    mode is on, in which case the partials are stored and summed in a fixed order."""
+    return not torch.are_deterministic_algorithms_enabled()
+
+
+@triton.jit
+def cast_if_last(
+    acc_a_ptr,
+    acc_b_ptr,
+    out_a_ptr,
+    out_b_ptr,
+    count_ptr,
+    n_progs,
+    offs,
+    mask,
+    HAS_A: tl.constexpr,
+    HAS_B: tl.constexpr,
+):
+    """Take a ticket once this program's atomics are issued; the program that takes the last one
+    (all others' sums are in) reads the fp32 accumulators and stores them cast to the outputs'
+    dtype, so no second launch is needed to finish the reduction."""
+    tl.debug_barrier()  # every thread of the program has issued its atomics
+    ticket = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if ticket == n_progs - 1:
+        zero = tl.zeros_like(offs).to(tl.float32)
+        if HAS_A:
+            a = tl.atomic_add(acc_a_ptr + offs, zero, mask=mask, sem="acq_rel")  # coherent read
+            tl.store(out_a_ptr + offs, a.to(out_a_ptr.dtype.element_ty), mask=mask)
+        if HAS_B:
+            b = tl.atomic_add(acc_b_ptr + offs, zero, mask=mask, sem="acq_rel")
+            tl.store(out_b_ptr + offs, b.to(out_b_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

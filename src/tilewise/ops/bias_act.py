@@ -1,8 +1,9 @@
 """Fused bias + activation: ``y = act(x + b)`` with ``b`` broadcast along one dim of ``x``.
 
 Forward is one pass over ``x`` (read) and ``y`` (write). Backward is one pass that reads ``dy`` and
-``x``, writes ``dx`` and reduces the bias gradient on chip into per-program fp32 partials, which a
-second tiny reduction sums (deterministic; no atomics).
+``x``, writes ``dx`` and reduces the bias gradient on chip per program; the per-program sums are
+added with fp32 atomics and cast by the last program (one launch in all), or, in PyTorch's
+deterministic mode, stored as partial rows that a second reduction sums in a fixed order.
 
 Layouts with a kernel: the bias dim is the innermost in memory, i.e. ``x`` contiguous with the
 bias on its last dim, or a 4-D channels_last ``x`` with the bias on dim 1 (conv outputs).
@@ -21,10 +22,13 @@ from tilewise.ops._common import (
     act_grad_reference,
     act_reference,
     activation_code,
+    cast_if_last,
     cdiv,
     next_pow2,
     num_sms,
     pick_config,
+    use_atomics,
+    zeroed_accumulators,
 )
 from tilewise.runtime import alloc, dispatch
 
@@ -62,35 +66,72 @@ def _bias_act_bwd_kernel(
     b_ptr,
     dx_ptr,
     dbp_ptr,
+    db_ptr,
+    count_ptr,
     M,
     N,
     ROWS_PER_PROG,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """dx for a column block of this program's rows; the bias gradient summed over those rows is
+    stored as a partial row (deterministic) or added with atomics, the last program of the column
+    block casting the sum into ``db_ptr``."""
     pid_m = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows once, at the end
     row0 = pid_m * ROWS_PER_PROG
-    for r in range(0, ROWS_PER_PROG, BLOCK_M):
-        rows = row0 + r + tl.arange(0, BLOCK_M)
-        mask = (rows[:, None] < M) & cmask[None, :]
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
+    if PREFETCH:  # the next step's tile is loaded before this step's math and store
+        offs = (row0 + tl.arange(0, BLOCK_M))[:, None].to(tl.int64) * N + cols[None, :]
+        nmask = ((row0 + tl.arange(0, BLOCK_M)) < row_end)[:, None] & cmask[None, :]
+        dy_n = tl.load(dy_ptr + offs, mask=nmask, other=0.0)
+        x_n = tl.load(x_ptr + offs, mask=nmask, other=0.0)
+    for r in range(row0, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        mask = (rows[:, None] < row_end) & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            dy_c, x_c = dy_n, x_n
+            nmask = ((rows + BLOCK_M) < row_end)[:, None] & cmask[None, :]
+            dy_n = tl.load(dy_ptr + offs + BLOCK_M * N, mask=nmask, other=0.0)
+            x_n = tl.load(x_ptr + offs + BLOCK_M * N, mask=nmask, other=0.0)
+        else:
+            dy_c = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+            x_c = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        z = x_c.to(tl.float32)
         if HAS_BIAS:
             z = z + b[None, :]
-        dz = act_bwd(dy, z, ACT)
+        dz = act_bwd(dy_c.to(tl.float32), z, ACT)
         dz = tl.where(mask, dz, 0.0)
         tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
         acc += dz
     if HAS_BIAS:
-        tl.store(dbp_ptr + pid_m * N + cols, tl.sum(acc, axis=0), mask=cmask)
+        part = tl.sum(acc, axis=0)
+        if ATOMIC:
+            tl.atomic_add(dbp_ptr + cols, part, mask=cmask, sem="relaxed")
+            cast_if_last(
+                dbp_ptr,
+                dbp_ptr,
+                db_ptr,
+                db_ptr,
+                count_ptr + pid_n,
+                tl.num_programs(0),
+                cols,
+                cmask,
+                True,
+                False,
+            )
+        else:
+            tl.store(dbp_ptr + pid_m * N + cols, part, mask=cmask)
 
 
 def reference(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1):
@@ -221,25 +262,34 @@ def backward(
     progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = cdiv(m, rows_per_prog)
-    partial = (
-        alloc.empty((progs_m, n), device=x.device, dtype=torch.float32) if bias is not None else dxv
-    )
+    atomic = use_atomics()
+    db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
+    if bias is None:
+        partial = count = dxv  # unused
+    elif atomic:
+        partial, count = zeroed_accumulators(n, n_blocks, x.device)
+    else:
+        partial = alloc.empty((progs_m, n), device=x.device, dtype=torch.float32)
+        count = partial
     _bias_act_bwd_kernel[(progs_m, n_blocks)](
         dyv,
         xv,
         xv if bias is None else bias,
         dxv,
         partial,
+        partial if db is None else db,
+        count,
         m,
         n,
         rows_per_prog,
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
+        ATOMIC=atomic,
+        PREFETCH=cfg.prefetch,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,
     )
-    # torch's reduction over the few partial rows: a one-launch Triton version with too few
-    # programs measured slower on the H100 (benchmarks/results, run 11)
-    db = partial.sum(0).to(bias.dtype) if bias is not None else None
+    if db is not None and not atomic:
+        db.copy_(partial.sum(0))  # torch's reduction of the partial rows, in a fixed order
     return dx, db

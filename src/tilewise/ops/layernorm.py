@@ -2,8 +2,10 @@
 
 Rows of up to ``MAX_FUSED_N`` elements are held on chip: forward is one read of ``x`` and one write
 of ``y``; backward one read of ``x`` and ``dy``, one write of ``dx``, with the weight and bias
-gradients reduced on chip into per-program fp32 partials (deterministic). Longer rows loop over
-chunks (``x`` is read twice per pass; the weight/bias gradients then use PyTorch reductions).
+gradients reduced on chip per program, then either added with fp32 atomics and cast by the last
+program (one launch) or, in PyTorch's deterministic mode, stored as per-program partials summed in
+a fixed order. Longer rows loop over chunks (``x`` is read twice per pass; the weight/bias
+gradients then use PyTorch reductions).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import TileConfig, cdiv, next_pow2, num_sms, pick_config
+from tilewise.ops._common import (
+    TileConfig,
+    cast_if_last,
+    cdiv,
+    next_pow2,
+    num_sms,
+    pick_config,
+    use_atomics,
+    zeroed_accumulators,
+)
 from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
@@ -128,6 +139,11 @@ def _ln_grad_tile(
 
 
 @triton.jit
+def _add_pairs(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
 def _ln_bwd_kernel(
     dy_ptr,
     x_ptr,
@@ -138,15 +154,23 @@ def _ln_bwd_kernel(
     dx_ptr,
     dwp_ptr,
     dbp_ptr,
+    dw_ptr,
+    db_ptr,
+    count_ptr,
     M,
     N,
     ROWS_PER_PROG,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    PREFETCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """dx per row; dw/db summed over this program's rows, then either stored as one fp32 partial
+    row per program (deterministic) or added into fp32 accumulators with atomics, the last program
+    to finish casting them into ``dw_ptr``/``db_ptr``."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -155,28 +179,70 @@ def _ln_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows at the end
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     row0 = pid * ROWS_PER_PROG
-    for r in range(0, ROWS_PER_PROG, BLOCK_M):
-        rows = row0 + r + tl.arange(0, BLOCK_M)
-        rmask = rows < M
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
+    # the next step's rows are loaded before this step's reductions, so a program always has
+    # loads in flight (Triton does not pipeline loads that feed no dot)
+    if PREFETCH:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        dy_n = tl.load(dy_ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
+        x_n = tl.load(x_ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
+        mean_n = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        rstd_n = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    for r in range(row0, row_end, BLOCK_M):
+        rows = r + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
-        c1 = tl.sum(xhat * g, axis=1) / N
-        c2 = tl.sum(g, axis=1) / N
-        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if PREFETCH:
+            dy_c, x_c, mean, rstd = dy_n, x_n, mean_n, rstd_n
+            nrows = rows + BLOCK_M
+            nmask = nrows < row_end
+            noffs = offs + BLOCK_M * N
+            dy_n = tl.load(dy_ptr + noffs, mask=nmask[:, None] & cmask[None, :], other=0.0)
+            x_n = tl.load(x_ptr + noffs, mask=nmask[:, None] & cmask[None, :], other=0.0)
+            mean_n = tl.load(mean_ptr + nrows, mask=nmask, other=0.0)
+            rstd_n = tl.load(rstd_ptr + nrows, mask=nmask, other=0.0)
+        else:
+            dy_c = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+            x_c = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        dy, xhat, g = _ln_grad_tile(
+            dy_c.to(tl.float32), x_c.to(tl.float32), mean, rstd, w, b, mask, HAS_W, HAS_B, RELU
+        )
+        s1, s2 = tl.reduce((xhat * g, g), 1, _add_pairs)  # one cross-warp exchange, not two
+        dx = (g - xhat * (s1 / N)[:, None] - (s2 / N)[:, None]) * rstd[:, None]
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:
             db_acc += dy
-    if HAS_W:
-        tl.store(dwp_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=cmask)
-    if HAS_B:
-        tl.store(dbp_ptr + pid * N + cols, tl.sum(db_acc, axis=0), mask=cmask)
+    dw_part = tl.sum(dw_acc, axis=0)
+    db_part = tl.sum(db_acc, axis=0)
+    if ATOMIC:
+        if HAS_W:
+            tl.atomic_add(dwp_ptr + cols, dw_part, mask=cmask, sem="relaxed")
+        if HAS_B:
+            tl.atomic_add(dbp_ptr + cols, db_part, mask=cmask, sem="relaxed")
+        cast_if_last(
+            dwp_ptr,
+            dbp_ptr,
+            dw_ptr,
+            db_ptr,
+            count_ptr,
+            tl.num_programs(0),
+            cols,
+            cmask,
+            HAS_W,
+            HAS_B,
+        )
+    else:
+        if HAS_W:
+            tl.store(dwp_ptr + pid * N + cols, dw_part, mask=cmask)
+        if HAS_B:
+            tl.store(dbp_ptr + pid * N + cols, db_part, mask=cmask)
 
 
 @triton.jit
@@ -368,8 +434,16 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = cdiv(m, rows_per_prog)
-    dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
-    dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+    atomic = use_atomics()
+    dw = alloc.empty(n, device=x.device, dtype=weight.dtype) if weight is not None else None
+    db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
+    if atomic:
+        acc, count = zeroed_accumulators(2 * n, 1, x.device)
+        dwp, dbp = acc[:n], acc[n:]
+    else:
+        dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+        dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+        count = dwp
     _ln_bwd_kernel[(progs,)](
         dyv,
         xv,
@@ -380,14 +454,24 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         dx,
         dwp,
         dbp,
+        dw if dw is not None else dwp,
+        db if db is not None else dbp,
+        count,
         m,
         n,
         rows_per_prog,
         **flags,
+        ATOMIC=atomic,
+        PREFETCH=cfg.prefetch,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,
     )
-    dw = dwp.sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None
-    db = dbp.sum(0).view(bias.shape).to(bias.dtype) if bias is not None else None
+    if not atomic:
+        if dw is not None:
+            dw.copy_(dwp.sum(0))
+        if db is not None:
+            db.copy_(dbp.sum(0))
+    dw = dw.view(weight.shape) if dw is not None else None
+    db = db.view(bias.shape) if db is not None else None
     return dx.view(x.shape), dw, db
