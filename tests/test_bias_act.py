@@ -71,6 +71,16 @@ def test_deterministic_mode_sums_partials_in_order(device, dtype, rng_seed):
             assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed):
+    """Programs spread their atomics over several accumulator copies that the last one sums."""
+    monkeypatch.setattr(ops, "atomic_slots", lambda programs: 4)
+    for shape in [(37, 19), (130, 64)] if device == "cpu" else [(4097, 4096)]:
+        x = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn(shape[-1], device=device, dtype=dtype)
+        _run_case(x, b, "silu", -1, dtype, rng_seed)
+
+
 @pytest.mark.gpu
 def test_atomic_bias_grad_is_complete_on_every_call(rng_seed):
     """The last program of each column block casts the atomically summed bias gradient; a missed

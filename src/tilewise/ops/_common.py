@@ -74,7 +74,7 @@ def pick_config(kernel: str, m: int, n: int, elem_bytes: int, default: TileConfi
 def zeroed_accumulators(
     n_floats: int, n_counters: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 accumulators and int32 ticket counters for ``cast_if_last``, zeroed by one memset."""
+    """fp32 accumulators and int32 ticket counters for ``atomic_row_sum``, zeroed by one memset."""
     buf = torch.zeros(n_floats + n_counters, device=device, dtype=torch.float32)
     return buf[:n_floats], buf[n_floats:].view(torch.int32)
 
@@ -86,32 +86,55 @@ def use_atomics() -> bool:
     return not torch.are_deterministic_algorithms_enabled()
 
 
+def atomic_slots(programs: int) -> int:
+    """Accumulator copies for ``atomic_row_sum``: about 64 programs per copy, so the atomics on
+    one address (serialized in L2) stay few; a power of two up to 16 (each value is a compile)."""
+    return min(16, next_pow2(cdiv(programs, 64)))
+
+
 @triton.jit
-def cast_if_last(
+def atomic_row_sum(
     acc_a_ptr,
     acc_b_ptr,
+    part_a,
+    part_b,
     out_a_ptr,
     out_b_ptr,
     count_ptr,
     n_progs,
+    slot,
+    stride,
     offs,
     mask,
     HAS_A: tl.constexpr,
     HAS_B: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
-    """Take a ticket once this program's atomics are issued; the program that takes the last one
-    (all others' sums are in) reads the fp32 accumulators and stores them cast to the outputs'
-    dtype, so no second launch is needed to finish the reduction."""
+    """Add this program's partial sums into accumulator copy ``slot`` (of ``SLOTS``, ``stride``
+    apart), then take a ticket; the program that takes the last one (every other program's adds
+    are in) sums the copies and stores the totals cast to the outputs' dtype, so finishing the
+    reduction needs no second launch."""
+    if HAS_A:
+        tl.atomic_add(acc_a_ptr + slot * stride + offs, part_a, mask=mask, sem="relaxed")
+    if HAS_B:
+        tl.atomic_add(acc_b_ptr + slot * stride + offs, part_b, mask=mask, sem="relaxed")
     tl.debug_barrier()  # every thread of the program has issued its atomics
     ticket = tl.atomic_add(count_ptr, 1, sem="acq_rel")
     if ticket == n_progs - 1:
-        zero = tl.zeros_like(offs).to(tl.float32)
         if HAS_A:
-            a = tl.atomic_add(acc_a_ptr + offs, zero, mask=mask, sem="acq_rel")  # coherent read
-            tl.store(out_a_ptr + offs, a.to(out_a_ptr.dtype.element_ty), mask=mask)
+            tot_a = tl.zeros_like(part_a)
+            for k in tl.static_range(SLOTS):  # .cg: read from L2, where the atomics landed
+                tot_a += tl.load(
+                    acc_a_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(out_a_ptr + offs, tot_a.to(out_a_ptr.dtype.element_ty), mask=mask)
         if HAS_B:
-            b = tl.atomic_add(acc_b_ptr + offs, zero, mask=mask, sem="acq_rel")
-            tl.store(out_b_ptr + offs, b.to(out_b_ptr.dtype.element_ty), mask=mask)
+            tot_b = tl.zeros_like(part_b)
+            for k in tl.static_range(SLOTS):
+                tot_b += tl.load(
+                    acc_b_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(out_b_ptr + offs, tot_b.to(out_b_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

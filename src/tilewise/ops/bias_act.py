@@ -22,7 +22,8 @@ from tilewise.ops._common import (
     act_grad_reference,
     act_reference,
     activation_code,
-    cast_if_last,
+    atomic_row_sum,
+    atomic_slots,
     cdiv,
     next_pow2,
     num_sms,
@@ -74,6 +75,7 @@ def _bias_act_bwd_kernel(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     ATOMIC: tl.constexpr,
+    SLOTS: tl.constexpr,
     PREFETCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -117,18 +119,22 @@ def _bias_act_bwd_kernel(
     if HAS_BIAS:
         part = tl.sum(acc, axis=0)
         if ATOMIC:
-            tl.atomic_add(dbp_ptr + cols, part, mask=cmask, sem="relaxed")
-            cast_if_last(
+            atomic_row_sum(
                 dbp_ptr,
                 dbp_ptr,
+                part,
+                part,
                 db_ptr,
                 db_ptr,
                 count_ptr + pid_n,
                 tl.num_programs(0),
+                pid_m % SLOTS,
+                N,
                 cols,
                 cmask,
                 True,
                 False,
+                SLOTS,
             )
         else:
             tl.store(dbp_ptr + pid_m * N + cols, part, mask=cmask)
@@ -262,12 +268,12 @@ def backward(
     progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = cdiv(m, rows_per_prog)
-    atomic = use_atomics()
+    atomic, slots = use_atomics(), atomic_slots(progs_m)
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
     if bias is None:
         partial = count = dxv  # unused
     elif atomic:
-        partial, count = zeroed_accumulators(n, n_blocks, x.device)
+        partial, count = zeroed_accumulators(slots * n, n_blocks, x.device)
     else:
         partial = alloc.empty((progs_m, n), device=x.device, dtype=torch.float32)
         count = partial
@@ -285,6 +291,7 @@ def backward(
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
         ATOMIC=atomic,
+        SLOTS=slots,
         PREFETCH=cfg.prefetch,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,

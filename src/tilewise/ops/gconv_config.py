@@ -138,7 +138,7 @@ class WgradConfig:
     block_c: int
     chunk_steps: int
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 1
     tap_block: int = 1
 
     @property
@@ -195,9 +195,8 @@ def candidate_configs(problem: GConvProblem, pass_: str = "fprop", sms: int = 13
 
     fprop/dgrad: the default with 2 and 4 pipeline stages and 8 warps, then tiles of 64-512
     pixels (4-32 wide; narrower only for narrow images, never much larger than the image) times
-    16, 32 or 64 channels. Kept short: each config is a compile on first use. wgrad: the launch
-    path uses the subset in ``gconv_wgrad.wgrad_candidates`` (the others were not exact on the
-    H100); this full list is for sweeps and the CPU tests.
+    16, 32 or 64 channels. Kept short: each config is a compile on first use. wgrad: every config
+    unpipelined (see ``gconv_wgrad.wgrad_candidates``).
     """
     return list(candidate_tuple(problem, pass_, sms))  # a copy: callers may edit it
 
@@ -244,13 +243,16 @@ def _wgrad_config(problem: GConvProblem, sms: int, bm: int, bc: int, tb: int, nw
     m = problem.n * problem.p * problem.q
     blocks = -(-problem.c // bc) * -(-(problem.r * problem.s) // tb)
     steps = _wgrad_steps(m, bm, blocks, sms)
-    return WgradConfig(bm, bc, max(1, min(1024, steps * scale)), nw, 2, tb)
+    # num_stages=1: with Triton 3.6's software pipelining (2 or 3 stages) several configs returned
+    # wrong dw in half precision, differently from run to run; unpipelined, every config was exact
+    # (scripts/wgrad_diag.py --all --stages 1 on the H100; PERF_NOTES, session 4)
+    return WgradConfig(bm, bc, max(1, min(1024, steps * scale)), nw, 1, tb)
 
 
 def _default_wgrad(problem: GConvProblem, sms: int) -> WgradConfig:
     """16 channels (2 groups), all taps of a kernel up to 3x3 in one tl.dot (8 of larger ones)."""
     taps = min(16, next_pow2(problem.r * problem.s))
-    return _wgrad_config(problem, sms, 64, 16, taps, 4)  # >= 64: see gconv_wgrad.wgrad_candidates
+    return _wgrad_config(problem, sms, 64, 16, taps, 4)
 
 
 def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
@@ -265,7 +267,7 @@ def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
         shapes += [(32, 1), (32, 4), (32, 8)]
     for bc, tb in shapes:
         tb = min(tb, rs)
-        for bm in (64, 128):  # not 32: see gconv_wgrad.wgrad_candidates
+        for bm in (64, 128):
             if bm > max(64, next_pow2(m)) or bm * tb > 1024:
                 continue
             nw = 8 if bm * tb * bc >= 16384 else 4

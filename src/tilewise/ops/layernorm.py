@@ -19,7 +19,8 @@ import triton.language as tl
 
 from tilewise.ops._common import (
     TileConfig,
-    cast_if_last,
+    atomic_row_sum,
+    atomic_slots,
     cdiv,
     next_pow2,
     num_sms,
@@ -164,6 +165,7 @@ def _ln_bwd_kernel(
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
     ATOMIC: tl.constexpr,
+    SLOTS: tl.constexpr,
     PREFETCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -222,21 +224,22 @@ def _ln_bwd_kernel(
     dw_part = tl.sum(dw_acc, axis=0)
     db_part = tl.sum(db_acc, axis=0)
     if ATOMIC:
-        if HAS_W:
-            tl.atomic_add(dwp_ptr + cols, dw_part, mask=cmask, sem="relaxed")
-        if HAS_B:
-            tl.atomic_add(dbp_ptr + cols, db_part, mask=cmask, sem="relaxed")
-        cast_if_last(
+        atomic_row_sum(
             dwp_ptr,
             dbp_ptr,
+            dw_part,
+            db_part,
             dw_ptr,
             db_ptr,
             count_ptr,
             tl.num_programs(0),
+            pid % SLOTS,
+            N,
             cols,
             cmask,
             HAS_W,
             HAS_B,
+            SLOTS,
         )
     else:
         if HAS_W:
@@ -354,12 +357,14 @@ def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
     # elements per program; the backward one row per step with 8 elements per thread, so the
     # row reductions stay cheap, and 8 programs per SM.
     block_n = next_pow2(n)
+    # Register prefetch of the next row measured slower here (0.66 vs 0.75 of copy at 64 MB,
+    # tune_pointwise --variants, session 4), unlike in bias_act.
     if kernel.endswith("bwd"):
         block_m, warps = 1, min(16, max(4, block_n // 256))
     else:
         block_m = max(1, min(next_pow2(m), 8192 // block_n))
         warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
-    default = TileConfig(block_m=block_m, block_n=block_n, num_warps=warps, progs_per_sm=8)
+    default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
     cfg = pick_config(kernel, m, n, elem_bytes, default)
     if cfg.block_n < n:
         raise ValueError(f"config for {kernel}: block_n={cfg.block_n} must cover n={n}")
@@ -437,9 +442,10 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     atomic = use_atomics()
     dw = alloc.empty(n, device=x.device, dtype=weight.dtype) if weight is not None else None
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
+    slots = atomic_slots(progs)
     if atomic:
-        acc, count = zeroed_accumulators(2 * n, 1, x.device)
-        dwp, dbp = acc[:n], acc[n:]
+        acc, count = zeroed_accumulators(2 * slots * n, 1, x.device)
+        dwp, dbp = acc[: slots * n], acc[slots * n :]
     else:
         dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
         dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
@@ -462,6 +468,7 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         rows_per_prog,
         **flags,
         ATOMIC=atomic,
+        SLOTS=slots,
         PREFETCH=cfg.prefetch,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,

@@ -1,0 +1,180 @@
+"""The NVRTC grouped-conv kernel (``tilewise.ops.gconv_cuda``) on a GPU: correctness of fprop and
+dgrad against fp64 on odd shapes (three-way rule), then timing beside cuDNN and the Triton kernel
+on the issue's shapes, as effective bandwidth (compulsory bytes / time) and fraction of copy.
+
+    python scripts/gconv_cuda_probe.py [--tiles] [--n 128] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_events
+from tilewise.ops import gconv, gconv_cuda
+from tilewise.ops.gconv_cuda import CudaTile
+
+ATOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def _tile_for(c: int, tile: CudaTile) -> CudaTile:
+    cb = min(tile.cb, c)
+    while c % cb:
+        cb //= 2
+    return CudaTile(tile.th, tile.tw, cb, tile.warps, tile.min_ctas)
+
+
+def _judge(out, same, ref, atol, what) -> str:
+    o, t = out.double(), same.double()
+    err, bound = (o - ref).abs(), 2 * (t - ref).abs() + atol
+    bad = int((~(err <= bound)).sum())
+    return f"{what}: {'ok' if bad == 0 else f'{bad} BAD'} (max err {err.max().item():.2e})"
+
+
+def check(tile: CudaTile) -> bool:
+    ok = True
+    cases = [  # n, c, h, w, r, s, pad_h, pad_w, bias
+        (2, 64, 13, 17, 3, 3, 1, 1, True),
+        (1, 16, 5, 7, 3, 3, 1, 1, False),
+        (3, 128, 9, 9, 5, 5, 2, 2, True),
+        (2, 64, 8, 8, 7, 7, 3, 3, False),
+        (2, 64, 10, 10, 1, 1, 0, 0, True),
+        (2, 32, 6, 6, 3, 3, 0, 0, True),
+        (1, 8, 4, 4, 3, 3, 3, 3, False),
+        (1, 64, 1, 1, 3, 3, 1, 1, True),
+        (4, 64, 20, 19, 3, 5, 1, 2, True),
+    ]
+    for dname, dt in DTYPES.items():
+        for n, c, h, w, r, s, ph, pw, has_b in cases:
+            t = _tile_for(c, tile)
+            x = _cl(torch.randn(n, c, h, w, device="cuda"))
+            wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
+            b = torch.randn(c, device="cuda") if has_b else None
+            g = c // 8
+            ref = F.conv2d(
+                x.double(), wt.double(), b.double() if has_b else None, padding=(ph, pw), groups=g
+            )
+            same = F.conv2d(
+                x.to(dt), wt.to(dt), b.to(dt) if has_b else None, padding=(ph, pw), groups=g
+            )
+            out = _cl(torch.full_like(same, float("nan")))
+            gconv_cuda.fprop(_cl(x.to(dt)), wt.to(dt), b, out, ph, pw, t)
+            torch.cuda.synchronize()
+            msg = _judge(out, same, ref, ATOL[dt], "fprop")
+            # dgrad: dx = conv(dy, flipped/transposed w, padding R-1-pad)
+            dy = _cl(torch.randn_like(ref, dtype=torch.float32))
+            dref = torch.nn.grad.conv2d_input(
+                x.shape, wt.double(), dy.double(), padding=(ph, pw), groups=g
+            )
+            dsame = torch.nn.grad.conv2d_input(
+                x.shape, wt.to(dt), dy.to(dt), padding=(ph, pw), groups=g
+            )
+            dx = _cl(torch.full((n, c, h, w), float("nan"), device="cuda", dtype=dt))
+            gconv_cuda.fprop(
+                _cl(dy.to(dt)),
+                gconv_cuda.dgrad_weight(wt.to(dt)),
+                None,
+                dx,
+                r - 1 - ph,
+                s - 1 - pw,
+                t,
+            )
+            torch.cuda.synchronize()
+            msg += "; " + _judge(dx, dsame, dref, ATOL[dt], "dgrad")
+            ok &= "BAD" not in msg
+            print(f"{dname} n{n} c{c} {h}x{w} k{r}x{s} pad{ph},{pw} bias={has_b} {t.name}: {msg}")
+    return ok
+
+
+def bench(tiles: list[CudaTile], n: int, copy_bw: float) -> list[dict]:
+    torch.backends.cudnn.benchmark = True
+    rows = []
+    for c, hw in ((64, 64), (128, 32), (256, 16)):
+        for dname, dt in DTYPES.items():
+            sets = []
+            for _ in range(3):  # 3 x >= 64 MB activations: past the 50 MB L2
+                x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+                w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dt) * 0.1
+                sets.append((x, w, _cl(torch.empty_like(x))))
+            nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
+            impls = {
+                "cudnn": lambda x, w, o, g=c // 8: F.conv2d(x, w, None, padding=1, groups=g),
+                "triton": lambda x, w, o: gconv.forward(x, w, None, 1, 1),
+            }
+            for tile in tiles:
+                t = _tile_for(c, tile)
+                impls[t.name] = lambda x, w, o, t=t: gconv_cuda.fprop(x, w, None, o, 1, 1, t)
+            res = {}
+            for name, fn in impls.items():
+                try:
+                    res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
+                except Exception as exc:  # a tile that fails to compile or launch is reported
+                    print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+            for name, s in res.items():
+                row = dict(
+                    c=c,
+                    hw=hw,
+                    n=n,
+                    dtype=dname,
+                    impl=name,
+                    median_s=s,
+                    gbps=nbytes / s / 1e9,
+                    frac_copy=nbytes / s / copy_bw,
+                    x_cudnn=res["cudnn"] / s if "cudnn" in res else None,
+                )
+                rows.append(row)
+                print(
+                    f"C={c:3d} {hw}x{hw} N={n} {dname} {name:24s} {s * 1e6:8.1f} us "
+                    f"{row['gbps']:7.0f} GB/s  {row['frac_copy']:.3f} of copy  "
+                    f"{row['x_cudnn'] or 0:.2f}x cuDNN"
+                )
+            del sets
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiles", action="store_true", help="time several tile shapes")
+    ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    base = CudaTile()
+    ok = check(base)
+    print("correctness:", "all ok" if ok else "FAILURES")
+    tiles = [base]
+    if args.tiles:
+        tiles += [
+            CudaTile(8, 16, 64, 4, 4),
+            CudaTile(8, 8, 64, 4, 4),
+            CudaTile(16, 16, 32, 8, 2),
+            CudaTile(8, 32, 64, 8, 2),
+        ]
+    copy_bw = measure_copy_bandwidth()
+    print(f"copy {copy_bw / 1e12:.2f} TB/s")
+    rows = bench(tiles, args.n, copy_bw)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "environment": environment(),
+                    "copy_bytes_per_s": copy_bw,
+                    "correct": ok,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
