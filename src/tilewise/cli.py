@@ -533,7 +533,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         prefix = next((k for k in reports if path.name.startswith(k)), None)
         if prefix is None:
             continue
-        data = load_results(path)
+        try:
+            data = load_results(path)
+        except ValueError as exc:  # another script's JSON that shares a prefix
+            print(f"skipped {path.name}: {exc}")
+            continue
         found += 1
         title = f"{path.name} ({data['environment'].get('device_name')})"
         reports[prefix](list(data["records"]), title)

@@ -16,11 +16,13 @@ chosen by ``tilewise.runtime.autotune``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops import gconv_wgrad
+from tilewise.ops import gconv_cuda, gconv_wgrad
 from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
@@ -445,18 +447,32 @@ def _run_conv(
     pad_w: int,
     dgrad: bool = False,
 ) -> torch.Tensor:
-    """Choose a config (autotuned on CUDA) and run the fprop kernel into ``out``."""
+    """Choose a config (autotuned on CUDA: the Triton configs and, in half precision, the NVRTC
+    kernel's tiles) and run it into ``out``."""
     sms = num_sms(x.device)
     cfg = autotune.choose_config(
         f"{op}.{pass_}",
         problem,
-        candidate_tuple(problem, pass_, sms),
-        lambda c: launch_fprop(x, weight, bias, out, pad_h, pad_w, c, dgrad),
+        _candidates(problem, pass_, sms, gconv_cuda.usable(x, out)),
+        lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
     )
-    launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
+    _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidates(problem: GConvProblem, pass_: str, sms: int, with_cuda: bool) -> tuple:
+    base = candidate_tuple(problem, pass_, sms)
+    return gconv_cuda.candidates(problem.c, problem.r, problem.s) + base if with_cuda else base
+
+
+def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> None:
+    if isinstance(cfg, gconv_cuda.CudaTile):
+        gconv_cuda.fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
+    else:
+        launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
 
 
 def forward(

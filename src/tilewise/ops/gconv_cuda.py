@@ -9,7 +9,9 @@ channels (N = 8), so no tensor-core work is wasted on other groups' zeros. A pix
 at a padded stride in shared memory so the 8 rows of an ``ldmatrix`` hit different banks.
 
 The input gradient of a stride-1 conv is this same conv of ``dy`` with the weights flipped and
-transposed within each group (``dgrad_weight``), with padding ``R - 1 - pad``.
+transposed within each group (``dgrad_weight``), with padding ``R - 1 - pad``; the kernel reads
+the weights that way itself (``dgrad=True``). CTAs are persistent: each stages its channel
+block's weights once and double-buffers the halo tiles it walks, so loads overlap the MMAs.
 
 fp16 and bf16 (fp32 accumulation), NHWC, C % 8 == 0, any R, S in 1..7, any padding, any N, H, W.
 """
@@ -21,9 +23,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from tilewise.ops._common import cdiv
+from tilewise.ops._common import cdiv, num_sms
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ _SOURCE = r"""
 #define WARPS {WARPS}
 #define IS_BF16 {IS_BF16}
 #define HAS_BIAS {HAS_BIAS}
+#define DGRAD {DGRAD}
 #define NG (CB / 8)
 #define TAPS (R * S)
 #define TP ((TAPS + 1) / 2)
@@ -43,7 +45,8 @@ _SOURCE = r"""
 #define HWD (TW + S - 1)
 #define PIX (CB * 2 + 16)
 #define MTW ((TH * TW) / (16 * WARPS))
-#define W_OFF (HH * HWD * PIX)
+#define HALO (HH * HWD * PIX)
+#define W_OFF (2 * HALO)
 #define Z_OFF (W_OFF + NG * TP * 256)
 
 typedef unsigned short u16;
@@ -92,48 +95,59 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {{
     return r;
 }}
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ wt,
-               const float* __restrict__ bias, u16* __restrict__ y,
-               int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,
-               int tiles_h, int tiles_w)
-{{
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int t = blockIdx.x;
-    const int tw_i = t % tiles_w; t /= tiles_w;
-    const int th_i = t % tiles_h;
-    const int n = t / tiles_h;
-    const int c0 = blockIdx.y * CB;
+__device__ __forceinline__ void load_tile(u32 dst, const u16* __restrict__ x, int t, int Hi,
+                                          int Wi, int C, int c0, int pad_h, int pad_w,
+                                          int tiles_h, int tiles_w, int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
-    const u32 sbase = smem_u32(smem);
-
-    // input tile + halo, one 16-byte chunk (8 channels = one group) per copy, zeros outside
     for (int i = tid; i < HH * HWD * NG; i += WARPS * 32) {{
         const int pix = i / NG, ch = i - pix * NG;
         const int hh = pix / HWD, ww = pix - hh * HWD;
         const int ih = h0 + hh, iw = w0 + ww;
         const bool ok = (unsigned)ih < (unsigned)Hi && (unsigned)iw < (unsigned)Wi;
         const u16* src = ok ? x + ((((long long)n * Hi + ih) * Wi + iw) * C + c0 + ch * 8) : x;
-        cp_async16(sbase + pix * PIX + ch * 16, src, ok ? 16 : 0);
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
     }}
-    // weights of this CTA's groups: [NG][TP][2 taps][8 out][8 in]
-    const u16* wsrc = wt + (long long)blockIdx.y * (NG * TP * 128);
-    for (int i = tid; i < NG * TP * 16; i += WARPS * 32)
-        cp_async16(sbase + W_OFF + i * 16, wsrc + i * 8, 16);
+}}
+
+// Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
+// the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
+// MMAs run.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
+               const float* __restrict__ bias, u16* __restrict__ y,
+               int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,
+               int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+
+    int t = blockIdx.x;
+    if (t < n_tiles) load_tile(sbase, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+    asm volatile("cp.async.commit_group;\n" ::);
+
+    // weights [C, 8, R, S] (any strides) -> [NG][TP][2 taps][8 out][8 in], zero for the pad tap;
+    // dgrad reads them flipped and transposed within the group
+    u16* wsm = (u16*)(smem + W_OFF);
+    for (int i = tid; i < NG * TP * 128; i += WARPS * 32) {{
+        const int ci = i & 7, o = (i >> 3) & 7, sl = (i >> 6) & 1, rest = i >> 7;
+        const int tp = rest % TP, gc = c0 + (rest / TP) * 8;
+        const int tap = 2 * tp + sl;
+        u16 v = 0;
+        if (tap < TAPS) {{
+            const int r = tap / S, s = tap - (tap / S) * S;
+#if DGRAD
+            v = w[(long long)(gc + ci) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+            v = w[(long long)(gc + o) * ws0 + ci * ws1 + r * ws2 + s * ws3];
+#endif
+        }}
+        wsm[i] = v;
+    }}
     // one zero pixel: the A rows of the padding tap when R * S is odd (finite, so 0 * x = 0)
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + Z_OFF))[i] = 0u;
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-
-    float acc[MTW][NG][4];
-#pragma unroll
-    for (int a = 0; a < MTW; ++a)
-#pragma unroll
-        for (int g = 0; g < NG; ++g)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) acc[a][g][k] = 0.f;
 
     // ldmatrix.x4 row owned by this lane: matrices (pixels 0-7 | 8-15) x (tap slot 0 | 1)
     int pbase[MTW];
@@ -145,51 +159,82 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ wt,
     }}
     const int slot = lane >> 4;
     const u32 b_lane = sbase + W_OFF + ((lane >> 3) & 1) * 128 + (lane & 7) * 16;
-
+    const int cpair = (lane & 3) * 2;
+    float bv[NG][2];
 #pragma unroll
-    for (int tp = 0; tp < TP; ++tp) {{
-        const int tap = 2 * tp + slot;
-        u32 a_addr[MTW];
-#pragma unroll
-        for (int a = 0; a < MTW; ++a)
-            a_addr[a] = tap < TAPS ? sbase + (pbase[a] + (tap / S) * HWD + (tap % S)) * PIX
-                                   : sbase + Z_OFF;
-#pragma unroll
-        for (int g = 0; g < NG; ++g) {{
-            u32 b0, b1;
-            ldsm_x2(b0, b1, b_lane + (g * TP + tp) * 256);
-#pragma unroll
-            for (int a = 0; a < MTW; ++a) {{
-                u32 a0, a1, a2, a3;
-                ldsm_x4(a0, a1, a2, a3, a_addr[a] + g * 16);
-                mma16816(acc[a][g], a0, a1, a2, a3, b0, b1);
-            }}
-        }}
+    for (int g = 0; g < NG; ++g) {{
+#if HAS_BIAS
+        bv[g][0] = bias[c0 + g * 8 + cpair];
+        bv[g][1] = bias[c0 + g * 8 + cpair + 1];
+#else
+        bv[g][0] = 0.f;
+        bv[g][1] = 0.f;
+#endif
     }}
 
-    // C fragment: rows lane/4 and lane/4 + 8 of the m-tile, channels 2 * (lane % 4) + {{0, 1}}
-    const int cpair = (lane & 3) * 2;
+    int buf = 0;
+    for (; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + gridDim.x;
+        if (tn < n_tiles)
+            load_tile(sbase + (buf ^ 1) * HALO, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h,
+                      tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+
+        float acc[MTW][NG][4];
 #pragma unroll
-    for (int a = 0; a < MTW; ++a) {{
+        for (int a = 0; a < MTW; ++a)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {{
-            const int p = (warp * MTW + a) * 16 + (lane >> 2) + half * 8;
-            const int py = p / TW, px = p - (p / TW) * TW;
-            const int oh = th_i * TH + py, ow = tw_i * TW + px;
-            if (oh < Ho && ow < Wo) {{
-                u16* dst = y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + cpair;
+            for (int g = 0; g < NG; ++g)
 #pragma unroll
-                for (int g = 0; g < NG; ++g) {{
-                    float v0 = acc[a][g][half * 2], v1 = acc[a][g][half * 2 + 1];
-#if HAS_BIAS
-                    v0 += bias[c0 + g * 8 + cpair];
-                    v1 += bias[c0 + g * 8 + cpair + 1];
-#endif
-                    *(u32*)(dst + g * 8) = pack2(v0, v1);
+                for (int k = 0; k < 4; ++k) acc[a][g][k] = 0.f;
+
+        const u32 hbase = sbase + buf * HALO;
+#pragma unroll
+        for (int tp = 0; tp < TP; ++tp) {{
+            const int tap = 2 * tp + slot;
+            u32 a_addr[MTW];
+#pragma unroll
+            for (int a = 0; a < MTW; ++a)
+                a_addr[a] = tap < TAPS ? hbase + (pbase[a] + (tap / S) * HWD + (tap % S)) * PIX
+                                       : sbase + Z_OFF;
+#pragma unroll
+            for (int g = 0; g < NG; ++g) {{
+                u32 b0, b1;
+                ldsm_x2(b0, b1, b_lane + (g * TP + tp) * 256);
+#pragma unroll
+                for (int a = 0; a < MTW; ++a) {{
+                    u32 a0, a1, a2, a3;
+                    ldsm_x4(a0, a1, a2, a3, a_addr[a] + g * 16);
+                    mma16816(acc[a][g], a0, a1, a2, a3, b0, b1);
                 }}
             }}
         }}
+
+        // C fragment: rows lane/4 and lane/4 + 8 of the m-tile, channels 2 * (lane % 4) + 0, 1
+        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
+        const int n = t / (tiles_w * tiles_h);
+#pragma unroll
+        for (int a = 0; a < MTW; ++a) {{
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {{
+                const int p = (warp * MTW + a) * 16 + (lane >> 2) + half * 8;
+                const int py = p / TW, px = p - (p / TW) * TW;
+                const int oh = th_i * TH + py, ow = tw_i * TW + px;
+                if (oh < Ho && ow < Wo) {{
+                    u16* dst = y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + cpair;
+#pragma unroll
+                    for (int g = 0; g < NG; ++g)
+                        *(u32*)(dst + g * 8) = pack2(acc[a][g][half * 2] + bv[g][0],
+                                                     acc[a][g][half * 2 + 1] + bv[g][1]);
+                }}
+            }}
+        }}
+        __syncthreads();  // this halo buffer is refilled next iteration
+        buf ^= 1;
     }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
 }}
 """
 
@@ -199,11 +244,11 @@ class CudaTile:
     """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb``
     channels per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows)."""
 
-    th: int = 16
+    th: int = 8
     tw: int = 16
-    cb: int = 64
-    warps: int = 8
-    min_ctas: int = 2
+    cb: int = 32
+    warps: int = 4
+    min_ctas: int = 4
 
     @property
     def name(self) -> str:
@@ -211,9 +256,11 @@ class CudaTile:
 
 
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
+    """Two halo buffers (double-buffered tiles), the CTA's weights and one zero pixel."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
-    return (tile.th + r - 1) * (tile.tw + s - 1) * pix + (tile.cb // 8) * taps_pairs * 256 + pix
+    halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
+    return 2 * halo + (tile.cb // 8) * taps_pairs * 256 + pix
 
 
 def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
@@ -227,8 +274,50 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     )
 
 
+#: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C). The
+#: first was the H100's best on all three of the issue's shapes (scripts/gconv_cuda_probe.py:
+#: 0.64 / 0.56 / 0.46 of copy at C=64/128/256, N=128, fp16 and bf16 alike).
+TILES = (
+    CudaTile(8, 16, 32, 4, 4),
+    CudaTile(16, 16, 32, 8, 2),
+    CudaTile(8, 16, 64, 4, 3),
+    CudaTile(8, 8, 64, 4, 4),
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
+    """The legal ``TILES`` for C channels and an R x S kernel (empty if none fits)."""
+    out = []
+    for tile in TILES:
+        cb = tile.cb
+        while cb > 8 and c % cb:
+            cb //= 2
+        fitted = CudaTile(tile.th, tile.tw, cb, tile.warps, tile.min_ctas)
+        if tile_ok(c, r, s, fitted):
+            out.append(fitted)
+    return tuple(dict.fromkeys(out))
+
+
+def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether this call can take the CUDA kernel: half precision on a GPU with NVRTC, dense
+    channels_last input and output on 16-byte boundaries (the kernel copies 16-byte chunks)."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and available()
+        and x.is_contiguous(memory_format=torch.channels_last)
+        and out.is_contiguous(memory_format=torch.channels_last)
+        and x.data_ptr() % 16 == 0
+        and out.data_ptr() % 16 == 0
+    )
+
+
+_CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
 @functools.cache
-def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, has_bias: bool, device_index: int):
+def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, bias: bool, dgrad: bool, device: int):
     src = _SOURCE.format(
         R=r,
         S=s,
@@ -238,11 +327,17 @@ def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, has_bias: bool, device_i
         WARPS=tile.warps,
         MIN_CTAS=tile.min_ctas,
         IS_BF16=int(bf16),
-        HAS_BIAS=int(has_bias),
+        HAS_BIAS=int(bias),
+        DGRAD=int(dgrad),
     )
-    with torch.cuda.device(device_index):
+    with torch.cuda.device(device):
         kernel = torch.cuda._compile_kernel(src, "tw_gconv_fprop")
         kernel.set_shared_memory_config(smem_bytes(r, s, tile))
+        try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
+            lib = torch.cuda._utils._get_gpu_runtime_library()
+            lib.cuFuncSetAttribute(kernel.func, _CARVEOUT_ATTRIBUTE, 100)
+        except Exception as exc:  # a hint only: the launch works without it
+            log.info("tilewise gconv_cuda: shared-memory carveout not set (%s)", exc)
     return kernel
 
 
@@ -251,19 +346,9 @@ def available() -> bool:
     return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[C, 8, R, S] -> [C/8, taps/2, 2, 8 out, 8 in]: each (group, tap pair) is one 256-byte
-    ``ldmatrix.x2`` source; an odd tap count is padded with a zero tap."""
-    c, _, r, s = weight.shape
-    w = weight.reshape(c // 8, 8, 8, r * s).permute(0, 3, 1, 2)  # group, tap, out, in
-    if (r * s) % 2:
-        w = F.pad(w, (0, 0, 0, 0, 0, 1))
-    return w.contiguous()
-
-
 def dgrad_weight(weight: torch.Tensor) -> torch.Tensor:
     """Weights of the conv that computes dx from dy (stride 1): flipped taps, in/out swapped
-    within each group."""
+    within each group. The kernel reads them this way itself (``dgrad=True``); for references."""
     c, _, r, s = weight.shape
     return weight.reshape(c // 8, 8, 8, r, s).transpose(1, 2).flip(3, 4).reshape(c, 8, r, s)
 
@@ -276,21 +361,44 @@ def fprop(
     pad_h: int,
     pad_w: int,
     tile: CudaTile = CudaTile(),
-    packed_weight: torch.Tensor | None = None,
+    dgrad: bool = False,
 ) -> torch.Tensor:
-    """``out = conv2d(x, weight, bias, padding, groups=C/8)`` for channels_last fp16/bf16 tensors
-    (``out`` preallocated, channels_last). Launches on the current stream."""
+    """``out = conv2d(x, weight, bias, padding, groups=C/8)`` for channels_last fp16/bf16 ``x`` and
+    ``out`` (preallocated; its size sets the output size), weights of any strides. ``dgrad=True``
+    convolves with ``dgrad_weight(weight)`` without making it (padding ``R - 1 - pad``, which may
+    be negative). Launches on the current stream."""
     n, c, hi, wi = x.shape
     _, _, ho, wo = out.shape
     r, s = weight.shape[2], weight.shape[3]
-    wt = packed_weight if packed_weight is not None else pack_weight(weight)
-    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, x.device.index or 0)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
-    b = bias.float() if bias is not None else wt
+    n_tiles = n * tiles_h * tiles_w
+    cblocks = c // tile.cb
+    grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
+    b = bias if bias is not None and bias.dtype == torch.float32 else None
+    if bias is not None and b is None:
+        b = bias.float()
     kernel(
-        grid=(n * tiles_h * tiles_w, c // tile.cb, 1),
+        grid=(grid_x, cblocks, 1),
         block=(tile.warps * 32, 1, 1),
-        args=[x, wt, b, out, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w],
+        args=[
+            x,
+            weight,
+            b if b is not None else weight,
+            out,
+            hi,
+            wi,
+            ho,
+            wo,
+            c,
+            pad_h,
+            pad_w,
+            tiles_h,
+            tiles_w,
+            n_tiles,
+            *weight.stride(),
+        ],
         shared_mem=smem_bytes(r, s, tile),
     )
     return out

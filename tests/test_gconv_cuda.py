@@ -1,0 +1,105 @@
+"""The NVRTC grouped-conv kernel (``tilewise.ops.gconv_cuda``): every tile, fprop and dgrad,
+against fp64 by the three-way rule on odd shapes; NaN stays in its group. GPU only, but the
+source template and the tile rules are checked on the CPU too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from checks import ATOL, assert_three_way
+
+from tilewise.ops import gconv_cuda
+from tilewise.ops.gconv_cuda import CudaTile
+
+# n, c, h, w, r, s, pad_h, pad_w, bias
+CASES = [
+    (2, 64, 13, 17, 3, 3, 1, 1, True),
+    (1, 16, 5, 7, 3, 3, 1, 1, False),
+    (3, 128, 9, 9, 5, 5, 2, 2, True),
+    (2, 64, 8, 8, 7, 7, 3, 3, False),
+    (2, 64, 10, 10, 1, 1, 0, 0, True),
+    (2, 32, 6, 6, 3, 3, 0, 0, True),
+    (1, 8, 4, 4, 3, 3, 3, 3, False),
+    (1, 64, 1, 1, 3, 3, 1, 1, True),
+    (4, 64, 20, 19, 3, 5, 1, 2, True),
+    (2, 24, 11, 3, 2, 4, 2, 0, True),
+]
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def test_source_template_formats_for_every_kernel_size():
+    for r in range(1, 8):
+        for s in range(1, 8):
+            for tile in gconv_cuda.TILES:
+                src = gconv_cuda._SOURCE.format(
+                    R=r, S=s, TH=tile.th, TW=tile.tw, CB=tile.cb, WARPS=tile.warps,
+                    MIN_CTAS=tile.min_ctas, IS_BF16=1, HAS_BIAS=1, DGRAD=1,
+                )  # fmt: skip
+                assert src.count("{") == src.count("}") and "tw_gconv_fprop" in src
+
+
+def test_candidates_fit_the_channels_and_shared_memory():
+    for c in (8, 16, 24, 64, 96, 256):
+        for k in (1, 3, 7):
+            tiles = gconv_cuda.candidates(c, k, k)
+            assert tiles, (c, k)
+            for t in tiles:
+                assert c % t.cb == 0 and gconv_cuda.smem_bytes(k, k, t) <= 227 * 1024
+    assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
+
+
+def _tiles(c: int, r: int, s: int) -> list[CudaTile]:
+    return list(gconv_cuda.candidates(c, r, s)) + [
+        t for t in (CudaTile(8, 8, 8, 4, 4),) if gconv_cuda.tile_ok(c, r, s, t)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_tile_fprop_and_dgrad(dtype, rng_seed):
+    for n, c, h, w, r, s, ph, pw, has_b in CASES:
+        x = _cl(torch.randn(n, c, h, w, device="cuda"))
+        wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
+        if h % 2:  # a channels_last model's weights: read through their strides
+            wt = _cl(wt)
+        b = torch.randn(c, device="cuda") if has_b else None
+        g = c // 8
+        pad = (ph, pw)
+        ref = F.conv2d(
+            x.double(), wt.double(), b.double() if has_b else None, padding=pad, groups=g
+        )
+        bt = b.to(dtype) if has_b else None
+        same = F.conv2d(x.to(dtype), wt.to(dtype), bt, padding=pad, groups=g)
+        dy = torch.randn(ref.shape, device="cuda")
+        dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
+        dsame = torch.nn.grad.conv2d_input(
+            x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g
+        )
+        for tile in _tiles(c, r, s):
+            tag = f"n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
+            out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
+            gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
+            assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed)
+            dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
+            gconv_cuda.fprop(
+                _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
+            )
+            assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed)
+
+
+@pytest.mark.gpu
+def test_nan_stays_in_its_group():
+    x = _cl(torch.randn(1, 64, 12, 12, device="cuda", dtype=torch.float16))
+    x[0, 3, 5, 5] = float("nan")  # group 0
+    x[0, 20, 2, 2] = float("inf")  # group 2
+    wt = torch.randn(64, 8, 3, 3, device="cuda", dtype=torch.float16)
+    ref = F.conv2d(x.float(), wt.float(), padding=1, groups=8)
+    for tile in _tiles(64, 3, 3):
+        out = _cl(torch.empty(1, 64, 12, 12, device="cuda", dtype=torch.float16))
+        gconv_cuda.fprop(x, wt, None, out, 1, 1, tile)
+        assert torch.equal(out.isnan(), ref.isnan()), tile.name
+        assert torch.equal(out.isinf(), ref.isinf()), tile.name
