@@ -8,6 +8,7 @@ on the issue's shapes, as effective bandwidth (compulsory bytes / time) and frac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -31,7 +32,7 @@ def _tile_for(c: int, tile: CudaTile) -> CudaTile:
     cb = min(tile.cb, c)
     while c % cb:
         cb //= 2
-    return CudaTile(tile.th, tile.tw, cb, tile.warps, tile.min_ctas)
+    return dataclasses.replace(tile, cb=cb)
 
 
 def _judge(out, same, ref, atol, what) -> str:
@@ -157,11 +158,12 @@ def main() -> None:
     tiles = [base]
     if args.tiles:
         tiles += [
-            CudaTile(8, 16, 32, 4, 4),
-            CudaTile(16, 16, 64, 8, 2),
-            CudaTile(16, 16, 32, 8, 2),
-            CudaTile(8, 8, 64, 4, 4),
-            CudaTile(8, 32, 32, 8, 2),
+            CudaTile(8, 16, 32, 4, 4, 3),
+            CudaTile(8, 16, 32, 4, 5, 2),
+            CudaTile(8, 16, 32, 4, 4, 4),
+            CudaTile(16, 16, 32, 8, 2, 2),
+            CudaTile(8, 16, 64, 4, 3, 2),
+            CudaTile(8, 8, 32, 4, 6, 3),
         ]
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.2f} TB/s")

@@ -37,7 +37,7 @@ def test_source_template_formats_for_every_kernel_size():
             for tile in gconv_cuda.TILES:
                 src = gconv_cuda._SOURCE.format(
                     R=r, S=s, TH=tile.th, TW=tile.tw, CB=tile.cb, WARPS=tile.warps,
-                    MIN_CTAS=tile.min_ctas, IS_BF16=1, HAS_BIAS=1, DGRAD=1,
+                    MIN_CTAS=tile.min_ctas, STAGES=tile.stages, IS_BF16=1, HAS_BIAS=1, DGRAD=1,
                 )  # fmt: skip
                 assert src.count("{") == src.count("}") and "tw_gconv_fprop" in src
 
@@ -54,7 +54,7 @@ def test_candidates_fit_the_channels_and_shared_memory():
 
 def _tiles(c: int, r: int, s: int) -> list[CudaTile]:
     return list(gconv_cuda.candidates(c, r, s)) + [
-        t for t in (CudaTile(8, 8, 8, 4, 4),) if gconv_cuda.tile_ok(c, r, s, t)
+        t for t in (CudaTile(8, 8, 8, 4, 4, 3),) if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
 

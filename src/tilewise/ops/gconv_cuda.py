@@ -18,6 +18,7 @@ fp16 and bf16 (fp32 accumulation), NHWC, C % 8 == 0, any R, S in 1..7, any paddi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -45,12 +46,15 @@ _SOURCE = r"""
 #define HWD (TW + S - 1)
 #define PIX (CB * 2 + 16)
 #define MTW ((TH * TW) / (16 * WARPS))
+#define STAGES {STAGES}
 #define HALO (HH * HWD * PIX)
-#define W_OFF (2 * HALO)
+#define W_OFF (STAGES * HALO)
 #define Z_OFF (W_OFF + NG * TP * 256)
+#define S_OFF (Z_OFF + PIX)
 
 typedef unsigned short u16;
 typedef unsigned int u32;
+struct __align__(16) v4u32 {{ u32 a, b, c, d; }};
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {{
     u32 r;
@@ -124,9 +128,14 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
     const int c0 = blockIdx.y * CB;
     const u32 sbase = smem_u32(smem);
 
-    int t = blockIdx.x;
-    if (t < n_tiles) load_tile(sbase, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
-    asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{  // the first STAGES - 1 tiles start loading
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_tile(sbase + st * HALO, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
+                      tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
 
     // weights [C, 8, R, S] (any strides) -> [NG][TP][2 taps][8 out][8 in], zero for the pad tap;
     // dgrad reads them flipped and transposed within the group
@@ -172,14 +181,15 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
 #endif
     }}
 
+    u16* stg = (u16*)(smem + S_OFF);  // the output tile, staged for 16-byte global stores
     int buf = 0;
-    for (; t < n_tiles; t += gridDim.x) {{
-        const int tn = t + gridDim.x;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
         if (tn < n_tiles)
-            load_tile(sbase + (buf ^ 1) * HALO, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h,
-                      tiles_w, tid);
+            load_tile(sbase + ((buf + STAGES - 1) % STAGES) * HALO, x, tn, Hi, Wi, C, c0, pad_h,
+                      pad_w, tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
 
         float acc[MTW][NG][4];
@@ -213,26 +223,28 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
         }}
 
         // C fragment: rows lane/4 and lane/4 + 8 of the m-tile, channels 2 * (lane % 4) + 0, 1
-        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
-        const int n = t / (tiles_w * tiles_h);
 #pragma unroll
-        for (int a = 0; a < MTW; ++a) {{
+        for (int a = 0; a < MTW; ++a)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {{
                 const int p = (warp * MTW + a) * 16 + (lane >> 2) + half * 8;
-                const int py = p / TW, px = p - (p / TW) * TW;
-                const int oh = th_i * TH + py, ow = tw_i * TW + px;
-                if (oh < Ho && ow < Wo) {{
-                    u16* dst = y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + cpair;
 #pragma unroll
-                    for (int g = 0; g < NG; ++g)
-                        *(u32*)(dst + g * 8) = pack2(acc[a][g][half * 2] + bv[g][0],
-                                                     acc[a][g][half * 2 + 1] + bv[g][1]);
-                }}
+                for (int g = 0; g < NG; ++g)
+                    *(u32*)(stg + p * (PIX / 2) + g * 8 + cpair) =
+                        pack2(acc[a][g][half * 2] + bv[g][0], acc[a][g][half * 2 + 1] + bv[g][1]);
             }}
+        __syncthreads();
+        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
+        const int n = t / (tiles_w * tiles_h);
+        for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+            const int p = i / NG, ch = i - (i / NG) * NG;
+            const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
+            if (oh < Ho && ow < Wo)
+                *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
+                    *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
         }}
-        __syncthreads();  // this halo buffer is refilled next iteration
-        buf ^= 1;
+        __syncthreads();  // this halo buffer and the staging tile are reused next iteration
+        buf = (buf + 1) % STAGES;
     }}
     asm volatile("cp.async.wait_group 0;\n" ::);
 }}
@@ -249,18 +261,19 @@ class CudaTile:
     cb: int = 32
     warps: int = 4
     min_ctas: int = 4
+    stages: int = 2
 
     @property
     def name(self) -> str:
-        return f"cuda_t{self.th}x{self.tw}c{self.cb}w{self.warps}"
+        return f"cuda_t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
 
 
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
-    """Two halo buffers (double-buffered tiles), the CTA's weights and one zero pixel."""
+    """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
-    return 2 * halo + (tile.cb // 8) * taps_pairs * 256 + pix
+    return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
 
 
 def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
@@ -293,7 +306,7 @@ def candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
         cb = tile.cb
         while cb > 8 and c % cb:
             cb //= 2
-        fitted = CudaTile(tile.th, tile.tw, cb, tile.warps, tile.min_ctas)
+        fitted = dataclasses.replace(tile, cb=cb)
         if tile_ok(c, r, s, fitted):
             out.append(fitted)
     return tuple(dict.fromkeys(out))
@@ -326,6 +339,7 @@ def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, bias: bool, dgrad: bool,
         CB=tile.cb,
         WARPS=tile.warps,
         MIN_CTAS=tile.min_ctas,
+        STAGES=tile.stages,
         IS_BF16=int(bf16),
         HAS_BIAS=int(bias),
         DGRAD=int(dgrad),
