@@ -287,14 +287,13 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     )
 
 
-#: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C). The
-#: first was the H100's best on all three of the issue's shapes (scripts/gconv_cuda_probe.py:
-#: 0.64 / 0.56 / 0.46 of copy at C=64/128/256, N=128, fp16 and bf16 alike).
+#: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C): the
+#: best three of scripts/gconv_cuda_probe.py on the H100 (0.67 / 0.59 / 0.46 of copy at
+#: C=64/128/256, N=128, 3x3; 64-channel blocks, 3-4 halo stages and 8x8 tiles were slower).
 TILES = (
-    CudaTile(8, 16, 32, 4, 4),
-    CudaTile(16, 16, 32, 8, 2),
-    CudaTile(8, 16, 64, 4, 3),
-    CudaTile(8, 8, 64, 4, 4),
+    CudaTile(8, 16, 32, 4, 4, 2),
+    CudaTile(8, 16, 32, 4, 5, 2),
+    CudaTile(16, 16, 32, 8, 2, 2),
 )
 
 
