@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
-from tilewise.ops import gconv, gconv_cuda
+from tilewise.ops import gconv, gconv_cuda, gconv_wgrad
+from tilewise.ops.gconv_config import GConvProblem
 from tilewise.ops.gconv_cuda import CudaTile
 
 ATOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -95,6 +96,18 @@ def check(tile: CudaTile) -> bool:
             )
             torch.cuda.synchronize()
             msg += "; " + _judge(dx, dsame, dref, ATOL[dt], "dgrad")
+            if has_b or r == 3:
+                wdy = _cl(torch.randn(ref.shape, device="cuda", dtype=dt))
+                xd = _cl(x.to(dt))
+                wref = torch.nn.grad.conv2d_weight(
+                    xd.double(), wt.shape, wdy.double(), padding=(ph, pw), groups=g
+                )
+                wsame = torch.nn.grad.conv2d_weight(xd, wt.shape, wdy, padding=(ph, pw), groups=g)
+                wt_tile = gconv_cuda.wgrad_candidates(c, r, s)[0]
+                dw32, _ = gconv_cuda.wgrad(wdy, xd, r, s, ph, pw, False, wt_tile)
+                msg += "; " + _judge(
+                    dw32.permute(2, 3, 0, 1), wsame, wref, ATOL[dt] * (n * h * w) ** 0.5, "wgrad"
+                )
             ok &= "BAD" not in msg
             print(f"{dname} n{n} c{c} {h}x{w} k{r}x{s} pad{ph},{pw} bias={has_b} {t.name}: {msg}")
     return ok
@@ -146,6 +159,46 @@ def bench(tiles: list[CudaTile], n: int, copy_bw: float) -> list[dict]:
     return rows
 
 
+def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
+    """wgrad (non-deterministic) beside cuDNN: each NVRTC tile, and tilewise's autotuned pick."""
+    rows = []
+    for c, hw in ((64, 64), (128, 32), (256, 16)):
+        for dname, dt in DTYPES.items():
+            sets = []
+            for _ in range(3):
+                x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+                sets.append((x, _cl(torch.randn_like(x))))
+            nbytes = 2 * sets[0][0].nbytes + c * 8 * 9 * 2
+            prob = GConvProblem.from_tensors(sets[0][0], torch.empty(c, 8, 3, 3), None, 1, 1)
+            impls = {
+                "cudnn": lambda x, dy, g=c // 8, c=c: torch.nn.grad.conv2d_weight(
+                    x, (c, 8, 3, 3), dy, padding=1, groups=g
+                ),
+                "tilewise": lambda x, dy, p=prob: gconv_wgrad.wgrad(dy, x, p, False, False),
+            }
+            for tile in gconv_cuda.wgrad_candidates(c, 3, 3):
+                impls[tile.name] = lambda x, dy, t=tile: gconv_cuda.wgrad(
+                    dy, x, 3, 3, 1, 1, False, t
+                )
+            res = {}
+            for name, fn in impls.items():
+                try:
+                    res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
+                except Exception as exc:
+                    print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+            for name, sec in res.items():
+                row = dict(pass_="wgrad", c=c, hw=hw, n=n, dtype=dname, impl=name, median_s=sec,
+                           gbps=nbytes / sec / 1e9, frac_copy=nbytes / sec / copy_bw,
+                           x_cudnn=res["cudnn"] / sec if "cudnn" in res else None)  # fmt: skip
+                rows.append(row)
+                print(
+                    f"wgrad C={c:3d} {hw}x{hw} N={n} {dname} {name:26s} {sec * 1e6:8.1f} us "
+                    f"{row['frac_copy']:.3f} of copy  {row['x_cudnn'] or 0:.2f}x cuDNN"
+                )
+            del sets
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", action="store_true", help="time several tile shapes")
@@ -167,7 +220,7 @@ def main() -> None:
         ]
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.2f} TB/s")
-    rows = bench(tiles, args.n, copy_bw)
+    rows = bench(tiles, args.n, copy_bw) + bench_wgrad(args.n, copy_bw)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -103,3 +103,29 @@ def test_nan_stays_in_its_group():
         gconv_cuda.fprop(x, wt, None, out, 1, 1, tile)
         assert torch.equal(out.isnan(), ref.isnan()), tile.name
         assert torch.equal(out.isinf(), ref.isinf()), tile.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_every_wgrad_tile(dtype, rng_seed):
+    for n, c, h, w, r, s, ph, pw, has_b in CASES:
+        x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+        wshape = (c, 8, r, s)
+        pad = (ph, pw)
+        dy = torch.randn(F.conv2d(x, torch.zeros(wshape, device="cuda", dtype=dtype), padding=pad,
+                                  groups=c // 8).shape, device="cuda", dtype=dtype)  # fmt: skip
+        dy = _cl(dy)
+        ref = torch.nn.grad.conv2d_weight(
+            x.double(), wshape, dy.double(), padding=pad, groups=c // 8
+        )
+        same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
+        db_ref = dy.double().sum((0, 2, 3))
+        atol = ATOL[dtype] * (n * h * w) ** 0.5
+        for tile in gconv_cuda.wgrad_candidates(c, r, s):
+            tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
+            dw32, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile)
+            assert_three_way(dw32.permute(2, 3, 0, 1), same, ref, atol, tag, rng_seed)
+            if has_b:
+                assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
+            else:
+                assert db is None

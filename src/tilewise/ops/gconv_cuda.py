@@ -51,6 +51,8 @@ _SOURCE = r"""
 #define W_OFF (STAGES * HALO)
 #define Z_OFF (W_OFF + NG * TP * 256)
 #define S_OFF (Z_OFF + PIX)
+#define WSTAGE (HALO + TH * TW * PIX)
+#define WZ_OFF (STAGES * WSTAGE)
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -75,6 +77,30 @@ __device__ __forceinline__ void ldsm_x4(u32& a0, u32& a1, u32& a2, u32& a3, u32 
 __device__ __forceinline__ void ldsm_x2(u32& b0, u32& b1, u32 addr) {{
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {{%0,%1}}, [%2];\n"
                  : "=r"(b0), "=r"(b1) : "r"(addr));
+}}
+
+__device__ __forceinline__ void ldsm_x4_t(u32& a0, u32& a1, u32& a2, u32& a3, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(addr));
+}}
+
+__device__ __forceinline__ void ldsm_x2_t(u32& b0, u32& b1, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{%0,%1}}, [%2];\n"
+                 : "=r"(b0), "=r"(b1) : "r"(addr));
+}}
+
+__device__ __forceinline__ void red_add(float* p, float v) {{
+    asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
+}}
+
+__device__ __forceinline__ float to_f32(u16 v) {{
+#if IS_BF16
+    return __uint_as_float(((u32)v) << 16);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+#endif
 }}
 
 __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
@@ -248,6 +274,107 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
     }}
     asm volatile("cp.async.wait_group 0;\n" ::);
 }}
+
+__device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int t, int Ho,
+                                        int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                        int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+        const int pix = i / NG, ch = i - pix * NG;
+        const int oh = th_i * TH + pix / TW, ow = tw_i * TW + (pix - (pix / TW) * TW);
+        const bool ok = oh < Ho && ow < Wo;
+        const u16* src = ok ? dy + ((((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) : dy;
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
+    }}
+}}
+
+// Weight gradient: one warp per group (WARPS == NG). Per 16-pixel chunk of a dy tile, one
+// mma.m16n8k16 per tap pair: A = the shifted inputs (2 taps x 8 in-channels by 16 pixels, read
+// transposed from the halo tile), B = dy (16 pixels by the group's 8 out-channels). Sums stay in
+// registers across the CTA's tiles and are added to dw [R, S, C, 8] (fp32) with atomics at the end.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+               float* __restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,
+               int pad_w, int tiles_h, int tiles_w, int n_tiles)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles) {{
+            load_tile(sbase + st * WSTAGE, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
+                      tid);
+            load_dy(sbase + st * WSTAGE + HALO, dy, ts, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        }}
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+    for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
+
+    float acc[TP][4];
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[tp][k] = 0.f;
+    float dbs = 0.f;  // bias gradient of channel c0 + tid % CB over this thread's pixels
+    const int a_pix = (lane & 7) + ((lane >> 4) & 1) * 8, a_slot = (lane >> 3) & 1;
+    const int b_pix = (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles) {{
+            const u32 nb = sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE;
+            load_tile(nb, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+            load_dy(nb + HALO, dy, tn, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        }}
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hx = sbase + buf * WSTAGE, hd = hx + HALO;
+#pragma unroll 2
+        for (int ch = 0; ch < (TH * TW) / 16; ++ch) {{
+            u32 b0, b1;
+            ldsm_x2_t(b0, b1, hd + (ch * 16 + b_pix) * PIX + g * 16);
+            const int ap = ch * 16 + a_pix, apy = ap / TW;
+            const int abase = apy * HWD + (ap - apy * TW);
+#pragma unroll
+            for (int tp = 0; tp < TP; ++tp) {{
+                const int tap = 2 * tp + a_slot;
+                const u32 addr = tap < TAPS ? hx + (abase + (tap / S) * HWD + (tap % S)) * PIX
+                                            : sbase + WZ_OFF;
+                u32 a0, a1, a2, a3;
+                ldsm_x4_t(a0, a1, a2, a3, addr + g * 16);
+                mma16816(acc[tp], a0, a1, a2, a3, b0, b1);
+            }}
+        }}
+#if HAS_BIAS
+        const u16* dys = (const u16*)(smem + buf * WSTAGE + HALO);
+        for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
+            dbs += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+#endif
+        __syncthreads();  // this stage's buffers are refilled next iteration
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
+    const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {{
+            const int tap = 2 * tp + half;
+            if (tap < TAPS) {{
+                red_add(dw + ((long long)tap * C + co) * 8 + ci, acc[tp][half * 2]);
+                red_add(dw + ((long long)tap * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+            }}
+        }}
+#if HAS_BIAS
+    red_add(db + c0 + tid % CB, dbs);
+#endif
+}}
 """
 
 
@@ -329,7 +456,23 @@ _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
 @functools.cache
-def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, bias: bool, dgrad: bool, device: int):
+def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
+    """``stages`` x (input halo + dy tile) and one zero pixel."""
+    pix = tile.cb * 2 + 16
+    halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
+    return tile.stages * (halo + tile.th * tile.tw * pix) + pix
+
+
+def _kernel(
+    r: int,
+    s: int,
+    tile: CudaTile,
+    bf16: bool,
+    bias: bool,
+    dgrad: bool,
+    device: int,
+    entry: str = "tw_gconv_fprop",
+):
     src = _SOURCE.format(
         R=r,
         S=s,
@@ -344,8 +487,9 @@ def _kernel(r: int, s: int, tile: CudaTile, bf16: bool, bias: bool, dgrad: bool,
         DGRAD=int(dgrad),
     )
     with torch.cuda.device(device):
-        kernel = torch.cuda._compile_kernel(src, "tw_gconv_fprop")
-        kernel.set_shared_memory_config(smem_bytes(r, s, tile))
+        kernel = torch.cuda._compile_kernel(src, entry)
+        size = smem_bytes if entry == "tw_gconv_fprop" else wgrad_smem_bytes
+        kernel.set_shared_memory_config(size(r, s, tile))
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
             lib = torch.cuda._utils._get_gpu_runtime_library()
             lib.cuFuncSetAttribute(kernel.func, _CARVEOUT_ATTRIBUTE, 100)
@@ -415,3 +559,57 @@ def fprop(
         shared_mem=smem_bytes(r, s, tile),
     )
     return out
+
+
+#: wgrad tiles: one warp per group of the channel block (warps = cb / 8).
+WGRAD_TILES = (
+    CudaTile(8, 16, 32, 4, 4, 2),
+    CudaTile(16, 16, 32, 4, 3, 2),
+    CudaTile(8, 16, 64, 8, 2, 2),
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
+    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits)."""
+    out = []
+    for tile in WGRAD_TILES:
+        cb = tile.cb
+        while cb > 8 and c % cb:
+            cb //= 2
+        fitted = dataclasses.replace(tile, cb=cb, warps=cb // 8)
+        if c % cb == 0 and wgrad_smem_bytes(r, s, fitted) <= 227 * 1024:
+            out.append(fitted)
+    return tuple(dict.fromkeys(out))
+
+
+def wgrad(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    r: int,
+    s: int,
+    pad_h: int,
+    pad_w: int,
+    need_db: bool,
+    tile: CudaTile = WGRAD_TILES[0],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(fp32 weight gradient [R, S, C, 8], fp32 bias gradient [C] or None) of the grouped conv
+    ``y = conv2d(x, w, padding)`` given ``dy``, both channels_last fp16/bf16. Sums of the CTAs
+    are added with fp32 atomics (run-to-run rounding differences: the non-deterministic mode)."""
+    n, c, hi, wi = x.shape
+    ho, wo = dy.shape[2], dy.shape[3]
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, need_db, False, dev, "tw_gconv_wgrad")
+    acc = torch.zeros(r * s * c * 8 + c, device=x.device, dtype=torch.float32)
+    dw32, db = acc[: r * s * c * 8].view(r, s, c, 8), acc[r * s * c * 8 :]
+    tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
+    n_tiles = n * tiles_h * tiles_w
+    cblocks = c // tile.cb
+    grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
+    kernel(
+        grid=(grid_x, cblocks, 1),
+        block=(tile.warps * 32, 1, 1),
+        args=[x, dy, dw32, db, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles],
+        shared_mem=wgrad_smem_bytes(r, s, tile),
+    )
+    return dw32, (db if need_db else None)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tilewise.ops import gconv_cuda
 from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
@@ -197,18 +198,36 @@ def wgrad(
     need_db: bool,
     deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dweight [C, 8, R, S] contiguous in x's dtype, fp32 dbias or None); config autotuned."""
+    """(dweight [C, 8, R, S] contiguous in x's dtype, fp32 dbias or None); config autotuned among
+    the Triton configs and, in half precision without determinism, the NVRTC kernel's tiles."""
     sms = num_sms(x.device)
-    candidates = wgrad_candidates(problem, sms)
+    with_cuda = not deterministic and gconv_cuda.usable(x, grad)
+    candidates = _candidates(problem, sms, with_cuda)
     cfg = autotune.choose_config(
         f"{OP}.{'det' if deterministic else 'atomic'}",
         problem,
         candidates,
-        lambda k: launch_wgrad(grad, x, problem, k, need_db, deterministic),
+        lambda k: _launch(grad, x, problem, k, need_db, deterministic),
         device=x.device,
-        default=candidates[0],
+        default=wgrad_candidates(problem, sms)[0],
     )
-    dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
+    dw32, db = _launch(grad, x, problem, cfg, need_db, deterministic)
     dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
     dw.copy_(dw32.permute(2, 3, 0, 1))
     return dw, db
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
+    base = wgrad_candidates(problem, sms)
+    if not with_cuda:
+        return base
+    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s) + base
+
+
+def _launch(grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool):
+    if isinstance(cfg, gconv_cuda.CudaTile):
+        return gconv_cuda.wgrad(
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg
+        )
+    return launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
