@@ -129,3 +129,36 @@ def test_every_wgrad_tile(dtype, rng_seed):
                 assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
             else:
                 assert db is None
+
+
+def test_compiled_kernels_are_cached(monkeypatch):
+    """One NVRTC compile per variant: an uncached compile cost ~19 ms per launch on the H100
+    host (a decorator left on the wrong function once made every launch recompile)."""
+    compiles = []
+
+    class FakeKernel:
+        func = None
+
+        def set_shared_memory_config(self, nbytes):
+            pass
+
+        def __call__(self, **launch):
+            pass
+
+    def fake_compile(src, name):
+        compiles.append(name)
+        return FakeKernel()
+
+    gconv_cuda._kernel.cache_clear()
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
+    x = _cl(torch.randn(2, 64, 8, 8))
+    w = torch.randn(64, 8, 3, 3)
+    for _ in range(3):
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1)
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, dgrad=True)
+        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
+    assert sorted(compiles) == ["tw_gconv_fprop", "tw_gconv_fprop", "tw_gconv_wgrad"]
+    gconv_cuda._kernel.cache_clear()

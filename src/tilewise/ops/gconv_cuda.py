@@ -455,7 +455,6 @@ def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
 _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
-@functools.cache
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` x (input halo + dy tile) and one zero pixel."""
     pix = tile.cb * 2 + 16
@@ -463,6 +462,7 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     return tile.stages * (halo + tile.th * tile.tw * pix) + pix
 
 
+@functools.cache  # one NVRTC compile per kernel variant and device (an uncached one cost ~19 ms)
 def _kernel(
     r: int,
     s: int,
