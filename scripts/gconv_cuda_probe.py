@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.checks import GCONV_ODD_SHAPES
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
 from tilewise.ops import gconv, gconv_cuda, gconv_wgrad
@@ -45,17 +46,7 @@ def _judge(out, same, ref, atol, what) -> str:
 
 def check(tile: CudaTile) -> bool:
     ok = True
-    cases = [  # n, c, h, w, r, s, pad_h, pad_w, bias
-        (2, 64, 13, 17, 3, 3, 1, 1, True),
-        (1, 16, 5, 7, 3, 3, 1, 1, False),
-        (3, 128, 9, 9, 5, 5, 2, 2, True),
-        (2, 64, 8, 8, 7, 7, 3, 3, False),
-        (2, 64, 10, 10, 1, 1, 0, 0, True),
-        (2, 32, 6, 6, 3, 3, 0, 0, True),
-        (1, 8, 4, 4, 3, 3, 3, 3, False),
-        (1, 64, 1, 1, 3, 3, 1, 1, True),
-        (4, 64, 20, 19, 3, 5, 1, 2, True),
-    ]
+    cases = GCONV_ODD_SHAPES
     for dname, dt in DTYPES.items():
         for n, c, h, w, r, s, ph, pw, has_b in cases:
             t = _tile_for(c, tile)

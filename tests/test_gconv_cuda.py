@@ -9,22 +9,11 @@ import torch
 import torch.nn.functional as F
 from checks import ATOL, assert_three_way
 
+from tilewise.bench.checks import GCONV_ODD_SHAPES
 from tilewise.ops import gconv_cuda
 from tilewise.ops.gconv_cuda import CudaTile
 
-# n, c, h, w, r, s, pad_h, pad_w, bias
-CASES = [
-    (2, 64, 13, 17, 3, 3, 1, 1, True),
-    (1, 16, 5, 7, 3, 3, 1, 1, False),
-    (3, 128, 9, 9, 5, 5, 2, 2, True),
-    (2, 64, 8, 8, 7, 7, 3, 3, False),
-    (2, 64, 10, 10, 1, 1, 0, 0, True),
-    (2, 32, 6, 6, 3, 3, 0, 0, True),
-    (1, 8, 4, 4, 3, 3, 3, 3, False),
-    (1, 64, 1, 1, 3, 3, 1, 1, True),
-    (4, 64, 20, 19, 3, 5, 1, 2, True),
-    (2, 24, 11, 3, 2, 4, 2, 1, True),
-]
+CASES = GCONV_ODD_SHAPES
 
 
 def _cl(t: torch.Tensor) -> torch.Tensor:

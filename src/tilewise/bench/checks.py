@@ -20,6 +20,23 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+#: Odd grouped-conv problems for kernel checks on a GPU (tests and the NVRTC probe): tiny and odd
+#: images, C from 8 to 128, kernels 1x1 to 7x7 and non-square, padding 0 to R.
+#: (n, c, h, w, r, s, pad_h, pad_w, bias)
+GCONV_ODD_SHAPES: tuple[tuple[int, int, int, int, int, int, int, int, bool], ...] = (
+    (2, 64, 13, 17, 3, 3, 1, 1, True),
+    (1, 16, 5, 7, 3, 3, 1, 1, False),
+    (3, 128, 9, 9, 5, 5, 2, 2, True),
+    (2, 64, 8, 8, 7, 7, 3, 3, False),
+    (2, 64, 10, 10, 1, 1, 0, 0, True),
+    (2, 32, 6, 6, 3, 3, 0, 0, True),
+    (1, 8, 4, 4, 3, 3, 3, 3, False),
+    (1, 64, 1, 1, 3, 3, 1, 1, True),
+    (4, 64, 20, 19, 3, 5, 1, 2, True),
+    (2, 24, 11, 3, 2, 4, 2, 1, True),
+)
+
+
 def bind_activation(
     fn: Callable[..., torch.Tensor], activation: str
 ) -> Callable[..., torch.Tensor]:

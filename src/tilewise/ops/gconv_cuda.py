@@ -395,6 +395,9 @@ class CudaTile:
         return f"cuda_t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
 
 
+SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
+
+
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile."""
     taps_pairs = (r * s + 1) // 2
@@ -410,7 +413,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         c % tile.cb == 0
         and tile.cb % 8 == 0
         and (tile.th * tile.tw) % (16 * tile.warps) == 0
-        and smem_bytes(r, s, tile) <= 227 * 1024
+        and smem_bytes(r, s, tile) <= SMEM_MAX
     )
 
 
@@ -424,18 +427,19 @@ TILES = (
 )
 
 
+def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
+    """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
+    keep one warp per group."""
+    cb = tile.cb
+    while cb > 8 and c % cb:
+        cb //= 2
+    return dataclasses.replace(tile, cb=cb, warps=cb // 8 if warp_per_group else tile.warps)
+
+
 @functools.lru_cache(maxsize=1024)
 def candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
     """The legal ``TILES`` for C channels and an R x S kernel (empty if none fits)."""
-    out = []
-    for tile in TILES:
-        cb = tile.cb
-        while cb > 8 and c % cb:
-            cb //= 2
-        fitted = dataclasses.replace(tile, cb=cb)
-        if tile_ok(c, r, s, fitted):
-            out.append(fitted)
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(t for t in (_fitted(t, c) for t in TILES) if tile_ok(c, r, s, t)))
 
 
 def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -572,15 +576,10 @@ WGRAD_TILES = (
 @functools.lru_cache(maxsize=1024)
 def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits)."""
-    out = []
-    for tile in WGRAD_TILES:
-        cb = tile.cb
-        while cb > 8 and c % cb:
-            cb //= 2
-        fitted = dataclasses.replace(tile, cb=cb, warps=cb // 8)
-        if c % cb == 0 and wgrad_smem_bytes(r, s, fitted) <= 227 * 1024:
-            out.append(fitted)
-    return tuple(dict.fromkeys(out))
+    fitted = (_fitted(t, c, warp_per_group=True) for t in WGRAD_TILES)
+    return tuple(
+        dict.fromkeys(t for t in fitted if c % t.cb == 0 and wgrad_smem_bytes(r, s, t) <= SMEM_MAX)
+    )
 
 
 def wgrad(
