@@ -537,16 +537,14 @@ def fprop(
     n_tiles = n * tiles_h * tiles_w
     cblocks = c // tile.cb
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-    b = bias if bias is not None and bias.dtype == torch.float32 else None
-    if bias is not None and b is None:
-        b = bias.float()
+    b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
     kernel(
         grid=(grid_x, cblocks, 1),
         block=(tile.warps * 32, 1, 1),
         args=[
             x,
             weight,
-            b if b is not None else weight,
+            b,
             out,
             hi,
             wi,
