@@ -214,8 +214,9 @@ def _lookup(key: str, candidates: Sequence[C]) -> C | None:
         entry = _memory.get(key)
     if entry is None:
         return None
-    for cand in candidates:  # only a config that is still legal counts
-        if dataclasses.asdict(cand) == entry["config"]:
+    kind = entry.get("type")
+    for cand in candidates:  # only a config that is still legal counts, of the same kind
+        if dataclasses.asdict(cand) == entry["config"] and kind in (None, type(cand).__name__):
             return cand
     return None
 
