@@ -171,6 +171,21 @@ def test_a_stale_entry_is_searched_again(tuner):
     assert autotune.choose_config("op", Prob(1), legal_now, run, device=DEV) == Cfg(64)
 
 
+@dataclass(frozen=True)
+class OtherCfg:  # same fields as Cfg: a different kernel family sharing a candidate tuple
+    block: int
+    warps: int = 4
+
+
+def test_a_cached_choice_matches_only_its_own_config_type(tuner, monkeypatch):
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    autotune.clear_memory_cache()
+    others = [OtherCfg(16), OtherCfg(32)]
+    got = autotune.choose_config("op", Prob(1), others, run, device=DEV)
+    assert isinstance(got, OtherCfg)  # searched again, not matched by field values
+    assert tuner.calls[-2:] == others
+
+
 def test_export_import_roundtrip(tuner, monkeypatch, tmp_path_factory):
     autotune.choose_config("op", Prob(1), CANDS, run, device=DEV)
     autotune.choose_config("op", Prob(2), CANDS, run, device=DEV)
