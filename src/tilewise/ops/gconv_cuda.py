@@ -9,8 +9,8 @@ channels (N = 8), so no tensor-core work is wasted on other groups' zeros. A pix
 at a padded stride in shared memory so the 8 rows of an ``ldmatrix`` hit different banks.
 
 The input gradient of a stride-1 conv is this same conv of ``dy`` with the weights flipped and
-transposed within each group (``dgrad_weight``), with padding ``R - 1 - pad``; the kernel reads
-the weights that way itself (``dgrad=True``). CTAs are persistent: each stages its channel
+transposed within each group, with padding ``R - 1 - pad``; the kernel reads the weights that
+way itself (``dgrad=True``). CTAs are persistent: each stages its channel
 block's weights once and double-buffers the halo tiles it walks, so loads overlap the MMAs.
 
 fp16 and bf16 (fp32 accumulation), NHWC, C % 8 == 0, any R, S in 1..7, any padding, any N, H, W.
@@ -502,16 +502,10 @@ def _kernel(
     return kernel
 
 
+@functools.cache  # asked on every grouped-conv launch
 def available() -> bool:
     """NVRTC compilation through PyTorch (``torch.cuda._compile_kernel``) and a CUDA device."""
     return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
-
-
-def dgrad_weight(weight: torch.Tensor) -> torch.Tensor:
-    """Weights of the conv that computes dx from dy (stride 1): flipped taps, in/out swapped
-    within each group. The kernel reads them this way itself (``dgrad=True``); for references."""
-    c, _, r, s = weight.shape
-    return weight.reshape(c // 8, 8, 8, r, s).transpose(1, 2).flip(3, 4).reshape(c, 8, r, s)
 
 
 def fprop(
@@ -526,8 +520,8 @@ def fprop(
 ) -> torch.Tensor:
     """``out = conv2d(x, weight, bias, padding, groups=C/8)`` for channels_last fp16/bf16 ``x`` and
     ``out`` (preallocated; its size sets the output size), weights of any strides. ``dgrad=True``
-    convolves with ``dgrad_weight(weight)`` without making it (padding ``R - 1 - pad``, which may
-    be negative). Launches on the current stream."""
+    convolves with the weights flipped and transposed within each group, without making them
+    (padding ``R - 1 - pad``, which may be negative). Launches on the current stream."""
     n, c, hi, wi = x.shape
     _, _, ho, wo = out.shape
     r, s = weight.shape[2], weight.shape[3]
