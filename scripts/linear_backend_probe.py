@@ -22,25 +22,26 @@ for dtype in (torch.float32, torch.float16):
         b = torch.randn(n, device="cuda", dtype=dtype)
         wt = w.t()
 
-        def run(be, x=x, wt=wt, b=b):
-            if be == lin.CUBLAS:
+        def run(ch, x=x, wt=wt, b=b):
+            if ch == lin.CUBLAS:
                 return lin._bias_act.forward(torch.addmm(b, x, wt), None, "relu")
-            return lin._launch(x, wt, x.dtype, False, b, "relu", False)[0]
+            return lin._launch(x, wt, x.dtype, False, b, "relu", False, cfg=ch)[0]
 
-        chosen = lin._backend(x, wt, False, "relu+bias", run)
+        chosen = lin._choose(x, wt, False, "relu+bias", run)
         t = {}
-        for be in (lin.TRITON, lin.CUBLAS):
+        for be in (lin.gemm_config(m, n, k, x.element_size(), x.device), lin.CUBLAS):
             f = lambda be=be: run(be)  # noqa: E731
-            t[be.name, "do_bench"] = triton.testing.do_bench(f, return_mode="median") * 1e3
-            t[be.name, "graph"] = triton.testing.do_bench_cudagraph(f, return_mode="median") * 1e3
-        rows.append((str(dtype)[6:], m, n, k, chosen.name, t))
+            name = "cublas" if be == lin.CUBLAS else "triton"
+            t[name, "do_bench"] = triton.testing.do_bench(f, return_mode="median") * 1e3
+            t[name, "graph"] = triton.testing.do_bench_cudagraph(f, return_mode="median") * 1e3
+        rows.append((str(dtype)[6:], m, n, k, str(chosen), t))
 print(
     f"{'dtype':8s} {'m':>4s} {'n':>5s} {'k':>5s} {'chosen':8s} "
     "triton(do_bench/graph us)  cublas(do_bench/graph us)"
 )
 for dt, m, n, k, ch, t in rows:
     print(
-        f"{dt:8s} {m:4d} {n:5d} {k:5d} {ch:8s} {t['triton', 'do_bench']:8.1f} / "
+        f"{dt:8s} {m:4d} {n:5d} {k:5d} {ch[:8]:8s} {t['triton', 'do_bench']:8.1f} / "
         f"{t['triton', 'graph']:6.1f}        {t['cublas', 'do_bench']:8.1f} / "
         f"{t['cublas', 'graph']:6.1f}"
     )

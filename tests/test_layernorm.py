@@ -31,9 +31,12 @@ def _torch_ln(x, shape, w, b, relu):
 
 
 def _run_case(x0, shape, affine, relu, dtype, param_dtype, seed, offset=0.0):
-    x0 = x0 + offset
+    # inputs rounded to the dtypes under test first, so the fp64 reference sees the same values
+    x0 = (x0 + offset).to(dtype).float()
     w0 = 1.0 + 0.5 * torch.randn(shape, device=x0.device) if affine in ("w", "wb") else None
     b0 = 0.5 * torch.randn(shape, device=x0.device) if affine == "wb" else None
+    w0 = w0.to(param_dtype).float() if w0 is not None else None
+    b0 = b0.to(param_dtype).float() if b0 is not None else None
     grad = torch.randn_like(x0, dtype=dtype)
     outs = {}
     for name, dt, pdt in (

@@ -321,7 +321,25 @@ def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, rng_seed)
     """The cuBLAS backend (torch GEMM + tilewise or PyTorch epilogue) is only legal on CUDA; forced
     here on the CPU so its host logic (bias cast, in-place ReLU, saved pre-activation) is tested
     everywhere."""
-    monkeypatch.setattr(ops, "_backend", lambda *a, **k: ops.CUBLAS)
+    monkeypatch.setattr(ops, "_choose", lambda *a, **k: ops.CUBLAS)
     for x_shape, n in SHAPES:
         x, w, b = _inputs(x_shape, n, "cpu", has_bias)
         _run_case(x, w, b, activation, torch.float32, rng_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng_seed):
+    """Each tile config the autotuner may pick, forced for every GEMM of forward and backward
+    (the backward's derivative prologue and bias-gradient sum included), on odd shapes."""
+    for x_shape, n in (((65, 130), 97), ((8, 1024), 1000)):
+        m, k = x_shape
+        cands = ops._candidates(m, n, k, dtype.itemsize, dtype == torch.float32, False, 132)
+        for cfg in cands:
+            monkeypatch.setattr(ops, "_choose", lambda *a, cfg=cfg, **kw: cfg)
+            x, w, b = _inputs(x_shape, n, "cuda", True)
+            try:
+                _run_case(x, w, b, activation, dtype, rng_seed)
+            except AssertionError as exc:
+                raise AssertionError(f"{cfg}: {exc}") from None

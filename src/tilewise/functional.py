@@ -424,8 +424,10 @@ def _linear_backward_impl(
     saved: Tensor | None,
     activation: str,
     allow_tf32: bool,
+    need_dx: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _linear.backward(grad, x, weight, bias, saved, activation, allow_tf32)
+    dx, dw, db = _linear.backward(grad, x, weight, bias, saved, activation, allow_tf32, need_dx)
+    dx = dx if dx is not None else x.new_empty(0)  # not needed: x does not require grad
     return dx, dw, (db if db is not None else x.new_empty(0))
 
 
@@ -435,9 +437,9 @@ _linear_backward_op = torch.library.custom_op("tilewise::linear_backward", mutat
 
 
 @_linear_backward_op.register_fake
-def _(grad, x, weight, bias, saved, activation, allow_tf32):
+def _(grad, x, weight, bias, saved, activation, allow_tf32, need_dx=True):
     _linear.validate(x, weight, bias, activation)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
     db = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if bias is not None else None
     return dx, dw, (db if db is not None else x.new_empty(0))
@@ -456,8 +458,9 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, grad, _grad_pre, bwd=_linear_backward_op):
     x, weight, bias, saved = ctx.saved_tensors
-    dx, dw, db = bwd(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32)
-    return dx, dw, (db if bias is not None else None), None, None
+    need_dx = bool(ctx.needs_input_grad[0])
+    dx, dw, db = bwd(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32, need_dx)
+    return (dx if need_dx else None), dw, (db if bias is not None else None), None, None
 
 
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)

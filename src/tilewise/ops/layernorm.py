@@ -122,7 +122,17 @@ def _ln_fwd_looped_kernel(
 
 @triton.jit
 def _ln_grad_tile(
-    dy, x, mean, rstd, w, b, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RELU: tl.constexpr
+    dy,
+    x,
+    mean,
+    rstd,
+    w,
+    b,
+    mask,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RELU: tl.constexpr,
+    Y_DTYPE: tl.constexpr,
 ):
     """Per-tile pieces of the backward: (dy after the ReLU mask, xhat, dy * w)."""
     xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -132,7 +142,9 @@ def _ln_grad_tile(
             y = y * w[None, :]
         if HAS_B:
             y = y + b[None, :]
-        dy = tl.where(y <= 0.0, 0.0, dy)
+        # the mask of the stored output (PyTorch's ReLU backward reads y): a pre-activation that
+        # rounds to zero in y's dtype passes no gradient
+        dy = tl.where(y.to(Y_DTYPE) <= 0.0, 0.0, dy)
     g = dy
     if HAS_W:
         g = dy * w[None, :]
@@ -212,7 +224,17 @@ def _ln_bwd_kernel(
             mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         dy, xhat, g = _ln_grad_tile(
-            dy_c.to(tl.float32), x_c.to(tl.float32), mean, rstd, w, b, mask, HAS_W, HAS_B, RELU
+            dy_c.to(tl.float32),
+            x_c.to(tl.float32),
+            mean,
+            rstd,
+            w,
+            b,
+            mask,
+            HAS_W,
+            HAS_B,
+            RELU,
+            x_ptr.dtype.element_ty,
         )
         s1, s2 = tl.reduce((xhat * g, g), 1, _add_pairs)  # one cross-warp exchange, not two
         dx = (g - xhat * (s1 / N)[:, None] - (s2 / N)[:, None]) * rstd[:, None]
@@ -277,7 +299,9 @@ def _ln_bwd_looped_kernel(
         x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
-        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
+        dy, xhat, g = _ln_grad_tile(
+            dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU, x_ptr.dtype.element_ty
+        )
         a1 += xhat * g
         a2 += g
     c1 = tl.sum(a1, axis=1) / N
@@ -290,7 +314,9 @@ def _ln_bwd_looped_kernel(
         x = tl.load(x_ptr + base + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
-        dy, xhat, g = _ln_grad_tile(dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU)
+        dy, xhat, g = _ln_grad_tile(
+            dy, x, mean, rstd, w, b, mask, HAS_W, HAS_B, RELU, x_ptr.dtype.element_ty
+        )
         dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(dx_ptr + base + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 

@@ -7,18 +7,19 @@ it, a store of the pre-bias product ``g = A @ B`` next to ``y``.
 
 What the backward keeps (``saved``):
 
-* gelu / silu: ``g = x @ W^T`` (pre-bias, input dtype). ``tilewise.ops.bias_act.backward`` on
-  ``(dy, g, bias)`` then gives ``dz = dy * act'(g + b)`` and ``db = colsum(dz)`` in one pass.
-* relu: nothing extra; ``y`` itself (``y > 0`` exactly where ``z > 0``, NaN included). The same
-  bias_act backward kernel runs on ``(dy, y, zeros)``: ``dz = dy where y > 0``, ``db = colsum(dz)``.
-* none: nothing; ``dz = dy`` and ``db`` is one fp32 column sum of ``dy``.
+* gelu / silu: ``g = x @ W^T`` (pre-bias, input dtype); ``dz = dy * act'(g + b)``.
+* relu: nothing extra; ``y`` itself (``y > 0`` exactly where ``z > 0``, NaN included); ``dz = dy
+  where y > 0``.
+* none: nothing; ``dz = dy``.
 
-Then ``dx = dz @ W`` and ``dW = dz^T @ x`` run the same GEMM kernel with no epilogue.
+The backward is two launches of the same kernel with a constexpr prologue: ``dx = dz @ W`` and
+``dW = dz^T @ x``, each turning ``dy`` into ``dz`` as it loads it (the derivative is never stored),
+the second also summing ``db = colsum(dz)`` (the programs of its first column block store it).
 
-Each GEMM also has a cuBLAS backend (``torch.mm``, then bias_act's one-pass epilogue kernel when
-there is a bias or activation to fuse); ``_backend`` times both on first use per shape and caches
-the winner like any kernel config. True fp32 defaults to cuBLAS: Triton's IEEE path runs on CUDA
-cores at about a third of cuBLAS SGEMM on an H100.
+Every GEMM also has a cuBLAS candidate (``torch.mm``, with bias_act's one-pass kernel for what
+cannot be fused into it). ``_choose`` times cuBLAS against a list of tile configs on first use per
+shape and fused work and caches the winner like any kernel config. True fp32 defaults to cuBLAS
+untimed: the kernel's IEEE path runs on CUDA cores.
 
 fp32 is true fp32 by default (``tl.dot(..., input_precision="ieee")``); ``allow_tf32=True`` lets
 fp32 products use TF32 tensor cores. fp16 / bf16 accumulate in fp32 (the cuBLAS backend follows
@@ -28,15 +29,25 @@ with a half-precision ``x``; ``x`` and ``weight`` share one dtype.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from tilewise.ops import bias_act as _bias_act
-from tilewise.ops._common import act_fwd, act_reference, activation_code, cdiv, next_pow2, num_sms
+from tilewise.ops._common import (
+    act_bwd,
+    act_fwd,
+    act_reference,
+    activation_code,
+    cdiv,
+    next_pow2,
+    num_sms,
+)
 from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "linear"
@@ -52,6 +63,9 @@ def _gemm_kernel(
     bias_ptr,
     c_ptr,
     g_ptr,
+    s_ptr,
+    sb_ptr,
+    db_ptr,
     M,
     N,
     K,
@@ -61,15 +75,26 @@ def _gemm_kernel(
     s_bn,
     s_cm,
     s_cn,
+    s_sm,
+    s_sk,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     STORE_G: tl.constexpr,
+    DACT: tl.constexpr,
+    DACT_BIAS: tl.constexpr,
+    STORE_DB: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
+    """``C = epilogue(prologue(A) @ B)``. The prologue (backward GEMMs) turns the incoming
+    gradient A into ``dz = act'(s + bias) * A`` as it is loaded (``s``: the forward's saved tensor
+    with strides ``s_sm, s_sk``; ``DACT_BIAS`` 1 adds a bias along K, 2 along M) and with
+    ``STORE_DB`` sums dz over K into ``db_ptr[M]`` (the bias gradient; programs of column block 0
+    store it). The epilogue (forward) adds the bias along N, applies ``ACT`` and may store the
+    pre-bias product into ``g_ptr``."""
     # Grouped ordering: GROUP_M row-blocks share each column block of B while it is in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -87,12 +112,30 @@ def _gemm_kernel(
     n_ok = rn < N
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * s_am + rk[None, :].to(tl.int64) * s_ak
     b_ptrs = b_ptr + rk[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn
+    if DACT != 0:
+        s_ptrs = s_ptr + rm[:, None].to(tl.int64) * s_sm + rk[None, :].to(tl.int64) * s_sk
+    if DACT_BIAS == 2:
+        bias_m = tl.load(sb_ptr + rm, mask=m_ok, other=0.0).to(tl.float32)
+    if STORE_DB:
+        db_acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + rk) < K
+        a_mask = m_ok[:, None] & k_ok[None, :]
         # masked lanes load exact zeros, so padding never adds (or NaN-poisons) a product
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if DACT != 0:
+            z = tl.load(s_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+            if DACT_BIAS == 1:
+                z += tl.load(sb_ptr + k0 + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            if DACT_BIAS == 2:
+                z += bias_m[:, None]
+            # rounded to A's dtype, as PyTorch's separate activation backward stores it
+            a = act_bwd(a.to(tl.float32), z, DACT).to(a_ptr.dtype.element_ty)
+            s_ptrs += BLOCK_K * s_sk
+        if STORE_DB:
+            db_acc += tl.sum(a.to(tl.float32), axis=1)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
@@ -100,6 +143,9 @@ def _gemm_kernel(
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
+    if STORE_DB:
+        if pid_n == 0:
+            tl.store(db_ptr + rm, db_acc.to(db_ptr.dtype.element_ty), mask=m_ok)
     mask = m_ok[:, None] & n_ok[None, :]
     c_offs = rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn
     if STORE_G:  # g has c's strides
@@ -122,13 +168,37 @@ class GemmConfig:
     num_stages: int = 3
 
 
-#: A tuning hook: ``(m, n, k, elem_bytes) -> GemmConfig | None`` replaces the default when set.
+#: A tuning hook: ``(m, n, k, elem_bytes) -> GemmConfig | None`` replaces the candidates when set.
 CONFIG_OVERRIDE: Callable[[int, int, int, int], GemmConfig | None] | None = None
+
+# Candidate tiles (block_m, block_n, block_k, warps, stages), timed per shape on first use.
+# Half precision and TF32 run on tensor cores; true fp32 (IEEE) on CUDA cores, where small
+# tiles matter: a batch-64 layer has only 16 64x64 output tiles for 132 SMs.
+_TILES_TC = (
+    (128, 128, 64, 8, 3),
+    (64, 64, 64, 4, 3),
+    (128, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (128, 256, 64, 8, 3),
+    (32, 64, 64, 4, 4),
+    (16, 64, 128, 4, 4),
+    (32, 32, 128, 4, 4),
+)
+_TILES_IEEE = (
+    (64, 64, 32, 4, 3),
+    (128, 128, 32, 8, 3),
+    (128, 64, 32, 8, 3),
+    (32, 64, 32, 4, 3),
+    (64, 32, 32, 4, 3),
+    (32, 32, 32, 4, 3),
+    (16, 32, 32, 2, 3),
+    (16, 64, 64, 4, 3),
+)
 
 
 def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -> GemmConfig:
-    """Heuristic default (not yet tuned on a GPU): 128x128 tiles when they alone fill the SMs,
-    else 64x64; tiles shrink to the problem (>= 16, what ``tl.dot`` needs)."""
+    """The untimed default (CPU, interpreter, ``TILEWISE_AUTOTUNE=0``): 128x128 tiles when they
+    alone fill the SMs, else 64x64; tiles shrink to the problem (>= 16, what ``tl.dot`` needs)."""
     if CONFIG_OVERRIDE is not None:
         cfg = CONFIG_OVERRIDE(m, n, k, elem_bytes)
         if cfg is not None:
@@ -136,11 +206,82 @@ def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -
     block_k = 32 if elem_bytes >= 4 else 64
     if cdiv(m, 128) * cdiv(n, 128) >= num_sms(device):
         return GemmConfig(128, 128, block_k, num_warps=8, num_stages=3)
+    return _fit(GemmConfig(64, 64, block_k, num_warps=4, num_stages=3), m, n, k)
 
+
+def _fit(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
     def fit(size: int, block: int) -> int:
         return max(16, min(block, next_pow2(size)))
 
-    return GemmConfig(fit(m, 64), fit(n, 64), fit(k, block_k), num_warps=4, num_stages=3)
+    return replace(
+        cfg, block_m=fit(m, cfg.block_m), block_n=fit(n, cfg.block_n), block_k=fit(k, cfg.block_k)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _candidates(m: int, n: int, k: int, elem_bytes: int, ieee: bool, cublas: bool, sms: int):
+    """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
+    to the problem, then cuBLAS; one tuple object per shape (the autotuner's memo keys on it)."""
+    dev = torch.device("cuda") if sms else torch.device("cpu")
+    default = gemm_config(m, n, k, elem_bytes, dev)
+    if CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None:
+        tiles: list[GemmConfig] = [default]
+    else:
+        tiles = [default] + [
+            _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
+            for bm, bn, bk, w, st in (_TILES_IEEE if ieee else _TILES_TC)
+        ]
+    tiles = list(dict.fromkeys(tiles))
+    if not cublas:
+        return tuple(tiles)
+    return (CUBLAS, *tiles) if ieee else (*tiles, CUBLAS)
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """Autotune key of one GEMM: shape, dtype, precision and what is fused around it."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    allow_tf32: bool
+    epilogue: str  # "none", or the activation/bias fused before or after the product
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A GEMM that runs on cuBLAS (``torch.mm``, then bias_act's fused epilogue kernel when there
+    is one) instead of this module's kernel with a ``GemmConfig``."""
+
+    name: str
+
+
+CUBLAS = Backend("cublas")
+Choice = Backend | GemmConfig
+
+
+def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
+    """cuBLAS honours the process-wide TF32 flag, so fp32 may use it only when that flag says
+    what the caller asked for."""
+    if a.device.type != "cuda":
+        return False
+    return a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 == allow_tf32
+
+
+def _choose(
+    a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, epilogue: str, run: Callable[[Choice], Any]
+) -> Choice:
+    """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
+    and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
+    runs on CUDA cores), else the heuristic tile."""
+    m, k = a.shape
+    n = b.shape[1]
+    ieee = a.dtype == torch.float32 and not allow_tf32
+    sms = num_sms(a.device) if a.device.type == "cuda" else 0
+    cands = _candidates(m, n, k, a.element_size(), ieee, _cublas_legal(a, allow_tf32), sms)
+    prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
+    return autotune.choose_config(OP + ".gemm", prob, cands, run, device=a.device)
 
 
 def _launch(
@@ -151,13 +292,21 @@ def _launch(
     bias: torch.Tensor | None = None,
     activation: str = "none",
     store_g: bool = False,
+    cfg: GemmConfig | None = None,
+    dact: tuple[str, torch.Tensor, torch.Tensor | None, int] | None = None,
+    db: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``act(a @ b + bias)`` [M, N] (contiguous) and optionally the pre-bias ``a @ b``."""
+    """``act(prologue(a) @ b + bias)`` [M, N] (contiguous) and optionally the pre-bias ``a @ b``.
+
+    ``dact = (activation, saved, saved_bias, bias_axis)`` turns ``a`` into ``act'(saved + bias)
+    * a`` on load (``saved`` shaped like ``a``; ``bias_axis`` 1: along K, 2: along M); ``db``
+    [M] receives the row sums of the (prologued) ``a``."""
     m, k = a.shape
     n = b.shape[1]
     c = alloc.empty((m, n), device=a.device, dtype=out_dtype)
     g = alloc.empty((m, n), device=a.device, dtype=out_dtype) if store_g else None
-    cfg = gemm_config(m, n, k, a.element_size(), a.device)
+    cfg = cfg or gemm_config(m, n, k, a.element_size(), a.device)
+    d_act, s, sb, s_axis = dact if dact is not None else ("none", a, None, 0)
     grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
     _gemm_kernel[grid](
         a,
@@ -165,6 +314,9 @@ def _launch(
         c if bias is None else bias,
         c,
         c if g is None else g,
+        s,
+        c if sb is None else sb,
+        c if db is None else db,
         m,
         n,
         k,
@@ -174,9 +326,14 @@ def _launch(
         b.stride(1),
         c.stride(0),
         c.stride(1),
+        s.stride(0),
+        s.stride(1),
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
         STORE_G=store_g,
+        DACT=activation_code(d_act),
+        DACT_BIAS=s_axis if sb is not None else 0,
+        STORE_DB=db is not None,
         IEEE=a.dtype == torch.float32 and not allow_tf32,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
@@ -188,55 +345,6 @@ def _launch(
     return c, g
 
 
-@dataclass(frozen=True)
-class GemmProblem:
-    """One GEMM of the linear family: a cache key for the backend choice."""
-
-    m: int
-    n: int
-    k: int
-    dtype: str
-    allow_tf32: bool
-    epilogue: str  # "none", or the activation/bias fused after the product
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Where a GEMM runs: ``triton`` (this module's kernel, epilogue fused) or ``cublas``
-    (``torch.mm``, then bias_act's fused epilogue kernel when there is one)."""
-
-    name: str
-
-
-TRITON, CUBLAS = Backend("triton"), Backend("cublas")
-#: candidate orders (one tuple each, so the autotuner's per-call memo skips hashing them)
-_CUBLAS_FIRST, _TRITON_FIRST = (CUBLAS, TRITON), (TRITON, CUBLAS)
-
-
-def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
-    """cuBLAS honours the process-wide TF32 flag, so fp32 may use it only when that flag says
-    what the caller asked for."""
-    if a.device.type != "cuda":
-        return False
-    return a.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 == allow_tf32
-
-
-def _backend(
-    a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, epilogue: str, run: Callable
-) -> Backend:
-    """The faster backend for this GEMM, timed on first use and cached like every config.
-
-    Default without timing: cuBLAS for true fp32 (the Triton kernel's IEEE path runs on CUDA
-    cores at ~1/3 of cuBLAS SGEMM on an H100, ``mlp-quick-fp32`` results), Triton otherwise."""
-    if not _cublas_legal(a, allow_tf32):
-        return TRITON
-    m, k = a.shape
-    prob = GemmProblem(m, b.shape[1], k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
-    ieee = a.dtype == torch.float32 and not allow_tf32
-    candidates = _CUBLAS_FIRST if ieee else _TRITON_FIRST
-    return autotune.choose_config(OP + ".backend", prob, candidates, run, device=a.device)
-
-
 def matmul(
     a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, allow_tf32: bool = False
 ) -> torch.Tensor:
@@ -244,12 +352,12 @@ def matmul(
     if not dispatch.use_kernel(OP + "_backward", [a, b]):
         return torch.matmul(a, b).to(out_dtype)
 
-    def run(be: Backend) -> torch.Tensor:
-        if be == CUBLAS:
+    def run(ch: Choice) -> torch.Tensor:
+        if ch == CUBLAS:
             return torch.mm(a, b).to(out_dtype)
-        return _launch(a, b, out_dtype, allow_tf32)[0]
+        return _launch(a, b, out_dtype, allow_tf32, cfg=ch)[0]
 
-    return run(_backend(a, b, allow_tf32, "none", run))
+    return run(_choose(a, b, allow_tf32, "none", run))
 
 
 def reference(
@@ -319,8 +427,8 @@ def forward(
         store_g = activation in SAVES_PRE_ACTIVATION
         wt = weight.t()
 
-        def run(be: Backend) -> tuple[torch.Tensor, torch.Tensor | None]:
-            if be == CUBLAS:
+        def run(ch: Choice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if ch == CUBLAS:
                 if activation in ("none", "relu"):
                     # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
                     # does: the ReLU mask (y > 0) then matches PyTorch's element for element.
@@ -331,10 +439,10 @@ def forward(
                     return (z if activation == "none" else torch.relu_(z)), None
                 g = torch.mm(x2, wt)
                 return _bias_act.forward(g, bias, activation, -1), g
-            return _launch(x2, wt, x.dtype, allow_tf32, bias, activation, store_g)
+            return _launch(x2, wt, x.dtype, allow_tf32, bias, activation, store_g, cfg=ch)
 
         epilogue = f"{activation}{'+bias' if bias is not None else ''}"
-        y2, g2 = run(_backend(x2, wt, allow_tf32, epilogue, run))
+        y2, g2 = run(_choose(x2, wt, allow_tf32, epilogue, run))
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)
     return y, (y if activation == "relu" else pre)
 
@@ -347,8 +455,14 @@ def backward(
     saved: torch.Tensor | None,
     activation: str = "none",
     allow_tf32: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(dx, dweight, dbias)`` from ``dy`` and ``forward``'s ``saved``; dbias None without bias."""
+    need_dx: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """``(dx, dweight, dbias)`` from ``dy`` and ``forward``'s ``saved``; dbias None without bias,
+    dx None when not ``need_dx``.
+
+    On the kernel path the activation's derivative is applied as each GEMM loads ``dy`` (no
+    ``dz`` tensor) and the weight-gradient GEMM also sums the bias gradient: two launches. A GEMM
+    that cuBLAS runs faster (timed per shape) gets a ``dz`` from bias_act's backward kernel."""
     validate(x, weight, bias, activation)
     shape = output_shape(x, weight)
     if tuple(dy.shape) != shape:
@@ -362,19 +476,56 @@ def backward(
     dy2 = dy.reshape(-1, n)
     if dy2.dtype != x.dtype:
         dy2 = dy2.to(x.dtype)
-    db = None
-    if activation == "none":
-        dz = dy2
-        if bias is not None:
-            db = dy2.sum(0, dtype=torch.promote_types(dy2.dtype, torch.float32)).to(bias.dtype)
-    else:
-        s2 = saved.reshape(-1, n)
-        if activation == "relu":  # dz = dy where y > 0: bias_act's relu rule on y, zero bias
-            b = None if bias is None else torch.zeros_like(bias)
-        else:
-            b = bias
-        dz, db = _bias_act.backward(dy2, s2, b, activation, -1)
     x2 = x.reshape(-1, k)
-    dx = matmul(dz, weight, x.dtype, allow_tf32).view(x.shape)
-    dw = matmul(dz.t(), x2, weight.dtype, allow_tf32)
+    s2 = saved.reshape(-1, n) if activation != "none" else None
+    if not dispatch.use_kernel(OP + "_backward", [dy2, x2, weight]):
+        dz, db = _dz_db(dy2, s2, bias, activation)
+        dx = torch.matmul(dz, weight).view(x.shape) if need_dx else None
+        return dx, torch.matmul(dz.t(), x2).to(weight.dtype), db
+
+    # the saved bias enters the derivative only where the forward saved the pre-bias product
+    sb = bias if activation in SAVES_PRE_ACTIVATION else None
+    tag = f"dact:{activation}{'+bias' if sb is not None else ''}"
+    dz_memo: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def dz_db() -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not dz_memo:
+            dz_memo.append(_dz_db(dy2, s2, bias, activation))
+        return dz_memo[0]
+
+    def run_dx(ch: Choice, dz_db=lambda: _dz_db(dy2, s2, bias, activation)) -> torch.Tensor:
+        if ch == CUBLAS:
+            return torch.mm(dz_db()[0], weight)
+        dact = None if s2 is None else (activation, s2, sb, 1)
+        return _launch(dy2, weight, x.dtype, allow_tf32, cfg=ch, dact=dact)[0]
+
+    def run_dw(ch: Choice, dz_db=lambda: _dz_db(dy2, s2, bias, activation)):
+        if ch == CUBLAS:
+            dz, db = dz_db()
+            return torch.mm(dz.t(), x2).to(weight.dtype), db
+        db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
+        dact = None if s2 is None else (activation, s2.t(), sb, 2)
+        dw = _launch(dy2.t(), x2, weight.dtype, allow_tf32, cfg=ch, dact=dact, db=db)[0]
+        return dw, db
+
+    dx = None
+    if need_dx:
+        dx = run_dx(_choose(dy2, weight, allow_tf32, tag, run_dx), dz_db).view(x.shape)
+    db_tag = "+db" if bias is not None else ""
+    dw, db = run_dw(_choose(dy2.t(), x2, allow_tf32, tag + db_tag, run_dw), dz_db)
     return dx, dw, db
+
+
+def _dz_db(
+    dy2: torch.Tensor, s2: torch.Tensor | None, bias: torch.Tensor | None, activation: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``dz = act'(saved (+ bias)) * dy`` and the bias gradient, materialized (cuBLAS path)."""
+    if activation == "none":
+        if bias is None:
+            return dy2, None
+        return dy2, dy2.sum(0, dtype=torch.promote_types(dy2.dtype, torch.float32)).to(bias.dtype)
+    if activation == "relu":  # dz = dy where y > 0: bias_act's relu rule on y, zero bias
+        b = None if bias is None else torch.zeros_like(bias)
+    else:
+        b = bias
+    return _bias_act.backward(dy2, s2, b, activation, -1)
