@@ -140,6 +140,11 @@ def test_every_wgrad_config(deterministic, rng_seed):
         dw = dw32.permute(2, 3, 0, 1)
         assert_three_way(dw, same, ref, ATOL[torch.float32] * 8, f"wgrad {cfg.name}", rng_seed)
         assert_three_way(db, dy.sum((0, 2, 3)), db_ref, 1e-4, f"dbias {cfg.name}", rng_seed)
+        if cfg.block_m * cfg.chunk_steps >= x.shape[0] * 5 * 6:  # one chunk: the direct store
+            dw, db = gconv_wgrad.launch_wgrad(dy, x, problem, cfg, True, deterministic, True)
+            assert dw.shape == wt.shape and dw.is_contiguous()
+            assert_three_way(dw, same, ref, ATOL[torch.float32] * 8, f"direct {cfg.name}", rng_seed)
+            assert_three_way(db, dy.sum((0, 2, 3)), db_ref, 1e-4, f"direct db {cfg.name}", rng_seed)
 
 
 @pytest.mark.gpu
@@ -164,6 +169,32 @@ def test_every_wgrad_config_half_with_bias_grad(k, dtype, rng_seed):
             tag = f"wgrad {cfg.name} det={det}"
             assert_three_way(dw32.permute(2, 3, 0, 1), same, ref, atol, tag, rng_seed)
             assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,hw", [(64, 64), (128, 32), (256, 16)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_single_chunk_wgrad_batch1(c, hw, dtype, rng_seed):
+    """Batch 1 of the issue's shapes: the single-chunk configs write dW in its final layout."""
+    x, wt, _ = make_inputs(1, c, hw, hw, 3, 3, dtype, bias=False, device="cuda")
+    problem = GConvProblem.from_tensors(x, wt, torch.zeros(c, device="cuda"), 1, 1)
+    dy = torch.randn(x.shape, device="cuda", dtype=dtype)
+    dy = dy.contiguous(memory_format=torch.channels_last)
+    ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), padding=1, groups=c // 8)
+    same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, padding=1, groups=c // 8)
+    db_ref = dy.double().sum((0, 2, 3))
+    atol = ATOL[dtype] * hw
+    direct = [
+        cfg
+        for cfg in gconv_wgrad.wgrad_candidates(problem, 132)
+        if cfg.block_m * cfg.chunk_steps >= hw * hw
+    ]
+    assert direct, "no single-chunk candidate at batch 1"
+    for cfg in direct:
+        dw, db = gconv_wgrad.launch_wgrad(dy, x, problem, cfg, True, False, direct=True)
+        assert dw.dtype == dtype and dw.shape == wt.shape
+        assert_three_way(dw, same, ref, atol, f"direct {cfg.name}", rng_seed, ulps=1)
+        assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {cfg.name}", rng_seed)
 
 
 def test_deterministic_and_atomic_wgrad_agree(rng_seed):

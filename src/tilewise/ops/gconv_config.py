@@ -272,7 +272,16 @@ def _wgrad_candidates(problem: GConvProblem, sms: int) -> list[WgradConfig]:
                 continue
             nw = 8 if bm * tb * bc >= 16384 else 4
             configs.append(_wgrad_config(problem, sms, bm, bc, tb, nw))
+    if m <= SINGLE_CHUNK_MAX_PIXELS:  # one chunk: the kernel writes the final dW itself
+        for bc, tb in shapes:
+            tb = min(tb, rs)
+            configs.append(WgradConfig(64, bc, -(-m // 64), 4, 1, tb))
     return list(dict.fromkeys(configs))
+
+
+#: wgrad problems up to this many output pixels also get single-chunk candidates (batch 1 of
+#: every issue shape: 64x64 = 4096 pixels)
+SINGLE_CHUNK_MAX_PIXELS = 4096
 
 
 # --- which convs have a kernel ------------------------------------------------------------------

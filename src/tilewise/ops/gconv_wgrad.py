@@ -61,6 +61,7 @@ def _gconv_wgrad_kernel(
     S: tl.constexpr,
     HAS_DB: tl.constexpr,
     ATOMIC: tl.constexpr,
+    DIRECT: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -115,7 +116,10 @@ def _gconv_wgrad_kernel(
     # keep the diagonal 8x8 blocks (same group); the rest paired channels of different groups
     keep = (ck[:, None] // 8 == c[None, :] // 8) & k_ok[:, None] & cmask[None, :]
     out_offs = tap[:, None] * C * 8 + c[None, :] * 8 + (ck % 8)[:, None]  # [R*S, C, 8] slab
-    if ATOMIC:
+    if DIRECT:  # one chunk: the final [C, 8, R, S] weight gradient in its own dtype
+        direct_offs = c[None, :] * 8 * R * S + (ck % 8)[:, None] * R * S + tap[:, None]
+        tl.store(dw_ptr + direct_offs, acc.to(dw_ptr.dtype.element_ty), mask=keep)
+    elif ATOMIC:
         tl.atomic_add(dw_ptr + out_offs, acc, mask=keep)
     else:
         tl.store(dw_ptr + chunk.to(tl.int64) * R * S * C * 8 + out_offs, acc, mask=keep)
@@ -131,14 +135,23 @@ def launch_wgrad(
     cfg: WgradConfig,
     need_db: bool,
     deterministic: bool,
+    direct: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One wgrad run with ``cfg``: (fp32 [R, S, C, 8] weight gradient, fp32 [C] bias gradient)."""
+    """One wgrad run with ``cfg``: (fp32 [R, S, C, 8] weight gradient, fp32 [C] bias gradient).
+
+    ``direct`` (only where ``cfg`` covers every pixel in one chunk): the weight gradient comes out
+    final, [C, 8, R, S] in x's dtype, with no zeroed buffer, reduction or permute after it (at
+    batch 1 those extra launches cost more than the kernel)."""
     n, c, h, w = x.shape
     p, q, r, s = problem.p, problem.q, problem.r, problem.s
     m = n * p * q
     chunks = cdiv(m, cfg.block_m * cfg.chunk_steps)
     dev = x.device
-    if deterministic:
+    if direct and chunks != 1:
+        raise ValueError(f"argument 'direct' needs one chunk; {cfg} makes {chunks}")
+    if direct:
+        dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype)
+    elif deterministic:
         dw = alloc.empty(chunks, r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
     else:
         dw = torch.zeros(r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
@@ -163,7 +176,8 @@ def launch_wgrad(
         R=r,
         S=s,
         HAS_DB=need_db,
-        ATOMIC=not deterministic,
+        ATOMIC=not deterministic and not direct,
+        DIRECT=direct,
         IEEE=x.dtype == torch.float32,
         BLOCK_M=cfg.block_m,
         BLOCK_C=cfg.block_c,
@@ -171,6 +185,8 @@ def launch_wgrad(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if direct:
+        return dw, (dbp.view(c) if need_db else None)
     if deterministic:
         dw = dw.sum(0)
     return dw, (dbp.sum(0) if need_db else None)
@@ -211,10 +227,7 @@ def wgrad(
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
     )
-    dw32, db = _launch(grad, x, problem, cfg, need_db, deterministic)
-    dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
-    dw.copy_(dw32.permute(2, 3, 0, 1))
-    return dw, db
+    return _launch(grad, x, problem, cfg, need_db, deterministic)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,8 +239,17 @@ def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
 
 
 def _launch(grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool):
+    """(dweight [C, 8, R, S] in x's dtype, fp32 dbias or None) with ``cfg``; the permute and cast
+    after a reduction buffer are part of what the autotuner times."""
     if isinstance(cfg, gconv_cuda.CudaTile):
-        return gconv_cuda.wgrad(
+        dw32, db = gconv_cuda.wgrad(
             grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg
         )
-    return launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
+    else:
+        m = problem.n * problem.p * problem.q
+        if cdiv(m, cfg.block_m * cfg.chunk_steps) == 1:
+            return launch_wgrad(grad, x, problem, cfg, need_db, deterministic, direct=True)
+        dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
+    dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
+    dw.copy_(dw32.permute(2, 3, 0, 1))
+    return dw, db
