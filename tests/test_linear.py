@@ -317,11 +317,17 @@ def test_transform_leaves_pairs_with_hooks_alone():
 
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("has_bias", [True, False])
-def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, rng_seed):
-    """The cuBLAS backend (torch GEMM + tilewise or PyTorch epilogue) is only legal on CUDA; forced
-    here on the CPU so its host logic (bias cast, in-place ReLU, saved pre-activation) is tested
-    everywhere."""
-    monkeypatch.setattr(ops, "_choose", lambda *a, **k: ops.CUBLAS)
+@pytest.mark.parametrize("split", [False, True], ids=["cublas", "cublas+epilogue"])
+def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, split, rng_seed):
+    """The cuBLAS backends (torch GEMM + tilewise or PyTorch epilogue) are only legal on CUDA;
+    forced here on the CPU so their host logic (bias cast, in-place ReLU, saved pre-activation,
+    the fp32 product + epilogue kernel where the forward offers it) is tested everywhere."""
+
+    def choose(*args, **kwargs):
+        offered = args[5] if len(args) > 5 else kwargs.get("epilogue_split", False)
+        return ops.CUBLAS_EPILOGUE if split and offered else ops.CUBLAS
+
+    monkeypatch.setattr(ops, "_choose", choose)
     for x_shape, n in SHAPES:
         x, w, b = _inputs(x_shape, n, "cpu", has_bias)
         _run_case(x, w, b, activation, torch.float32, rng_seed)

@@ -73,6 +73,7 @@ def _bias_act_bwd_kernel(
     N,
     ROWS_PER_PROG,
     HAS_BIAS: tl.constexpr,
+    ADD_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     ATOMIC: tl.constexpr,
     SLOTS: tl.constexpr,
@@ -87,7 +88,7 @@ def _bias_act_bwd_kernel(
     pid_n = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    if HAS_BIAS:
+    if ADD_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows once, at the end
     row0 = pid_m * ROWS_PER_PROG
@@ -110,7 +111,7 @@ def _bias_act_bwd_kernel(
             dy_c = tl.load(dy_ptr + offs, mask=mask, other=0.0)
             x_c = tl.load(x_ptr + offs, mask=mask, other=0.0)
         z = x_c.to(tl.float32)
-        if HAS_BIAS:
+        if ADD_BIAS:
             z = z + b[None, :]
         dz = act_bwd(dy_c.to(tl.float32), z, ACT)
         dz = tl.where(mask, dz, 0.0)
@@ -245,9 +246,16 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
 
 
 def backward(
-    dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    dim: int = -1,
+    add_bias: bool = True,
 ):
-    """Returns ``(dx, dbias)``; ``dbias`` is None when ``bias`` is None."""
+    """Returns ``(dx, dbias)``; ``dbias`` is None when ``bias`` is None. With ``add_bias=False``
+    the derivative is taken at ``x`` itself and ``bias`` only gives the bias gradient its dtype
+    and shape (a linear layer's ReLU, whose saved output already holds the bias)."""
     validate(x, bias, activation, dim)
     dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
     if dy.shape != x.shape:
@@ -258,7 +266,8 @@ def backward(
         dy = alloc.empty_like(x).copy_(dy)  # x's dtype and memory layout
     views = _kernel_views(OP + "_backward", x, dim, dy)
     if views is None:
-        return reference_backward(dy, x, bias, activation, dim)
+        b = bias if add_bias or bias is None else torch.zeros_like(bias)
+        return reference_backward(dy, x, b, activation, dim)
     xv, dyv = views
     dx = alloc.empty_like(x)
     dxv = _rows_view(dx, dim)
@@ -289,6 +298,7 @@ def backward(
         n,
         rows_per_prog,
         HAS_BIAS=bias is not None,
+        ADD_BIAS=bias is not None and add_bias,
         ACT=activation_code(activation),
         ATOMIC=atomic,
         SLOTS=slots,

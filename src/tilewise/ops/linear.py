@@ -172,8 +172,10 @@ class GemmConfig:
 CONFIG_OVERRIDE: Callable[[int, int, int, int], GemmConfig | None] | None = None
 
 # Candidate tiles (block_m, block_n, block_k, warps, stages), timed per shape on first use.
-# Half precision and TF32 run on tensor cores; true fp32 (IEEE) on CUDA cores, where small
-# tiles matter: a batch-64 layer has only 16 64x64 output tiles for 132 SMs.
+# Half precision and TF32 run on tensor cores. True fp32 (IEEE) runs on CUDA cores, where the
+# kernel trails cuBLAS SGEMM by 2-10x at batch 64 (scripts/gemm_candidates_probe.py on an H100)
+# except for the weight-gradient GEMM (K = batch), which the fused prologue then makes worth it:
+# a short list.
 _TILES_TC = (
     (128, 128, 64, 8, 3),
     (64, 64, 64, 4, 3),
@@ -182,18 +184,15 @@ _TILES_TC = (
     (128, 256, 64, 8, 3),
     (32, 64, 64, 4, 4),
     (16, 64, 128, 4, 4),
-    (32, 32, 128, 4, 4),
 )
 _TILES_IEEE = (
     (64, 64, 32, 4, 3),
-    (128, 128, 32, 8, 3),
     (128, 64, 32, 8, 3),
-    (32, 64, 32, 4, 3),
-    (64, 32, 32, 4, 3),
     (32, 32, 32, 4, 3),
-    (16, 32, 32, 2, 3),
     (16, 64, 64, 4, 3),
 )
+#: tiles with fewer rows than this are candidates only for problems of at most 4x their rows
+_SMALL_TILE_ROWS = 64
 
 
 def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -> GemmConfig:
@@ -219,9 +218,19 @@ def _fit(cfg: GemmConfig, m: int, n: int, k: int) -> GemmConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidates(m: int, n: int, k: int, elem_bytes: int, ieee: bool, cublas: bool, sms: int):
+def _candidates(
+    m: int,
+    n: int,
+    k: int,
+    elem_bytes: int,
+    ieee: bool,
+    cublas: bool,
+    sms: int,
+    epilogue_split: bool = False,
+):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
-    to the problem, then cuBLAS; one tuple object per shape (the autotuner's memo keys on it)."""
+    to the problem, then cuBLAS (and, with ``epilogue_split``, cuBLAS's plain product followed by
+    bias_act's epilogue kernel); one tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     if CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None:
@@ -230,11 +239,14 @@ def _candidates(m: int, n: int, k: int, elem_bytes: int, ieee: bool, cublas: boo
         tiles = [default] + [
             _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
             for bm, bn, bk, w, st in (_TILES_IEEE if ieee else _TILES_TC)
+            if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
+            if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
         ]
     tiles = list(dict.fromkeys(tiles))
     if not cublas:
         return tuple(tiles)
-    return (CUBLAS, *tiles) if ieee else (*tiles, CUBLAS)
+    libs = (CUBLAS, CUBLAS_EPILOGUE) if epilogue_split else (CUBLAS,)
+    return (*libs, *tiles) if ieee else (*tiles, *libs)
 
 
 @dataclass(frozen=True)
@@ -258,6 +270,10 @@ class Backend:
 
 
 CUBLAS = Backend("cublas")
+#: fp32 forward only: ``torch.mm`` then bias_act's bias + activation kernel. cuBLAS's ``addmm``
+#: with a broadcast bias runs a scaling pass and a slower kernel (batch 64, hidden 1024 on an
+#: H100: ~27 us against ~13 + 2); in fp32 storing the product before the bias add rounds nothing.
+CUBLAS_EPILOGUE = Backend("cublas+epilogue")
 Choice = Backend | GemmConfig
 
 
@@ -270,7 +286,12 @@ def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
 
 
 def _choose(
-    a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, epilogue: str, run: Callable[[Choice], Any]
+    a: torch.Tensor,
+    b: torch.Tensor,
+    allow_tf32: bool,
+    epilogue: str,
+    run: Callable[[Choice], Any],
+    epilogue_split: bool = False,
 ) -> Choice:
     """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
     and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
@@ -279,7 +300,8 @@ def _choose(
     n = b.shape[1]
     ieee = a.dtype == torch.float32 and not allow_tf32
     sms = num_sms(a.device) if a.device.type == "cuda" else 0
-    cands = _candidates(m, n, k, a.element_size(), ieee, _cublas_legal(a, allow_tf32), sms)
+    cublas = _cublas_legal(a, allow_tf32)
+    cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split)
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     return autotune.choose_config(OP + ".gemm", prob, cands, run, device=a.device)
 
@@ -428,6 +450,11 @@ def forward(
         wt = weight.t()
 
         def run(ch: Choice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if ch == CUBLAS_EPILOGUE:  # fp32 only: the stored product is the exact fp32 sum
+                z = torch.mm(x2, wt)
+                if bias is None and activation == "none":
+                    return z, None
+                return _bias_act.forward(z, bias, activation, -1), None
             if ch == CUBLAS:
                 if activation in ("none", "relu"):
                     # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
@@ -442,7 +469,8 @@ def forward(
             return _launch(x2, wt, x.dtype, allow_tf32, bias, activation, store_g, cfg=ch)
 
         epilogue = f"{activation}{'+bias' if bias is not None else ''}"
-        y2, g2 = run(_choose(x2, wt, allow_tf32, epilogue, run))
+        split = x.dtype == torch.float32 and activation in ("none", "relu")
+        y2, g2 = run(_choose(x2, wt, allow_tf32, epilogue, run, split and epilogue != "none"))
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)
     return y, (y if activation == "relu" else pre)
 
@@ -524,8 +552,5 @@ def _dz_db(
         if bias is None:
             return dy2, None
         return dy2, dy2.sum(0, dtype=torch.promote_types(dy2.dtype, torch.float32)).to(bias.dtype)
-    if activation == "relu":  # dz = dy where y > 0: bias_act's relu rule on y, zero bias
-        b = None if bias is None else torch.zeros_like(bias)
-    else:
-        b = bias
-    return _bias_act.backward(dy2, s2, b, activation, -1)
+    # relu: dz = dy where y > 0, bias_act's relu rule on y, whose bias is already in it
+    return _bias_act.backward(dy2, s2, bias, activation, -1, add_bias=activation != "relu")
