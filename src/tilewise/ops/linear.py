@@ -298,8 +298,10 @@ def _choose(
     runs on CUDA cores), else the heuristic tile."""
     m, k = a.shape
     n = b.shape[1]
+    if a.device.type != "cuda":  # the interpreter: nothing to time, cuBLAS not legal
+        return gemm_config(m, n, k, a.element_size(), a.device)
     ieee = a.dtype == torch.float32 and not allow_tf32
-    sms = num_sms(a.device) if a.device.type == "cuda" else 0
+    sms = num_sms(a.device)
     cublas = _cublas_legal(a, allow_tf32)
     cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split)
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
