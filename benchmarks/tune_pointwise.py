@@ -38,6 +38,26 @@ def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]
     return out
 
 
+def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+    """Backward kernels: the default config with its row loop software-pipelined 1-4 deep, at
+    2/4/8 programs per SM, 1x/2x its warps and 1x/2x its rows per step."""
+    mod = ba if kernel.startswith("bias_act") else ln
+    base = mod._config(kernel, m, n, elem)
+    out: list[TileConfig | None] = [None]
+    for stages, pps, wmul, mmul in itertools.product((1, 2, 3, 4), (2, 4, 8), (1, 2), (1, 2)):
+        cfg = replace(
+            base,
+            prefetch=False,
+            stages=stages,
+            progs_per_sm=pps,
+            num_warps=base.num_warps * wmul,
+            block_m=base.block_m * mmul,
+        )
+        if cfg != base and cfg.num_warps <= 16 and cfg.block_m * cfg.block_n <= 8192:
+            out.append(cfg)
+    return out
+
+
 def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     out: list[TileConfig | None] = [None]  # None = the heuristic default
     if kernel.startswith("bias_act"):
@@ -87,6 +107,11 @@ def main() -> None:
         help="only the default config and its prefetch/programs-per-SM/warps variants, each "
         "timed with atomic and with deterministic (stored-partials) reductions",
     )
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="backward kernels only: the default config and its software-pipelined variants",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
     args = ap.parse_args()
@@ -108,7 +133,11 @@ def main() -> None:
         fn, nbytes, _keep = _problem(kernel, m, n, dtype)
         ref = fn()
         rows = []
-        if args.variants:
+        if args.stages:
+            if not kernel.endswith("bwd"):
+                continue
+            cands = [(v, False) for v in _stage_variants(kernel, m, n, 2)]
+        elif args.variants:
             modes = (False, True) if kernel.endswith("bwd") else (False,)
             cands = [(v, d) for v in _variants(kernel, m, n, 2) for d in modes]
         else:
@@ -151,7 +180,7 @@ def main() -> None:
         )
         results.append({"kernel": kernel, "n": n, "m": m, "mb": mb, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "tune_pointwise.json"
+    path = args.out / ("tune_pointwise-stages.json" if args.stages else "tune_pointwise.json")
     path.write_text(
         json.dumps(
             {"environment": environment(), "copy_bytes_per_s": copy_bw, "results": results},

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from checks import ATOL, DEVICE_DTYPES, assert_three_way, deterministic_algorithms, leaf
 
 import tilewise
+from tilewise.ops import _common
 from tilewise.ops import bias_act as ops
 from tilewise.runtime import dispatch
 
@@ -79,6 +82,26 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         x = torch.randn(shape, device=device, dtype=dtype)
         b = torch.randn(shape[-1], device=device, dtype=dtype)
         _run_case(x, b, "silu", -1, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize(
+    "variant",
+    [dict(prefetch=False), dict(stages=3), dict(stages=2, num_warps=8)],
+    ids=["plain", "stages3", "stages2-8warps"],
+)
+def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed):
+    """The backward's plain, register-prefetched (default) and software-pipelined row loops give
+    the same gradients."""
+
+    def override(m, n, elem, variant=variant):
+        return replace(_common.TileConfig(4, 32, 4, progs_per_sm=2), **variant)
+
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "bias_act_bwd", override)
+    for shape in [(37, 19), (130, 64)] if device == "cpu" else [(4097, 4096), (1000, 77)]:
+        x = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn(shape[-1], device=device, dtype=dtype)
+        _run_case(x, b, "gelu", -1, dtype, rng_seed)
 
 
 @pytest.mark.gpu

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from checks import ATOL, DEVICE_DTYPES, assert_three_way, deterministic_algorithms, leaf
 
 import tilewise
+from tilewise.ops import _common
 from tilewise.ops import layernorm as ops
 
 # (x shape, normalized_shape)
@@ -145,6 +148,26 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
     """Programs spread their atomics over several accumulator copies that the last one sums."""
     monkeypatch.setattr(ops, "atomic_slots", lambda programs: 4)
     for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES[:2]:
+        x = torch.randn(xshape, device=device, dtype=torch.float32)
+        _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize(
+    "variant",
+    [dict(prefetch=True), dict(stages=2), dict(stages=4, block_m=2, num_warps=8)],
+    ids=["prefetch", "stages2", "stages4-2rows"],
+)
+def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed):
+    """The backward's register-prefetched and software-pipelined row loops (tuning sweeps pick
+    among them) give the same gradients."""
+
+    def override(m, n, elem, variant=variant):
+        base = ops.TileConfig(1, ops.next_pow2(n), 4, progs_per_sm=2, prefetch=False)
+        return replace(base, **variant)
+
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "layer_norm_bwd", override)
+    for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES:
         x = torch.randn(xshape, device=device, dtype=torch.float32)
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
 

@@ -58,6 +58,9 @@ class TileConfig:
     num_warps: int = 4
     progs_per_sm: int = 8
     prefetch: bool = True  # backward kernels: load the next step's tile before this step's math
+    # backward kernels: software-pipeline depth of the row loop (``tl.range(num_stages=)``: the
+    # next steps' tiles are copied into shared memory asynchronously); 1 = not pipelined
+    stages: int = 1
 
 
 #: Config overrides by kernel name ("bias_act_fwd", ...): a hook for tuning sweeps.

@@ -78,6 +78,7 @@ def _bias_act_bwd_kernel(
     ATOMIC: tl.constexpr,
     SLOTS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -98,7 +99,7 @@ def _bias_act_bwd_kernel(
         nmask = ((row0 + tl.arange(0, BLOCK_M)) < row_end)[:, None] & cmask[None, :]
         dy_n = tl.load(dy_ptr + offs, mask=nmask, other=0.0)
         x_n = tl.load(x_ptr + offs, mask=nmask, other=0.0)
-    for r in range(row0, row_end, BLOCK_M):
+    for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
         rows = r + tl.arange(0, BLOCK_M)
         mask = (rows[:, None] < row_end) & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -302,7 +303,8 @@ def backward(
         ACT=activation_code(activation),
         ATOMIC=atomic,
         SLOTS=slots,
-        PREFETCH=cfg.prefetch,
+        PREFETCH=cfg.prefetch and cfg.stages <= 1,
+        STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,

@@ -179,6 +179,7 @@ def _ln_bwd_kernel(
     ATOMIC: tl.constexpr,
     SLOTS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -204,7 +205,7 @@ def _ln_bwd_kernel(
         x_n = tl.load(x_ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
         mean_n = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
         rstd_n = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-    for r in range(row0, row_end, BLOCK_M):
+    for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
         rows = r + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
         mask = rmask[:, None] & cmask[None, :]
@@ -495,7 +496,8 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         **flags,
         ATOMIC=atomic,
         SLOTS=slots,
-        PREFETCH=cfg.prefetch,
+        PREFETCH=cfg.prefetch and cfg.stages <= 1,
+        STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,

@@ -1,0 +1,59 @@
+"""Launch one kernel a few times at a study size, for Nsight Compute to read its counters.
+
+    ncu --clock-control none -k regex:tw_gconv_fprop --launch-skip 2 -c 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        python scripts/ncu_targets.py gconv-fprop
+
+Targets (fp16): ``gconv-fprop`` and ``gconv-wgrad`` (NVRTC kernels, C=64 64x64 N=128 3x3, the
+best tile of the H100 probe), ``ln-bwd`` (LayerNorm backward, 64 MB, n=1024, the default
+config), ``bias-act-bwd`` (64 MB, n=4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from tilewise.ops import bias_act, gconv_cuda, layernorm
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("target", choices=["gconv-fprop", "gconv-wgrad", "ln-bwd", "bias-act-bwd"])
+    ap.add_argument("--c", type=int, default=64)
+    ap.add_argument("--hw", type=int, default=64)
+    ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=4)
+    args = ap.parse_args()
+    dt = torch.float16
+    if args.target.startswith("gconv"):
+        cl = torch.channels_last
+        shape = (args.n, args.c, args.hw, args.hw)
+        x = torch.randn(shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
+        w = (torch.randn(args.c, 8, 3, 3, device="cuda") * 0.1).to(dt)
+        out = torch.empty_like(x)
+        if args.target == "gconv-fprop":
+            fn = lambda: gconv_cuda.fprop(x, w, None, out, 1, 1)  # noqa: E731
+        else:
+            fn = lambda: gconv_cuda.wgrad(out, x, 3, 3, 1, 1, True)  # noqa: E731
+    else:
+        n = 1024 if args.target == "ln-bwd" else 4096
+        m = 64 * 2**20 // (n * 2)
+        x = torch.randn(m, n, device="cuda", dtype=dt)
+        dy = torch.randn_like(x)
+        b = torch.randn(n, device="cuda", dtype=dt)
+        if args.target == "ln-bwd":
+            w = torch.randn(n, device="cuda", dtype=dt)
+            _, mean, rstd = layernorm.forward(x, (n,), w, b)
+            fn = lambda: layernorm.backward(dy, x, (n,), w, b, mean, rstd)  # noqa: E731
+        else:
+            fn = lambda: bias_act.backward(dy, x, b, "relu")  # noqa: E731
+    for _ in range(args.reps):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{args.target}: {args.reps} launches done")
+
+
+if __name__ == "__main__":
+    main()
