@@ -6,6 +6,7 @@ No real timing: the timer and the CUDA checks are replaced, so these run on any 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,6 +79,22 @@ def test_picks_fastest_and_caches_in_memory_and_on_disk(tuner, monkeypatch):
     key = json.loads(next(iter(data["entries"])))
     assert key["device"] == "Fake GPU" and key["op"] == "op" and key["dtype"] == "fp16"
     assert key["problem"] == {"n": 1, "dtype": "fp16"} and key["tilewise"] == tilewise.__version__
+
+
+def test_cold_l2_choice_uses_its_timer_and_its_own_key(tuner, monkeypatch):
+    """Large problems are timed with L2 flushed (another timer, other winners): the cold and the
+    warm choice of one problem are cached apart."""
+    cold_times = {Cfg(16): 1.0, Cfg(32): 4.0, Cfg(64): 2.0}
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: cold_times[fn()])
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV, cold_l2=True) == Cfg(16)
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV) == Cfg(32)
+    autotune.clear_memory_cache()
+    monkeypatch.setattr(autotune, "_bench", _no_timing)
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: _no_timing(fn))
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV, cold_l2=True) == Cfg(16)
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV) == Cfg(32)
+    ops = sorted(json.loads(k)["op"] for k in json.loads(tuner.path.read_text())["entries"])
+    assert ops == ["op", "op.cold"]
 
 
 def test_a_new_process_reads_the_disk_cache(tuner, tmp_path):
@@ -302,3 +319,15 @@ def test_fresh_candidate_tuples_do_not_grow_the_memo(tuner):
     for _ in range(50):
         assert autotune.choose_config("op", Prob(2), tuple(CANDS), run, device=DEV) == Cfg(32)
     assert len(autotune._resolved) == size
+
+
+@pytest.mark.gpu
+def test_cold_timing_sees_dram_where_warm_sees_l2():
+    """A 16 MB copy fits in the H100's 50 MB L2 when replayed warm; flushed, it reads DRAM."""
+    src = torch.randn(4 << 20, device="cuda")
+    dst = torch.empty_like(src)
+    warm = autotune._bench(lambda: dst.copy_(src))
+    cold = autotune._bench_cold(lambda: dst.copy_(src), torch.device("cuda"))
+    torch.testing.assert_close(dst, src)
+    assert 0 < warm and math.isfinite(cold)
+    assert cold >= 0.95 * warm, (cold, warm)

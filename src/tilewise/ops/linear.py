@@ -51,6 +51,9 @@ from tilewise.ops._common import (
 from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "linear"
+#: GEMMs whose operands reach this size choose their config with L2 flushed before each timed run:
+#: inside a model their weights come from DRAM, and a warm-L2 winner can lose there.
+COLD_L2_MIN_BYTES = 8 << 20
 
 #: Activations whose backward needs the pre-activation, which the forward then also stores.
 SAVES_PRE_ACTIVATION = frozenset({"gelu", "silu"})
@@ -305,7 +308,8 @@ def _choose(
     cublas = _cublas_legal(a, allow_tf32)
     cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split)
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
-    return autotune.choose_config(OP + ".gemm", prob, cands, run, device=a.device)
+    cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
+    return autotune.choose_config(OP + ".gemm", prob, cands, run, device=a.device, cold_l2=cold)
 
 
 def _launch(

@@ -3,12 +3,13 @@
 ``choose_config(op, problem, candidates, run_fn)`` returns the heuristic default (the first
 candidate unless ``default`` is given) on CPU / the interpreter, when ``TILEWISE_AUTOTUNE=0``, and
 while a CUDA graph is being captured. Otherwise it looks the problem up, and on a miss times every
-candidate (``triton.testing.do_bench``, median, after warm-up), keeps the fastest in memory and
-in ``$TILEWISE_CACHE_DIR/autotune.json`` (default ``~/.cache/tilewise/``), so a second process
-pays nothing. Keys hold the device name, the tilewise and Triton versions, the op and every field
-of the problem (dtype included). Writes take a file lock, merge with what is on disk, write a
-temporary file and ``os.replace`` it: concurrent processes never see a torn file and do not lose
-each other's entries. ``export_cache`` / ``import_cache`` ship a cache between machines.
+candidate (median device time of CUDA-graph replays, warm or with L2 flushed), keeps the fastest
+in memory and in ``$TILEWISE_CACHE_DIR/autotune.json`` (default ``~/.cache/tilewise/``), so a
+second process pays nothing. Keys hold the device name, the tilewise and Triton versions, the op
+and every field of the problem (dtype included). Writes take a file lock, merge with what is on
+disk, write a temporary file and ``os.replace`` it: concurrent processes never see a torn file
+and do not lose each other's entries. ``export_cache`` / ``import_cache`` ship a cache between
+machines.
 """
 
 from __future__ import annotations
@@ -109,6 +110,50 @@ def _bench(fn: Callable[[], object]) -> float:
         repair_after_failed_capture()
         torch.cuda.synchronize()
         return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+def _bench_cold(fn: Callable[[], object], device: torch.device, reps: int = 8) -> float:
+    """Median device milliseconds of ``fn`` with L2 flushed before each run.
+
+    ``_bench`` replays ``fn`` on the same inputs, so operands stay in L2; a tile that wins warm
+    can lose where its weights come from DRAM, as in a model whose layers together exceed L2
+    (bf16 512x4096x4096: the Triton tile chosen warm ran at 0.77x cuBLAS in the MLP study, whose
+    inputs rotate past L2). One graph replays (flush, fn) ``reps`` times, another only the
+    flushes; the difference is ``fn``'s cold time. Falls back to ``_bench`` if capture fails.
+    """
+    from tilewise.runtime.graph_state import repair_after_failed_capture
+
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    flush = torch.empty(max(2 * l2, 1 << 26), dtype=torch.uint8, device=device)
+    torch.cuda.synchronize(device)
+    graphs = []
+    try:
+        fn()  # compile and warm up outside capture
+        for with_fn in (False, True):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(reps):
+                    flush.zero_()
+                    if with_fn:
+                        fn()
+            graphs.append(g)
+    except RuntimeError as exc:
+        log.debug("tilewise.autotune: cold graph timing failed (%s); timing warm", exc)
+        repair_after_failed_capture()
+        torch.cuda.synchronize(device)
+        return _bench(fn)
+    times: list[list[float]] = [[], []]
+    for _ in range(7):
+        for i, g in enumerate(graphs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end))
+    base, both = (sorted(t)[len(t) // 2] for t in times)
+    del graphs
+    return max(both - base, 0.0) / reps
 
 
 # --- keys and the disk file ---------------------------------------------------------------------
@@ -243,12 +288,15 @@ def choose_config(
     *,
     device: torch.device | None = None,
     default: C | None = None,
+    cold_l2: bool = False,
 ) -> C:
     """The config to launch ``op`` on ``problem`` with (see the module docstring).
 
     ``problem`` is a dataclass; ``run_fn(config)`` runs the kernel once with that config on real
     tensors (only called when timing). A candidate that raises (e.g. out of shared memory) is
-    skipped; if all do, the default is returned and nothing is stored.
+    skipped; if all do, the default is returned and nothing is stored. ``cold_l2`` times each
+    candidate with L2 flushed first (for problems too large to stay in L2 inside a model); such
+    choices are cached under their own key.
     """
     # The per-call fast path: a launch must not pay for keys, JSON or config comparisons (those
     # cost ~0.3 ms, which dominated small layers' time). Problems are frozen dataclasses. Callers
@@ -256,7 +304,7 @@ def choose_config(
     # (op, problem, device) remembers the last candidate and default objects (identity checks)
     # and the environment it answered for; anything else falls through to the full memo.
     env = (os.environ.get(ENV_AUTOTUNE), os.environ.get(ENV_CACHE_DIR))
-    fast_key = ("fast", op, problem, device)
+    fast_key = ("fast", op, problem, device, cold_l2)
     fast = _resolved.get(fast_key)
     if fast is not None and fast[0] is candidates and fast[1] is default and fast[2] == env:
         return fast[3]
@@ -264,7 +312,7 @@ def choose_config(
     candidates = tuple(candidates)
     if not candidates:
         raise ValueError("argument 'candidates' is empty")
-    memo_key = (op, problem, device, candidates, default, env)
+    memo_key = (op, problem, device, candidates, default, env, cold_l2)
     memo = _resolved.get(memo_key)
     if memo is not None:
         if isinstance(given, tuple):
@@ -274,17 +322,18 @@ def choose_config(
     if not search_enabled() or not _tunable(device):
         _resolved[memo_key] = fallback
         return fallback
-    key = make_key(op, problem, _device_name(device))
+    key = make_key(op + (".cold" if cold_l2 else ""), problem, _device_name(device))
     hit = _lookup(key, candidates)
     if hit is not None:
         _resolved[memo_key] = hit
         return hit
     if _capturing(device):
         return fallback
+    timer = functools.partial(_bench_cold, device=device) if cold_l2 else _bench
     times = []
     for cand in candidates:
         try:
-            times.append(_bench(lambda cand=cand: run_fn(cand)))
+            times.append(timer(lambda cand=cand: run_fn(cand)))
         except Exception as exc:  # a config the compiler or the device rejects
             log.debug("tilewise.autotune: %s %s failed: %s", op, cand, exc)
             times.append(math.inf)
