@@ -194,12 +194,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", action="store_true", help="time several tile shapes")
     ap.add_argument("--n", type=int, default=128)
+    ap.add_argument(
+        "--rowpair", action="store_true", help="check the row-pair kernel; time every TILES entry"
+    )
+    ap.add_argument("--fprop-only", action="store_true", help="skip the wgrad timing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = CudaTile()
     ok = check(base)
-    print("correctness:", "all ok" if ok else "FAILURES")
     tiles = [base]
+    if args.rowpair:
+        ok &= check(CudaTile(rowpair=True))
+        tiles = list(gconv_cuda.TILES)
+    print("correctness:", "all ok" if ok else "FAILURES")
     if args.tiles:
         tiles += [
             CudaTile(8, 16, 32, 4, 4, 3),
@@ -211,7 +218,9 @@ def main() -> None:
         ]
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.2f} TB/s")
-    rows = bench(tiles, args.n, copy_bw) + bench_wgrad(args.n, copy_bw)
+    rows = bench(tiles, args.n, copy_bw)
+    if not args.fprop_only:
+        rows += bench_wgrad(args.n, copy_bw)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

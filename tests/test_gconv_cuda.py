@@ -24,7 +24,8 @@ def test_source_template_formats_for_every_kernel_size():
     for r in range(1, 8):
         for s in range(1, 8):
             for tile in gconv_cuda.TILES:
-                src = gconv_cuda._SOURCE.format(
+                template = gconv_cuda._SOURCE_RP if tile.rowpair else gconv_cuda._SOURCE
+                src = template.format(
                     R=r, S=s, TH=tile.th, TW=tile.tw, CB=tile.cb, WARPS=tile.warps,
                     MIN_CTAS=tile.min_ctas, STAGES=tile.stages, IS_BF16=1, HAS_BIAS=1, DGRAD=1,
                 )  # fmt: skip
@@ -38,6 +39,8 @@ def test_candidates_fit_the_channels_and_shared_memory():
             assert tiles, (c, k)
             for t in tiles:
                 assert c % t.cb == 0 and gconv_cuda.smem_bytes(k, k, t) <= 227 * 1024
+                if t.rowpair:  # one warp per group (times the column split), 8-pixel blocks
+                    assert t.warps % (t.cb // 8) == 0 and t.tw % 8 == 0 and k < 7
     assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
 
 

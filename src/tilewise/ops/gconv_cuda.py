@@ -377,11 +377,191 @@ tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __r
 }}
 """
 
+#: Row-pair fprop/dgrad (``CudaTile.kind == "rowpair"``): one warp per group (times WS column
+#: splits). The weights are the MMA's A operand, held in registers for the whole CTA: rows = (out
+#: channel, which of two output rows), cols = (in channel, which of two input rows); B = the
+#: inputs of 8 pixels in two halo rows (one ``ldmatrix.x2``), so each B fragment read from shared
+#: memory feeds both output rows it touches. Shared-memory reads per output fall from ~R*S to
+#: ~S*(1 + (R-1)/TH) fragments (3x3, TH = 8: 3.75 against 10 per 16 outputs). Zero weights pair
+#: with inputs outside an output's window, so a non-finite input could poison a neighbour row
+#: (0 * Inf); a warp whose accumulators are not all finite recomputes its block exactly.
+_RP_KERNEL = r"""
+#define NP ((R + 2) / 2)
+#define HHP (TH + 2 * NP - 2)
+#define HALO_RP (HHP * HWD * PIX)
+#define WS (WARPS / NG)
+#define CBLK (TW / 8)
+#define QP (TH / 2)
+
+__device__ __forceinline__ void load_tile_rp(u32 dst, const u16* __restrict__ x, int t, int Hi,
+                                             int Wi, int C, int c0, int pad_h, int pad_w,
+                                             int tiles_h, int tiles_w, int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
+    for (int i = tid; i < HHP * HWD * NG; i += WARPS * 32) {{
+        const int pix = i / NG, ch = i - pix * NG;
+        const int hh = pix / HWD, ww = pix - hh * HWD;
+        const int ih = h0 + hh, iw = w0 + ww;
+        // rows past the window (even R) are zero, never another row's data
+        const bool ok =
+            hh < TH + R - 1 && (unsigned)ih < (unsigned)Hi && (unsigned)iw < (unsigned)Wi;
+        const u16* src = ok ? x + ((((long long)n * Hi + ih) * Wi + iw) * C + c0 + ch * 8) : x;
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
+    }}
+}}
+
+// weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed), 0 off
+// the kernel
+__device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
+                                    int s, int ws0, int ws1, int ws2, int ws3) {{
+    if (r < 0 || r >= R) return 0;
+#if DGRAD
+    return w[(long long)(gc + c) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+    return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
+#endif
+}}
+
+__device__ __forceinline__ u16 to_u16(float v) {{ return (u16)(pack2(v, 0.f) & 0xffffu); }}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_fprop_rp(const u16* __restrict__ x, const u16* __restrict__ w,
+                  const float* __restrict__ bias, u16* __restrict__ y,
+                  int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,
+                  int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp % NG, part = warp / NG;
+    const int c0 = blockIdx.y * CB, gc = c0 + g * 8;
+    const u32 sbase = smem_u32(smem);
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_tile_rp(sbase + st * HALO_RP, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h,
+                         tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+
+    // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
+    // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
+    const int o = lane >> 2, cp = (lane & 3) * 2;
+    u32 wa[S][NP][4];
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                const int r = 2 * p + (q >> 1) - (q & 1);
+                const u32 lo = wval(w, gc, o, cp, r, s, ws0, ws1, ws2, ws3);
+                const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
+                wa[s][p][q] = lo | (hi << 16);
+            }}
+#if HAS_BIAS
+    const float bv = bias[gc + o];
+#else
+    const float bv = 0.f;
+#endif
+    // ldmatrix.x2 row address of this lane: matrix (lane / 8) & 1 = which halo row of the pair,
+    // row lane % 8 = pixel
+    const int b_row = (lane >> 3) & 1, b_px = lane & 7;
+    u16* stg = (u16*)(smem + STAGES * HALO_RP);
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles)
+            load_tile_rp(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi, Wi, C, c0,
+                         pad_h, pad_w, tiles_h, tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hbase = sbase + buf * HALO_RP;
+#pragma unroll 1
+        for (int cb = part; cb < CBLK; cb += WS) {{
+            float acc[QP][4];
+#pragma unroll
+            for (int q = 0; q < QP; ++q)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[q][k] = 0.f;
+            const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
+#pragma unroll
+            for (int s = 0; s < S; ++s)
+#pragma unroll
+                for (int ip = 0; ip < QP + NP - 1; ++ip) {{
+                    u32 b0, b1;
+                    ldsm_x2(b0, b1, lane_addr + (2 * ip * HWD + s) * PIX);
+#pragma unroll
+                    for (int p = 0; p < NP; ++p) {{
+                        const int q = ip - p;
+                        if (q >= 0 && q < QP)
+                            mma16816(acc[q], wa[s][p][0], wa[s][p][1], wa[s][p][2], wa[s][p][3],
+                                     b0, b1);
+                    }}
+                }}
+            bool bad = false;
+#pragma unroll
+            for (int q = 0; q < QP; ++q)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)  // exponent all ones: Inf or NaN
+                    bad |= (~__float_as_uint(acc[q][k]) & 0x7f800000u) == 0u;
+            if (__any_sync(0xffffffffu, bad)) {{
+                // exact: each output sums only its own window (PyTorch's NaN/Inf pattern)
+                const u16* hs = (const u16*)(smem + buf * HALO_RP);
+                for (int i = lane; i < TH * 64; i += 32) {{
+                    const int oo = i & 7, px = cb * 8 + ((i >> 3) & 7), row = i >> 6;
+                    float sum = 0.f;
+                    for (int r = 0; r < R; ++r)
+                        for (int s = 0; s < S; ++s)
+                            for (int c = 0; c < 8; ++c)
+                                sum += to_f32(wval(w, gc, oo, c, r, s, ws0, ws1, ws2, ws3)) *
+                                       to_f32(hs[((row + r) * HWD + px + s) * (PIX / 2) + g * 8 +
+                                                 c]);
+#if HAS_BIAS
+                    sum += bias[gc + oo];
+#endif
+                    stg[(row * TW + px) * (PIX / 2) + g * 8 + oo] = to_u16(sum);
+                }}
+            }} else {{
+                // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1
+#pragma unroll
+                for (int q = 0; q < QP; ++q)
+#pragma unroll
+                    for (int d = 0; d < 2; ++d) {{
+                        const int p0 = (2 * q + d) * TW + cb * 8 + cp;
+                        stg[p0 * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d] + bv);
+                        stg[(p0 + 1) * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d + 1] + bv);
+                    }}
+            }}
+        }}
+        __syncthreads();
+        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
+        const int n = t / (tiles_w * tiles_h);
+        for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+            const int p = i / NG, ch = i - (i / NG) * NG;
+            const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
+            if (oh < Ho && ow < Wo)
+                *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
+                    *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
+        }}
+        __syncthreads();
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}}
+"""
+_SOURCE_RP = _SOURCE[: _SOURCE.index("// Persistent CTAs")] + _RP_KERNEL
+
 
 @dataclass(frozen=True)
 class CudaTile:
     """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb``
-    channels per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows)."""
+    channels per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows).
+    ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
+    groups x column splits)."""
 
     th: int = 8
     tw: int = 16
@@ -389,31 +569,48 @@ class CudaTile:
     warps: int = 4
     min_ctas: int = 4
     stages: int = 2
+    rowpair: bool = False
 
     @property
     def name(self) -> str:
-        return f"cuda_t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
+        kind = "cudarp" if self.rowpair else "cuda"
+        return f"{kind}_t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
 
 
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
-    """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile."""
+    """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile
+    (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
+    if tile.rowpair:
+        rows = tile.th + 2 * ((r + 2) // 2) - 2
+        return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
 
 
+#: the row-pair kernel keeps S x ceil((R + 1) / 2) weight fragments (4 registers each) per thread
+ROWPAIR_MAX_FRAGMENTS = 15
+
+
 def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     """Whether ``tile`` is a legal launch for this problem (channel block divides C, whole
-    16-pixel rows per warp, shared memory within the H100's 227 KB per CTA)."""
+    16-pixel rows per warp, shared memory within the H100's 227 KB per CTA; row-pair: row pairs,
+    8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
+    if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    if not tile.rowpair:
+        return (tile.th * tile.tw) % (16 * tile.warps) == 0
+    groups = tile.cb // 8
     return (
-        c % tile.cb == 0
-        and tile.cb % 8 == 0
-        and (tile.th * tile.tw) % (16 * tile.warps) == 0
-        and smem_bytes(r, s, tile) <= SMEM_MAX
+        tile.th % 2 == 0
+        and tile.tw % 8 == 0
+        and tile.warps % groups == 0
+        and (tile.tw // 8) % (tile.warps // groups) == 0
+        and s * ((r + 2) // 2) <= ROWPAIR_MAX_FRAGMENTS
     )
 
 
@@ -424,16 +621,25 @@ TILES = (
     CudaTile(8, 16, 32, 4, 4, 2),
     CudaTile(8, 16, 32, 4, 5, 2),
     CudaTile(16, 16, 32, 8, 2, 2),
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
+    CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
+    CudaTile(8, 32, 32, 8, 3, 2, rowpair=True),
 )
 
 
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
-    keep one warp per group."""
+    keep one warp per group, row-pair tiles their warps per group."""
     cb = tile.cb
     while cb > 8 and c % cb:
         cb //= 2
-    return dataclasses.replace(tile, cb=cb, warps=cb // 8 if warp_per_group else tile.warps)
+    warps = tile.warps
+    if warp_per_group:
+        warps = cb // 8
+    elif tile.rowpair:
+        warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
+    return dataclasses.replace(tile, cb=cb, warps=warps)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -477,7 +683,10 @@ def _kernel(
     device: int,
     entry: str = "tw_gconv_fprop",
 ):
-    src = _SOURCE.format(
+    template = _SOURCE
+    if entry == "tw_gconv_fprop" and tile.rowpair:
+        template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
+    src = template.format(
         R=r,
         S=s,
         TH=tile.th,
@@ -492,7 +701,7 @@ def _kernel(
     )
     with torch.cuda.device(device):
         kernel = torch.cuda._compile_kernel(src, entry)
-        size = smem_bytes if entry == "tw_gconv_fprop" else wgrad_smem_bytes
+        size = wgrad_smem_bytes if entry == "tw_gconv_wgrad" else smem_bytes
         kernel.set_shared_memory_config(size(r, s, tile))
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
             lib = torch.cuda._utils._get_gpu_runtime_library()

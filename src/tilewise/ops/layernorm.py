@@ -32,6 +32,8 @@ from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
 MAX_FUSED_N = 16384
+#: shared memory the backward's pipelined row loop may use per program (2 programs per SM)
+PIPELINE_SMEM_BYTES = 96 * 1024
 CHUNK_N = 4096
 
 
@@ -380,18 +382,24 @@ def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: 
 
 
 def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
-    # Measured on an H100 (benchmarks/tune_pointwise.py, fp16, 256 MB): the forward likes ~8K
-    # elements per program; the backward one row per step with 8 elements per thread, so the
-    # row reductions stay cheap, and 8 programs per SM.
+    # Measured on an H100 (benchmarks/tune_pointwise.py, fp16): the forward likes ~8K elements
+    # per program. The backward (tune_pointwise --stages, 64 MB, session 6): two rows per step,
+    # 8 elements per thread, the row loop software-pipelined 3-4 deep (cp.async into shared
+    # memory) and only 2 programs per SM: 0.82-0.84 of copy, against 0.54-0.68 for one row per
+    # step, register-resident, 8 programs per SM.
     block_n = next_pow2(n)
-    # Register prefetch of the next row measured slower here (0.66 vs 0.75 of copy at 64 MB,
-    # tune_pointwise --variants, session 4), unlike in bias_act.
     if kernel.endswith("bwd"):
-        block_m, warps = 1, min(16, max(4, block_n // 256))
+        warps = min(16, max(4, block_n // 256))
+        per_stage = 2 * 2 * block_n * elem_bytes  # dy and x tiles of two rows
+        stages = min(4 if block_n <= 2048 else 3, PIPELINE_SMEM_BYTES // per_stage)
+        if stages >= 2:
+            default = TileConfig(2, block_n, warps, progs_per_sm=2, prefetch=False, stages=stages)
+        else:  # rows too long to stage twice: one row per step, 8 programs per SM (session 4)
+            default = TileConfig(1, block_n, warps, progs_per_sm=8, prefetch=False)
     else:
         block_m = max(1, min(next_pow2(m), 8192 // block_n))
         warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
-    default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
+        default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
     cfg = pick_config(kernel, m, n, elem_bytes, default)
     if cfg.block_n < n:
         raise ValueError(f"config for {kernel}: block_n={cfg.block_n} must cover n={n}")
