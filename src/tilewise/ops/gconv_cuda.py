@@ -614,17 +614,18 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     )
 
 
-#: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C): the
-#: best three of scripts/gconv_cuda_probe.py on the H100 (0.67 / 0.59 / 0.46 of copy at
-#: C=64/128/256, N=128, 3x3; 64-channel blocks, 3-4 halo stages and 8x8 tiles were slower).
+#: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
+#: first (the first is the untimed default). scripts/gconv_cuda_probe.py --rowpair on the H100,
+#: N=128, 3x3, fp16/bf16, fraction of copy: row-pair 16x16 0.72-0.74 / 0.64-0.65 / 0.50 at
+#: C=64/128/256, row-pair 8x16 0.61-0.72 / 0.56-0.66 / 0.48-0.57, the tap kernel 8x16 0.68 / 0.58
+#: / 0.47 (session 6). Row-pair 8x16 with 8 warps and 8x32 were slower everywhere and are left
+#: out; the tap tiles stay for 7x7, which the row-pair kernel does not take.
 TILES = (
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
     CudaTile(8, 16, 32, 4, 4, 2),
     CudaTile(8, 16, 32, 4, 5, 2),
     CudaTile(16, 16, 32, 8, 2, 2),
-    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
-    CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
-    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
-    CudaTile(8, 32, 32, 8, 3, 2, rowpair=True),
 )
 
 
