@@ -39,11 +39,18 @@ def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]
 
 
 def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
-    """Backward kernels: the default config with its row loop software-pipelined 1-4 deep, at
-    2/4/8 programs per SM, 1x/2x its warps and 1x/2x its rows per step."""
+    """The default config with its row loop software-pipelined 1-4 deep: backward kernels at
+    2/4/8 programs per SM, 1x/2x warps and rows per step; forward kernels as a persistent grid of
+    1/2/4/8 programs per SM (stages 1 = one tile per program, the shipped forward)."""
     mod = ba if kernel.startswith("bias_act") else ln
     base = mod._config(kernel, m, n, elem)
     out: list[TileConfig | None] = [None]
+    if kernel.endswith("fwd"):
+        for stages, pps, wmul in itertools.product((2, 3, 4), (1, 2, 4, 8), (1, 2)):
+            cfg = replace(base, stages=stages, progs_per_sm=pps, num_warps=base.num_warps * wmul)
+            if cfg.num_warps <= 16:
+                out.append(cfg)
+        return out
     for stages, pps, wmul, mmul in itertools.product((1, 2, 3, 4), (2, 4, 8), (1, 2), (1, 2)):
         cfg = replace(
             base,
@@ -110,7 +117,7 @@ def main() -> None:
     ap.add_argument(
         "--stages",
         action="store_true",
-        help="backward kernels only: the default config and its software-pipelined variants",
+        help="the default config and its software-pipelined (forward: persistent) variants",
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
@@ -134,8 +141,6 @@ def main() -> None:
         ref = fn()
         rows = []
         if args.stages:
-            if not kernel.endswith("bwd"):
-                continue
             cands = [(v, False) for v in _stage_variants(kernel, m, n, 2)]
         elif args.variants:
             modes = (False, True) if kernel.endswith("bwd") else (False,)

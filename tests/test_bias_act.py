@@ -104,6 +104,22 @@ def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed)
         _run_case(x, b, "gelu", -1, dtype, rng_seed)
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("variant", [dict(stages=2, progs_per_sm=1), dict(stages=4, block_m=2)])
+def test_forward_persistent_pipelined_variants(device, dtype, variant, monkeypatch, rng_seed):
+    """A persistent forward grid walking several row blocks per program through a pipelined loop
+    (a tuning option) gives the same outputs."""
+
+    def override(m, n, elem, variant=variant):
+        return replace(_common.TileConfig(4, 32, 4, progs_per_sm=2), **variant)
+
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "bias_act_fwd", override)
+    for shape in [(37, 19), (130, 64)] if device == "cpu" else [(4097, 4096), (1000, 77)]:
+        x = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn(shape[-1], device=device, dtype=dtype)
+        _run_case(x, b, "silu", -1, dtype, rng_seed)
+
+
 @pytest.mark.gpu
 def test_atomic_bias_grad_is_complete_on_every_call(rng_seed):
     """The last program of each column block casts the atomically summed bias gradient; a missed

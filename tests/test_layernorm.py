@@ -172,6 +172,21 @@ def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed)
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
 
 
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("variant", [dict(stages=2, progs_per_sm=1), dict(stages=3, block_m=2)])
+def test_forward_persistent_pipelined_variants(device, dtype, variant, monkeypatch, rng_seed):
+    """A persistent forward grid walking several row blocks per program through a pipelined loop
+    (a tuning option) gives the same outputs, mean/rstd and gradients."""
+
+    def override(m, n, elem, variant=variant):
+        return replace(ops.TileConfig(1, ops.next_pow2(n), 4, progs_per_sm=2), **variant)
+
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "layer_norm_fwd", override)
+    for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES:
+        x = torch.randn(xshape, device=device, dtype=torch.float32)
+        _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
+
+
 @pytest.mark.gpu
 def test_atomic_weight_grads_are_complete_on_every_call(rng_seed):
     """The last program casts the atomically summed dw/db; a missed partial (a memory-ordering

@@ -63,6 +63,16 @@ class TileConfig:
     stages: int = 1
 
 
+def persistent_rows(m: int, cfg: TileConfig, col_blocks: int, device: torch.device) -> int:
+    """Rows per program of a forward kernel: one tile (``block_m`` rows) per program, or, when
+    ``cfg.stages > 1``, a persistent grid of ``progs_per_sm`` programs per SM (over all column
+    blocks) walking whole tiles through a software-pipelined loop."""
+    if cfg.stages <= 1:
+        return cfg.block_m
+    progs = max(1, cfg.progs_per_sm * num_sms(device) // max(1, col_blocks))
+    return cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
+
+
 #: Config overrides by kernel name ("bias_act_fwd", ...): a hook for tuning sweeps.
 CONFIG_OVERRIDES: dict[str, Callable[[int, int, int], TileConfig | None]] = {}
 

@@ -27,6 +27,7 @@ from tilewise.ops._common import (
     cdiv,
     next_pow2,
     num_sms,
+    persistent_rows,
     pick_config,
     use_atomics,
     zeroed_accumulators,
@@ -43,21 +44,30 @@ def _bias_act_fwd_kernel(
     y_ptr,
     M,
     N,
+    ROWS_PER_PROG,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """One [BLOCK_M, BLOCK_N] tile per step over this program's ``ROWS_PER_PROG`` rows (one step
+    unless a config asks for a persistent, software-pipelined grid)."""
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < N
     if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        z = z + b[None, :]
-    y = act_fwd(z, ACT)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    row0 = tl.program_id(0) * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
+    for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
+        rows = r + tl.arange(0, BLOCK_M)
+        mask = (rows[:, None] < row_end) & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z = z + b[None, :]
+        y = act_fwd(z, ACT)
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -239,15 +249,18 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
     xv, yv = views[0], _rows_view(y, dim)
     m, n = xv.shape
     cfg = _config("bias_act_fwd", m, n, x.element_size())
-    grid = (cdiv(m, cfg.block_m), cdiv(n, cfg.block_n))
-    _bias_act_fwd_kernel[grid](
+    n_blocks = cdiv(n, cfg.block_n)
+    rows_per_prog = persistent_rows(m, cfg, n_blocks, x.device)
+    _bias_act_fwd_kernel[(cdiv(m, rows_per_prog), n_blocks)](
         xv,
         xv if bias is None else bias,
         yv,
         m,
         n,
+        rows_per_prog,
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
+        STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps,

@@ -24,6 +24,7 @@ from tilewise.ops._common import (
     cdiv,
     next_pow2,
     num_sms,
+    persistent_rows,
     pick_config,
     use_atomics,
     zeroed_accumulators,
@@ -48,32 +49,43 @@ def _ln_fwd_kernel(
     M,
     N,
     eps,
+    ROWS_PER_PROG,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """BLOCK_M whole rows per step over this program's ``ROWS_PER_PROG`` rows (one step unless a
+    config asks for a persistent, software-pipelined grid)."""
     cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
     cmask = cols < N
-    mask = rmask[:, None] & cmask[None, :]
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / N
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
-    y = xc * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if HAS_B:
-        y = y + tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if RELU:
-        y = tl.where(y < 0.0, 0.0, y)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=rmask)
-    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    row0 = tl.program_id(0) * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
+    for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
+        rows = r + tl.arange(0, BLOCK_M)
+        rmask = rows < row_end
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * w[None, :]
+        if HAS_B:
+            y = y + b[None, :]
+        if RELU:
+            y = tl.where(y < 0.0, 0.0, y)
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
 @triton.jit
@@ -422,7 +434,8 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n <= MAX_FUSED_N:
         cfg = _config("layer_norm_fwd", m, n, x.element_size())
-        _ln_fwd_kernel[(cdiv(m, cfg.block_m),)](
+        rows_per_prog = persistent_rows(m, cfg, 1, x.device)
+        _ln_fwd_kernel[(cdiv(m, rows_per_prog),)](
             xv,
             w,
             b,
@@ -432,7 +445,9 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
             m,
             n,
             eps,
+            rows_per_prog,
             **flags,
+            STAGES=cfg.stages,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             num_warps=cfg.num_warps,
