@@ -46,7 +46,7 @@ def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig |
     base = mod._config(kernel, m, n, elem)
     out: list[TileConfig | None] = [None]
     if kernel.endswith("fwd"):
-        for stages, pps, wmul in itertools.product((2, 3, 4), (1, 2, 4, 8), (1, 2)):
+        for stages, pps, wmul in itertools.product((2, 3, 4), (1, 2, 4, 8), (1,)):
             cfg = replace(base, stages=stages, progs_per_sm=pps, num_warps=base.num_warps * wmul)
             if cfg.num_warps <= 16:
                 out.append(cfg)
