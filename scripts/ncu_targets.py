@@ -4,9 +4,10 @@
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         python scripts/ncu_targets.py gconv-fprop
 
-Targets (fp16): ``gconv-fprop`` and ``gconv-wgrad`` (NVRTC kernels, C=64 64x64 N=128 3x3, the
-best tile of the H100 probe), ``ln-bwd`` (LayerNorm backward, 64 MB, n=1024, the default
-config), ``bias-act-bwd`` (64 MB, n=4096).
+Targets (fp16): ``gconv-fprop`` and ``gconv-wgrad`` (NVRTC kernels, C=64 64x64 N=128 3x3; fprop
+takes the tap kernel's default tile or ``--tile i`` of ``gconv_cuda.TILES``, where 0 is the
+row-pair 16x16 tile, kernel ``tw_gconv_fprop_rp``), ``ln-bwd`` (LayerNorm backward, 64 MB,
+n=1024, the default config), ``bias-act-bwd`` (64 MB, n=4096).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def main() -> None:
     ap.add_argument("--hw", type=int, default=64)
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument(
+        "--tile", type=int, default=-1, help="gconv-fprop: index into gconv_cuda.TILES (-1: tap)"
+    )
     args = ap.parse_args()
     dt = torch.float16
     if args.target.startswith("gconv"):
@@ -34,7 +38,8 @@ def main() -> None:
         w = (torch.randn(args.c, 8, 3, 3, device="cuda") * 0.1).to(dt)
         out = torch.empty_like(x)
         if args.target == "gconv-fprop":
-            fn = lambda: gconv_cuda.fprop(x, w, None, out, 1, 1)  # noqa: E731
+            tile = gconv_cuda.CudaTile() if args.tile < 0 else gconv_cuda.TILES[args.tile]
+            fn = lambda: gconv_cuda.fprop(x, w, None, out, 1, 1, tile)  # noqa: E731
         else:
             fn = lambda: gconv_cuda.wgrad(out, x, 3, 3, 1, 1, True)  # noqa: E731
     else:
