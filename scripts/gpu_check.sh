@@ -5,12 +5,18 @@
 # print a short summary table last.
 #   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] scripts/gpu_check.sh [--no-tests] [BENCH ...]
 #   (test files run one at a time, each under its own timeout; the summary has a line per file)
+#   BUNDLE=1: everything is written to a scratch folder and packed into $OUT/gpu_check.tgz, one
+#   file (the device tool brings back at most 8 files per call)
 #   BENCH in: none ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
 #             gconv-sweep (every config beside cuDNN) mlp (quick grid) mlp-full (no compile)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
+FINAL_OUT=$OUT
+if [ -n "${BUNDLE:-}" ]; then
+  OUT=$(mktemp -d)
+fi
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
@@ -75,3 +81,6 @@ echo
 echo "================ summary ================"
 echo "GPU tests:$test_status"
 "$PY" -m tilewise.cli bench report "$OUT" || true
+if [ -n "${BUNDLE:-}" ]; then
+  tar czf "$FINAL_OUT/gpu_check.tgz" -C "$OUT" . && echo "packed $OUT into $FINAL_OUT/gpu_check.tgz"
+fi
