@@ -86,38 +86,29 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize(
-    "variant",
-    [dict(prefetch=False), dict(stages=3), dict(stages=2, num_warps=8)],
-    ids=["plain", "stages3", "stages2-8warps"],
+    "kernel,variant",
+    [
+        ("bias_act_bwd", dict(prefetch=False)),
+        ("bias_act_bwd", dict(stages=3)),
+        ("bias_act_bwd", dict(stages=2, num_warps=8)),
+        ("bias_act_fwd", dict(stages=2, progs_per_sm=1)),
+        ("bias_act_fwd", dict(stages=4, block_m=2)),
+    ],
+    ids=["bwd-plain", "bwd-stages3", "bwd-stages2-8warps", "fwd-persistent2", "fwd-persistent4"],
 )
-def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed):
-    """The backward's plain, register-prefetched (default) and software-pipelined row loops give
-    the same gradients."""
+def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
+    """Configs that tuning sweeps pick among give the same outputs and gradients: the backward's
+    plain, register-prefetched (default) and software-pipelined row loops; a persistent forward
+    grid walking several row blocks per program through a pipelined loop."""
 
     def override(m, n, elem, variant=variant):
         return replace(_common.TileConfig(4, 32, 4, progs_per_sm=2), **variant)
 
-    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "bias_act_bwd", override)
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, kernel, override)
     for shape in [(37, 19), (130, 64)] if device == "cpu" else [(4097, 4096), (1000, 77)]:
         x = torch.randn(shape, device=device, dtype=dtype)
         b = torch.randn(shape[-1], device=device, dtype=dtype)
-        _run_case(x, b, "gelu", -1, dtype, rng_seed)
-
-
-@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-@pytest.mark.parametrize("variant", [dict(stages=2, progs_per_sm=1), dict(stages=4, block_m=2)])
-def test_forward_persistent_pipelined_variants(device, dtype, variant, monkeypatch, rng_seed):
-    """A persistent forward grid walking several row blocks per program through a pipelined loop
-    (a tuning option) gives the same outputs."""
-
-    def override(m, n, elem, variant=variant):
-        return replace(_common.TileConfig(4, 32, 4, progs_per_sm=2), **variant)
-
-    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "bias_act_fwd", override)
-    for shape in [(37, 19), (130, 64)] if device == "cpu" else [(4097, 4096), (1000, 77)]:
-        x = torch.randn(shape, device=device, dtype=dtype)
-        b = torch.randn(shape[-1], device=device, dtype=dtype)
-        _run_case(x, b, "silu", -1, dtype, rng_seed)
+        _run_case(x, b, "silu" if kernel.endswith("fwd") else "gelu", -1, dtype, rng_seed)
 
 
 @pytest.mark.gpu

@@ -154,34 +154,26 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize(
-    "variant",
-    [dict(prefetch=True), dict(stages=2), dict(stages=4, block_m=2, num_warps=8)],
-    ids=["prefetch", "stages2", "stages4-2rows"],
+    "kernel,variant",
+    [
+        ("layer_norm_bwd", dict(prefetch=True)),
+        ("layer_norm_bwd", dict(stages=2)),
+        ("layer_norm_bwd", dict(stages=4, block_m=2, num_warps=8)),
+        ("layer_norm_fwd", dict(stages=2, progs_per_sm=1)),
+        ("layer_norm_fwd", dict(stages=3, block_m=2)),
+    ],
+    ids=["bwd-prefetch", "bwd-stages2", "bwd-stages4-2rows", "fwd-persistent2", "fwd-persistent3"],
 )
-def test_backward_launch_variants(device, dtype, variant, monkeypatch, rng_seed):
-    """The backward's register-prefetched and software-pipelined row loops (tuning sweeps pick
-    among them) give the same gradients."""
+def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
+    """Configs that tuning sweeps pick among give the same outputs, mean/rstd and gradients: the
+    backward's register-prefetched and software-pipelined row loops; a persistent forward grid
+    walking several row blocks per program through a pipelined loop."""
 
     def override(m, n, elem, variant=variant):
         base = ops.TileConfig(1, ops.next_pow2(n), 4, progs_per_sm=2, prefetch=False)
         return replace(base, **variant)
 
-    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "layer_norm_bwd", override)
-    for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES:
-        x = torch.randn(xshape, device=device, dtype=torch.float32)
-        _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
-
-
-@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-@pytest.mark.parametrize("variant", [dict(stages=2, progs_per_sm=1), dict(stages=3, block_m=2)])
-def test_forward_persistent_pipelined_variants(device, dtype, variant, monkeypatch, rng_seed):
-    """A persistent forward grid walking several row blocks per program through a pipelined loop
-    (a tuning option) gives the same outputs, mean/rstd and gradients."""
-
-    def override(m, n, elem, variant=variant):
-        return replace(ops.TileConfig(1, ops.next_pow2(n), 4, progs_per_sm=2), **variant)
-
-    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "layer_norm_fwd", override)
+    monkeypatch.setitem(_common.CONFIG_OVERRIDES, kernel, override)
     for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES:
         x = torch.randn(xshape, device=device, dtype=torch.float32)
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)

@@ -125,29 +125,56 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {{
     return r;
 }}
 
-__device__ __forceinline__ void load_tile(u32 dst, const u16* __restrict__ x, int t, int Hi,
+// ROWS halo rows of tile t (zero-filled off the image; rows from VALID_ROWS on are zero too)
+template <int ROWS, int VALID_ROWS>
+__device__ __forceinline__ void load_rows(u32 dst, const u16* __restrict__ x, int t, int Hi,
                                           int Wi, int C, int c0, int pad_h, int pad_w,
                                           int tiles_h, int tiles_w, int tid) {{
     const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
-    for (int i = tid; i < HH * HWD * NG; i += WARPS * 32) {{
+    for (int i = tid; i < ROWS * HWD * NG; i += WARPS * 32) {{
         const int pix = i / NG, ch = i - pix * NG;
         const int hh = pix / HWD, ww = pix - hh * HWD;
         const int ih = h0 + hh, iw = w0 + ww;
-        const bool ok = (unsigned)ih < (unsigned)Hi && (unsigned)iw < (unsigned)Wi;
+        const bool ok = (VALID_ROWS >= ROWS || hh < VALID_ROWS) && (unsigned)ih < (unsigned)Hi &&
+                        (unsigned)iw < (unsigned)Wi;
         const u16* src = ok ? x + ((((long long)n * Hi + ih) * Wi + iw) * C + c0 + ch * 8) : x;
         cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
     }}
 }}
 
+__device__ __forceinline__ void load_tile(u32 dst, const u16* __restrict__ x, int t, int Hi,
+                                          int Wi, int C, int c0, int pad_h, int pad_w,
+                                          int tiles_h, int tiles_w, int tid) {{
+    load_rows<HH, HH>(dst, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+}}
+
+// the staged output tile t (pixels at stride PIX) to NHWC y, 16 bytes per thread and step
+__device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, int t, int Ho,
+                                           int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                           int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
+    const int n = t / (tiles_w * tiles_h);
+    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+        const int p = i / NG, ch = i - (i / NG) * NG;
+        const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
+        if (oh < Ho && ow < Wo)
+            *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
+                *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
+    }}
+}}
+
+// the fprop kernels' common signature
+#define FPROP_PARAMS                                                                             \
+    const u16 *__restrict__ x, const u16 *__restrict__ w, const float *__restrict__ bias,        \
+        u16 *__restrict__ y, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,       \
+        int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3
+
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
 // the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
 // MMAs run.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
-               const float* __restrict__ bias, u16* __restrict__ y,
-               int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,
-               int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3)
+tw_gconv_fprop(FPROP_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -260,15 +287,7 @@ tw_gconv_fprop(const u16* __restrict__ x, const u16* __restrict__ w,
                         pack2(acc[a][g][half * 2] + bv[g][0], acc[a][g][half * 2 + 1] + bv[g][1]);
             }}
         __syncthreads();
-        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
-        const int n = t / (tiles_w * tiles_h);
-        for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
-            const int p = i / NG, ch = i - (i / NG) * NG;
-            const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
-            if (oh < Ho && ow < Wo)
-                *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
-                    *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
-        }}
+        store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
         __syncthreads();  // this halo buffer and the staging tile are reused next iteration
         buf = (buf + 1) % STAGES;
     }}
@@ -393,23 +412,6 @@ _RP_KERNEL = r"""
 #define CBLK (TW / 8)
 #define QP (TH / 2)
 
-__device__ __forceinline__ void load_tile_rp(u32 dst, const u16* __restrict__ x, int t, int Hi,
-                                             int Wi, int C, int c0, int pad_h, int pad_w,
-                                             int tiles_h, int tiles_w, int tid) {{
-    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
-    const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
-    for (int i = tid; i < HHP * HWD * NG; i += WARPS * 32) {{
-        const int pix = i / NG, ch = i - pix * NG;
-        const int hh = pix / HWD, ww = pix - hh * HWD;
-        const int ih = h0 + hh, iw = w0 + ww;
-        // rows past the window (even R) are zero, never another row's data
-        const bool ok =
-            hh < TH + R - 1 && (unsigned)ih < (unsigned)Hi && (unsigned)iw < (unsigned)Wi;
-        const u16* src = ok ? x + ((((long long)n * Hi + ih) * Wi + iw) * C + c0 + ch * 8) : x;
-        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
-    }}
-}}
-
 // weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed), 0 off
 // the kernel
 __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
@@ -425,10 +427,7 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
 __device__ __forceinline__ u16 to_u16(float v) {{ return (u16)(pack2(v, 0.f) & 0xffffu); }}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_fprop_rp(const u16* __restrict__ x, const u16* __restrict__ w,
-                  const float* __restrict__ bias, u16* __restrict__ y,
-                  int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,
-                  int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3)
+tw_gconv_fprop_rp(FPROP_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -440,8 +439,8 @@ tw_gconv_fprop_rp(const u16* __restrict__ x, const u16* __restrict__ w,
     for (int st = 0; st < STAGES - 1; ++st) {{
         const int ts = blockIdx.x + st * gridDim.x;
         if (ts < n_tiles)
-            load_tile_rp(sbase + st * HALO_RP, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h,
-                         tiles_w, tid);
+            load_rows<HHP, TH + R - 1>(sbase + st * HALO_RP, x, ts, Hi, Wi, C, c0, pad_h, pad_w,
+                                       tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }}
 
@@ -474,8 +473,8 @@ tw_gconv_fprop_rp(const u16* __restrict__ x, const u16* __restrict__ w,
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         const int tn = t + (STAGES - 1) * gridDim.x;
         if (tn < n_tiles)
-            load_tile_rp(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi, Wi, C, c0,
-                         pad_h, pad_w, tiles_h, tiles_w, tid);
+            load_rows<HHP, TH + R - 1>(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi,
+                                       Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
@@ -538,15 +537,7 @@ tw_gconv_fprop_rp(const u16* __restrict__ x, const u16* __restrict__ w,
             }}
         }}
         __syncthreads();
-        const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
-        const int n = t / (tiles_w * tiles_h);
-        for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
-            const int p = i / NG, ch = i - (i / NG) * NG;
-            const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
-            if (oh < Ho && ow < Wo)
-                *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
-                    *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
-        }}
+        store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
         __syncthreads();
         buf = (buf + 1) % STAGES;
     }}
