@@ -44,9 +44,15 @@ def test_candidates_fit_the_channels_and_shared_memory():
     assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
 
 
+#: tiles beyond the candidates: a 3-stage tap tile, and a row-pair tile with two warps per group
+#: (its column-split loop runs in no candidate)
+EXTRA_TILES = (CudaTile(8, 8, 8, 4, 4, 3), CudaTile(8, 16, 32, 8, 3, 2, rowpair=True))
+
+
 def _tiles(c: int, r: int, s: int) -> list[CudaTile]:
+    extra = (gconv_cuda._fitted(t, c) for t in EXTRA_TILES)
     return list(gconv_cuda.candidates(c, r, s)) + [
-        t for t in (CudaTile(8, 8, 8, 4, 4, 3),) if gconv_cuda.tile_ok(c, r, s, t)
+        t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
 
@@ -99,6 +105,37 @@ def test_nan_stays_in_its_group():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_nonfinite_blocks_match_pytorch_values_too(dtype, rng_seed):
+    """Blocks holding Inf/NaN take the row-pair kernel's exact recompute (its zero weights would
+    otherwise meet them): NaN/Inf where PyTorch has them, and the block's finite outputs, with
+    bias, by the three-way rule; fprop and dgrad."""
+    n, c, h, w = 2, 64, 13, 17
+    x = torch.randn(n, c, h, w, device="cuda")
+    x[0, 3, 5, 5] = float("inf")
+    x[1, 20, 0, 7] = float("-inf")
+    x[1, 41, 12, 16] = float("nan")
+    wt = torch.randn(c, 8, 3, 3, device="cuda") / 24**0.5
+    b = torch.randn(c, device="cuda")
+    g = c // 8
+    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=1, groups=g)
+    same = F.conv2d(x.to(dtype), wt.to(dtype), b.to(dtype), padding=1, groups=g)
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), x.double(), padding=1, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), x.to(dtype), padding=1, groups=g)
+    for tile in _tiles(c, 3, 3):
+        out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, 1, 1, tile)
+        dx = _cl(torch.full(x.shape, 7.0, device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), None, dx, 1, 1, tile, True)
+        for got, tw_same, r, what in ((out, same, ref, "fprop"), (dx, dsame, dref, "dgrad")):
+            assert torch.equal(got.isnan(), r.isnan()), f"{what} NaN {tile.name}"
+            assert torch.equal(got.isinf(), r.isinf()), f"{what} Inf {tile.name}"
+            ok = r.isfinite()
+            assert_three_way(got[ok], tw_same[ok], r[ok], ATOL[dtype], f"{what} {tile.name}",
+                             rng_seed, ulps=1)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_every_wgrad_tile(dtype, rng_seed):
     for n, c, h, w, r, s, ph, pw, has_b in CASES:
         x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
@@ -138,7 +175,7 @@ def test_compiled_kernels_are_cached(monkeypatch):
             pass
 
     def fake_compile(src, name):
-        compiles.append(name)
+        compiles.append((name, src))
         return FakeKernel()
 
     gconv_cuda._kernel.cache_clear()
@@ -148,9 +185,18 @@ def test_compiled_kernels_are_cached(monkeypatch):
     monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
     x = _cl(torch.randn(2, 64, 8, 8))
     w = torch.randn(64, 8, 3, 3)
+    rowpair = CudaTile(rowpair=True)
     for _ in range(3):
         gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1)
         gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, dgrad=True)
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, rowpair)
         gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
-    assert sorted(compiles) == ["tw_gconv_fprop", "tw_gconv_fprop", "tw_gconv_wgrad"]
+    assert sorted(name for name, _ in compiles) == [
+        "tw_gconv_fprop",
+        "tw_gconv_fprop",
+        "tw_gconv_fprop_rp",
+        "tw_gconv_wgrad",
+    ]
+    for name, src in compiles:  # each entry compiled from the source that defines it
+        assert f"{name}(" in src and ("tw_gconv_wgrad(" in src) == (name != "tw_gconv_fprop_rp")
     gconv_cuda._kernel.cache_clear()

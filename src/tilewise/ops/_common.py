@@ -36,6 +36,26 @@ def num_sms(device: torch.device) -> int:
     return 2
 
 
+#: shared memory a pipelined pointwise program may fill on the H100 (2 programs per SM)
+PIPELINE_SMEM_BYTES = 96 * 1024
+
+
+@functools.lru_cache(maxsize=16)
+def _smem_optin(index: int) -> int:
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+
+
+def pipeline_smem_budget(device: torch.device | None) -> int:
+    """Shared memory for the stages of a software-pipelined row loop: 96 KB, or half of what one
+    block may use on a smaller GPU (Triton would otherwise fail to launch there)."""
+    if device is None or device.type != "cuda":
+        return PIPELINE_SMEM_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    optin = _smem_optin(index)
+    return min(PIPELINE_SMEM_BYTES, optin // 2) if optin else PIPELINE_SMEM_BYTES
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for host code: ``triton.cdiv`` is a constexpr function object whose call
     costs microseconds, several times per launch."""

@@ -29,6 +29,7 @@ from tilewise.ops._common import (
     num_sms,
     persistent_rows,
     pick_config,
+    pipeline_smem_budget,
     use_atomics,
     zeroed_accumulators,
 )
@@ -201,20 +202,28 @@ def validate(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: i
             )
 
 
-def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
+def _config(
+    kernel: str, m: int, n: int, elem_bytes: int, device: torch.device | None = None
+) -> TileConfig:
     # H100 sweep (benchmarks/tune_pointwise.py): the backward likes [8 x 512] fp16 tiles, 4 warps;
     # the forward is fastest when a program's tile is one contiguous run of memory (whole rows),
     # as with n=64 (0.98 of copy) against 512-wide column blocks of n=4096 rows (0.93).
     # Backward, session 6 (tune_pointwise --stages, 64 MB fp16): 16 x 512 tiles, the row loop
     # pipelined 3 deep, 4 programs per SM: 0.848 of copy against 0.842 for 8 x 512 register
     # prefetched at 8 per SM (within run-to-run noise; kept for its larger loads in flight).
-    # fp32 keeps the register-prefetched loop (not measured pipelined).
-    if kernel.endswith("bwd") and elem_bytes < 4:
+    # fp32 (and a GPU with too little shared memory for 2 stages) keeps the register-prefetched
+    # loop (not measured pipelined).
+    pipelined_bwd = kernel.endswith("bwd") and elem_bytes < 4
+    if pipelined_bwd:
         block_n = min(next_pow2(n), 512)
         block_m = max(1, min(next_pow2(m), 8192 // block_n))
-        default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=3)
+        per_stage = 2 * block_m * block_n * elem_bytes  # dy and x tiles
+        pipelined_bwd = pipeline_smem_budget(device) // per_stage >= 2
+    if pipelined_bwd:
+        stages = min(3, pipeline_smem_budget(device) // per_stage)
+        default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=stages)
     elif kernel.endswith("bwd"):
-        block_n = min(next_pow2(n), 256)
+        block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)
         block_m = max(1, min(next_pow2(m), 4096 // block_n))
         default = TileConfig(block_m, block_n, 4, progs_per_sm=8)
     else:
@@ -295,7 +304,7 @@ def backward(
     dx = alloc.empty_like(x)
     dxv = _rows_view(dx, dim)
     m, n = xv.shape
-    cfg = _config("bias_act_bwd", m, n, x.element_size())
+    cfg = _config("bias_act_bwd", m, n, x.element_size(), x.device)
     n_blocks = cdiv(n, cfg.block_n)
     progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m

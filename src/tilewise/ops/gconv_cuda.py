@@ -606,7 +606,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
 
 
 #: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
-#: first (the first is the untimed default). scripts/gconv_cuda_probe.py --rowpair on the H100,
+#: first (untimed, e.g. during capture, the grouped conv takes its Triton default, not these).
+#: scripts/gconv_cuda_probe.py --rowpair on the H100,
 #: N=128, 3x3, fp16/bf16, fraction of copy: row-pair 16x16 0.72-0.74 / 0.64-0.65 / 0.50 at
 #: C=64/128/256, row-pair 8x16 0.61-0.72 / 0.56-0.66 / 0.48-0.57, the tap kernel 8x16 0.68 / 0.58
 #: / 0.47 (session 6). Row-pair 8x16 with 8 warps and 8x32 were slower everywhere and are left

@@ -26,6 +26,7 @@ from tilewise.ops._common import (
     num_sms,
     persistent_rows,
     pick_config,
+    pipeline_smem_budget,
     use_atomics,
     zeroed_accumulators,
 )
@@ -33,8 +34,6 @@ from tilewise.runtime import alloc, dispatch
 
 OP = "layer_norm"
 MAX_FUSED_N = 16384
-#: shared memory the backward's pipelined row loop may use per program (2 programs per SM)
-PIPELINE_SMEM_BYTES = 96 * 1024
 CHUNK_N = 4096
 
 
@@ -393,7 +392,9 @@ def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: 
     return dx, dw, db
 
 
-def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
+def _config(
+    kernel: str, m: int, n: int, elem_bytes: int, device: torch.device | None = None
+) -> TileConfig:
     # Measured on an H100 (benchmarks/tune_pointwise.py, fp16): the forward likes ~8K elements
     # per program. The backward (tune_pointwise --stages, 64 MB, session 6): two rows per step,
     # 8 elements per thread, the row loop software-pipelined 3-4 deep (cp.async into shared
@@ -402,10 +403,11 @@ def _config(kernel: str, m: int, n: int, elem_bytes: int) -> TileConfig:
     block_n = next_pow2(n)
     if kernel.endswith("bwd"):
         warps = min(16, max(4, block_n // 256))
-        per_stage = 2 * 2 * block_n * elem_bytes  # dy and x tiles of two rows
-        stages = min(4 if block_n <= 2048 else 3, PIPELINE_SMEM_BYTES // per_stage)
+        rows = max(2, 2048 // block_n)  # short rows: several per step, >= 2048 elements in flight
+        per_stage = 2 * rows * block_n * elem_bytes  # dy and x tiles
+        stages = min(4 if block_n <= 2048 else 3, pipeline_smem_budget(device) // per_stage)
         if stages >= 2:
-            default = TileConfig(2, block_n, warps, progs_per_sm=2, prefetch=False, stages=stages)
+            default = TileConfig(rows, block_n, warps, 2, prefetch=False, stages=stages)
         else:  # rows too long to stage twice: one row per step, 8 programs per SM (session 4)
             default = TileConfig(1, block_n, warps, progs_per_sm=8, prefetch=False)
     else:
@@ -485,7 +487,7 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         dw = dw.view(weight.shape) if dw is not None else None
         db = db.view(bias.shape) if db is not None else None
         return dx.view(x.shape), dw, db
-    cfg = _config("layer_norm_bwd", m, n, x.element_size())
+    cfg = _config("layer_norm_bwd", m, n, x.element_size(), x.device)
     progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = cdiv(m, rows_per_prog)
