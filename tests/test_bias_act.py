@@ -89,16 +89,25 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
     "kernel,variant",
     [
         ("bias_act_bwd", dict(prefetch=False)),
+        ("bias_act_bwd", dict(prefetch=True)),
         ("bias_act_bwd", dict(stages=3)),
         ("bias_act_bwd", dict(stages=2, num_warps=8)),
         ("bias_act_fwd", dict(stages=2, progs_per_sm=1)),
         ("bias_act_fwd", dict(stages=4, block_m=2)),
     ],
-    ids=["bwd-plain", "bwd-stages3", "bwd-stages2-8warps", "fwd-persistent2", "fwd-persistent4"],
+    ids=[
+        "bwd-plain",
+        "bwd-prefetch",
+        "bwd-stages3",
+        "bwd-stages2-8warps",
+        "fwd-persistent2",
+        "fwd-persistent4",
+    ],
 )
 def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
     """Configs that tuning sweeps pick among give the same outputs and gradients: the backward's
-    plain, register-prefetched (default) and software-pipelined row loops; a persistent forward
+    plain, register-prefetched (the fp32 default) and software-pipelined (the half-precision
+    default) row loops; a persistent forward
     grid walking several row blocks per program through a pipelined loop."""
 
     def override(m, n, elem, variant=variant):
