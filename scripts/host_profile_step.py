@@ -1,0 +1,95 @@
+"""Where the host time of an eager training step goes: tilewise's transformed stack vs PyTorch.
+
+Session 6 measured the eager tilewise ConvFirst/MBConv training step at 0.50-0.89x eager
+PyTorch, while the same step captured in a CUDA graph ran 1.04-3.60x faster than eager PyTorch:
+the difference is host time. This script times both eager steps (wall clock, synchronised) and
+prints cProfile's top functions by cumulative and by own time for the tilewise step, so the
+Python launch paths that cost the most can be cut.
+
+    python scripts/host_profile_step.py [--block mbconv] [--batch 32] [--steps 20] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tilewise
+from tilewise.models import block_stack
+
+
+def make_step(model, opt, x, label):
+    kind = x.device.type
+    dtype = torch.float16 if kind == "cuda" else torch.bfloat16
+
+    def step():
+        with torch.autocast(kind, dtype=dtype):
+            loss = F.cross_entropy(model(x), label)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall_ms(step, steps: int, device: torch.device) -> float:
+    for _ in range(3):
+        step()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--block", choices=["convfirst", "mbconv"], default="mbconv")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    c, hw = (64, 64) if args.block == "convfirst" else (256, 16)
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    base = block_stack(args.block, c, depth=4).to(dev).to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, c, hw, hw, device=dev).contiguous(memory_format=torch.channels_last)
+    label = torch.randint(0, c, (args.batch,), device=dev)
+    tw = copy.deepcopy(base)
+    print(tilewise.transform(tw))
+    steps = {}
+    for name, model in (("eager", base), ("tilewise", tw)):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        steps[name] = make_step(model, opt, x, label)
+        ms = wall_ms(steps[name], args.steps, dev)
+        print(f"{name:9s} eager step: {ms:8.2f} ms (wall, synced)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.steps):
+        steps["tilewise"]()
+    sync(dev)
+    prof.disable()
+    for key in ("cumulative", "tottime"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(args.top)
+        print(f"--- tilewise step, {args.steps} steps, by {key} ---")
+        print(buf.getvalue())
+
+
+if __name__ == "__main__":
+    main()
