@@ -169,7 +169,13 @@ def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
                 ),
                 "tilewise": lambda x, dy, p=prob: gconv_wgrad.wgrad(dy, x, p, False, False),
             }
-            for tile in gconv_cuda.wgrad_candidates(c, 3, 3):
+            experimental = (
+                gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES
+            )
+            tiles = list(gconv_cuda.wgrad_candidates(c, 3, 3)) + [
+                t for t in experimental if gconv_cuda.wgrad_tile_ok(c, 3, 3, t)
+            ]
+            for tile in tiles:
                 impls[tile.name] = lambda x, dy, t=tile: gconv_cuda.wgrad(
                     dy, x, 3, 3, 1, 1, False, t
                 )

@@ -150,7 +150,11 @@ def test_every_wgrad_tile(dtype, rng_seed):
         same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
         db_ref = dy.double().sum((0, 2, 3))
         atol = ATOL[dtype] * (n * h * w) ** 0.5
-        for tile in gconv_cuda.wgrad_candidates(c, r, s):
+        experimental = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES)
+        tiles = list(gconv_cuda.wgrad_candidates(c, r, s)) + [
+            t for t in experimental if gconv_cuda.wgrad_tile_ok(c, r, s, t)
+        ]
+        for tile in tiles:
             tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
             dw32, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile)
             assert_three_way(dw32.permute(2, 3, 0, 1), same, ref, atol, tag, rng_seed)
@@ -158,6 +162,69 @@ def test_every_wgrad_tile(dtype, rng_seed):
                 assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
             else:
                 assert db is None
+
+
+def _rowpair_wgrad_loops(x, dy, r, s, ph, pw, th, tw):
+    """The row-pair wgrad kernel's loops at matrix level (fp64): halo tiles of whole row pairs
+    (rows from TH + R - 1 on zero), per pair of dy rows and per (s, k) one A block of two halo
+    rows serving the even row (taps 2k + j) and the odd row (taps 2k + j - 1), then the final
+    pick of each tap's two partial sums. Returns dw [C, 8, R, S]."""
+    n, c, h, w = x.shape
+    p, q = dy.shape[2], dy.shape[3]
+    nk, hwd = r // 2 + 1, tw + s - 1
+    rows = th + 2 * nk - 2
+    dw = torch.zeros(c, 8, r, s, dtype=torch.float64)
+    for g in range(c // 8):
+        ev = torch.zeros(nk, s, 2, 8, 8, dtype=torch.float64)  # [k, s, j, ci, o]
+        od = torch.zeros_like(ev)
+        for ni in range(n):
+            for ti in range(-(-p // th)):
+                for tj in range(-(-q // tw)):
+                    halo = torch.zeros(rows, hwd, 8, dtype=torch.float64)
+                    for hh in range(min(rows, th + r - 1)):
+                        for ww in range(hwd):
+                            ih, iw = ti * th - ph + hh, tj * tw - pw + ww
+                            if 0 <= ih < h and 0 <= iw < w:
+                                halo[hh, ww] = x[ni, g * 8 : g * 8 + 8, ih, iw]
+                    dyt = torch.zeros(th, tw, 8, dtype=torch.float64)
+                    for yy in range(th):
+                        for xx in range(tw):
+                            oh, ow = ti * th + yy, tj * tw + xx
+                            if oh < p and ow < q:
+                                dyt[yy, xx] = dy[ni, g * 8 : g * 8 + 8, oh, ow]
+                    for cx in range(0, tw, 16):
+                        for y in range(0, th, 2):
+                            for sj in range(s):
+                                for k in range(nk):
+                                    a = halo[y + 2 * k : y + 2 * k + 2, cx + sj : cx + sj + 16]
+                                    a = a.permute(0, 2, 1)  # [j, ci, px]
+                                    ev[k, sj] += a @ dyt[y, cx : cx + 16]
+                                    od[k, sj] += a @ dyt[y + 1, cx : cx + 16]
+        for ri in range(r):
+            for sj in range(s):
+                v = ev[ri // 2, sj, ri % 2] + od[(ri + 1) // 2, sj, (ri + 1) % 2]  # [ci, o]
+                dw[g * 8 : g * 8 + 8, :, ri, sj] = v.t()
+    return dw
+
+
+@pytest.mark.parametrize(
+    "n,c,h,w,r,s,ph,pw,th,tw",
+    [
+        (2, 16, 13, 17, 3, 3, 1, 1, 8, 16),
+        (1, 8, 9, 20, 2, 3, 1, 0, 4, 16),
+        (1, 8, 5, 5, 1, 1, 0, 0, 2, 16),
+    ],
+)
+def test_rowpair_wgrad_loop_algebra(n, c, h, w, r, s, ph, pw, th, tw):
+    """The experimental row-pair wgrad's tap bookkeeping, emulated on the CPU, is conv2d's weight
+    gradient (odd and even R, padding, partial tiles); its CUDA transcription is GPU-tested."""
+    x = torch.randn(n, c, h, w, dtype=torch.float64)
+    dy_shape = F.conv2d(x, torch.zeros(c, 8, r, s, dtype=torch.float64), padding=(ph, pw),
+                        groups=c // 8).shape  # fmt: skip
+    dy = torch.randn(dy_shape, dtype=torch.float64)
+    want = torch.nn.grad.conv2d_weight(x, (c, 8, r, s), dy, padding=(ph, pw), groups=c // 8)
+    got = _rowpair_wgrad_loops(x, dy, r, s, ph, pw, th, tw)
+    torch.testing.assert_close(got, want)
 
 
 def test_compiled_kernels_are_cached(monkeypatch):
@@ -191,12 +258,15 @@ def test_compiled_kernels_are_cached(monkeypatch):
         gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, dgrad=True)
         gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, rowpair)
         gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
+        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True, gconv_cuda.EXPERIMENTAL_WGRAD_TILES[0])
     assert sorted(name for name, _ in compiles) == [
         "tw_gconv_fprop",
         "tw_gconv_fprop",
         "tw_gconv_fprop_rp",
         "tw_gconv_wgrad",
+        "tw_gconv_wgrad_rp",
     ]
     for name, src in compiles:  # each entry compiled from the source that defines it
-        assert f"{name}(" in src and ("tw_gconv_wgrad(" in src) == (name != "tw_gconv_fprop_rp")
+        assert f"{name}(" in src
+        assert ("tw_gconv_wgrad(" in src) == (name in ("tw_gconv_fprop", "tw_gconv_wgrad"))
     gconv_cuda._kernel.cache_clear()

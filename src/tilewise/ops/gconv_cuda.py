@@ -170,6 +170,19 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
         u16 *__restrict__ y, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,       \
         int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3
 
+__device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int t, int Ho,
+                                        int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                        int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+        const int pix = i / NG, ch = i - pix * NG;
+        const int oh = th_i * TH + pix / TW, ow = tw_i * TW + (pix - (pix / TW) * TW);
+        const bool ok = oh < Ho && ow < Wo;
+        const u16* src = ok ? dy + ((((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) : dy;
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
+    }}
+}}
+
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
 // the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
 // MMAs run.
@@ -292,19 +305,6 @@ tw_gconv_fprop(FPROP_PARAMS)
         buf = (buf + 1) % STAGES;
     }}
     asm volatile("cp.async.wait_group 0;\n" ::);
-}}
-
-__device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int t, int Ho,
-                                        int Wo, int C, int c0, int tiles_h, int tiles_w,
-                                        int tid) {{
-    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
-    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
-        const int pix = i / NG, ch = i - pix * NG;
-        const int oh = th_i * TH + pix / TW, ow = tw_i * TW + (pix - (pix / TW) * TW);
-        const bool ok = oh < Ho && ow < Wo;
-        const u16* src = ok ? dy + ((((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) : dy;
-        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
-    }}
 }}
 
 // Weight gradient: one warp per group (WARPS == NG). Per 16-pixel chunk of a dy tile, one
@@ -547,6 +547,113 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
 _SOURCE_RP = _SOURCE[: _SOURCE.index("// Persistent CTAs")] + _RP_KERNEL
 
 
+#: Row-pair wgrad (``CudaTile(rowpair=True)`` among wgrad tiles; experimental, see
+#: ``EXPERIMENTAL_WGRAD_TILES``): one warp per group. A = the inputs of two halo rows (in-channels
+#: x 2 rows by 16 pixels, ``ldmatrix.x4.trans``), B = one dy row (16 pixels by the group's 8
+#: out-channels). The same A fragment serves dy row y (taps 2k, 2k + 1) and dy row y + 1 (taps
+#: 2k - 1, 2k): one shared-memory read feeds two MMAs, ~S x (1 + R / TH) / 2 A fragments per
+#: 16 dy pixels instead of (R * S + 1) / 2. The tap products that fall outside the kernel (-1, R)
+#: accumulate into registers that are never stored.
+_WRP_KERNEL = r"""
+#define NK (R / 2 + 1)
+#define HHW (TH + 2 * NK - 2)
+#define XHALO (HHW * HWD * PIX)
+#define WSTAGE_RP (XHALO + TH * TW * PIX)
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_wgrad_rp(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+                  float* __restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,
+                  int pad_w, int tiles_h, int tiles_w, int n_tiles)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles) {{
+            load_rows<HHW, TH + R - 1>(sbase + st * WSTAGE_RP, x, ts, Hi, Wi, C, c0, pad_h,
+                                       pad_w, tiles_h, tiles_w, tid);
+            load_dy(sbase + st * WSTAGE_RP + XHALO, dy, ts, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        }}
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+
+    // even dy rows: taps 2k + j; odd dy rows: taps 2k + j - 1 (j: which row of the A pair)
+    float ev[NK][S][4], od[NK][S][4];
+#pragma unroll
+    for (int k = 0; k < NK; ++k)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) ev[k][s][q] = od[k][s][q] = 0.f;
+    float dbs = 0.f;  // bias gradient of channel c0 + tid % CB over this thread's pixels
+    // ldmatrix.x4.trans rows of this lane: matrices (row j 0 | 1) x (pixels 0-7 | 8-15)
+    const int a_px = (lane & 7) + ((lane >> 4) & 1) * 8, a_row = (lane >> 3) & 1;
+    const int b_px = (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles) {{
+            const u32 nb = sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE_RP;
+            load_rows<HHW, TH + R - 1>(nb, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
+                                       tid);
+            load_dy(nb + XHALO, dy, tn, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        }}
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hx = sbase + buf * WSTAGE_RP, hd = hx + XHALO;
+#pragma unroll 1
+        for (int cx = 0; cx < TW; cx += 16) {{
+#pragma unroll 1
+            for (int y = 0; y < TH; y += 2) {{
+                u32 e0, e1, o0, o1;
+                ldsm_x2_t(e0, e1, hd + (y * TW + cx + b_px) * PIX + g * 16);
+                ldsm_x2_t(o0, o1, hd + ((y + 1) * TW + cx + b_px) * PIX + g * 16);
+                const u32 arow = hx + ((y + a_row) * HWD + cx + a_px) * PIX + g * 16;
+#pragma unroll
+                for (int s = 0; s < S; ++s)
+#pragma unroll
+                    for (int k = 0; k < NK; ++k) {{
+                        u32 a0, a1, a2, a3;
+                        ldsm_x4_t(a0, a1, a2, a3, arow + (2 * k * HWD + s) * PIX);
+                        mma16816(ev[k][s], a0, a1, a2, a3, e0, e1);
+                        mma16816(od[k][s], a0, a1, a2, a3, o0, o1);
+                    }}
+            }}
+        }}
+#if HAS_BIAS
+        const u16* dys = (const u16*)(smem + buf * WSTAGE_RP + XHALO);
+        for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
+            dbs += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+#endif
+        __syncthreads();  // this stage's buffers are refilled next iteration
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    // D rows: lane/4 = in-channel of pair row 0, +8 = of pair row 1; cols = out-channel pairs
+    const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {{
+                const float v = ev[r >> 1][s][(r & 1) * 2 + q] +
+                                od[(r + 1) >> 1][s][((r + 1) & 1) * 2 + q];
+                red_add(dw + ((long long)(r * S + s) * C + co + q) * 8 + ci, v);
+            }}
+#if HAS_BIAS
+    red_add(db + c0 + tid % CB, dbs);
+#endif
+}}
+"""
+_SOURCE_WRP = _SOURCE[: _SOURCE.index("// Persistent CTAs")] + _WRP_KERNEL
+
+
 @dataclass(frozen=True)
 class CudaTile:
     """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb``
@@ -659,8 +766,12 @@ _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
-    """``stages`` x (input halo + dy tile) and one zero pixel."""
+    """``stages`` x (input halo + dy tile) and one zero pixel (row-pair: halo rows of whole
+    pairs, no zero pixel)."""
     pix = tile.cb * 2 + 16
+    if tile.rowpair:
+        rows = tile.th + 2 * (r // 2 + 1) - 2
+        return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * (halo + tile.th * tile.tw * pix) + pix
 
@@ -679,6 +790,8 @@ def _kernel(
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.rowpair:
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
+    elif entry == "tw_gconv_wgrad" and tile.rowpair:
+        template, entry = _SOURCE_WRP, "tw_gconv_wgrad_rp"
     src = template.format(
         R=r,
         S=s,
@@ -694,7 +807,7 @@ def _kernel(
     )
     with torch.cuda.device(device):
         kernel = torch.cuda._compile_kernel(src, entry)
-        size = wgrad_smem_bytes if entry == "tw_gconv_wgrad" else smem_bytes
+        size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
         kernel.set_shared_memory_config(size(r, s, tile))
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
             lib = torch.cuda._utils._get_gpu_runtime_library()
@@ -767,13 +880,33 @@ WGRAD_TILES = (
 )
 
 
+#: Row-pair wgrad tiles: written in session 6 after the device budget was spent, compiled with
+#: nvcc only, never run on a GPU. Not candidates until `tests/test_gconv_cuda.py` passes with them
+#: on the H100 and `scripts/gconv_cuda_probe.py --rowpair` shows them faster.
+EXPERIMENTAL_WGRAD_TILES = (
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
+)
+#: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
+ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
+
+
+def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
+    """One warp per group, channel block dividing C, shared memory within the H100's limit;
+    row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
+    if c % tile.cb or tile.warps != tile.cb // 8 or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    if not tile.rowpair:
+        return True
+    fragments = 2 * (r // 2 + 1) * s
+    return tile.th % 2 == 0 and tile.tw % 16 == 0 and fragments <= ROWPAIR_WGRAD_MAX_FRAGMENTS
+
+
 @functools.lru_cache(maxsize=1024)
 def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits)."""
     fitted = (_fitted(t, c, warp_per_group=True) for t in WGRAD_TILES)
-    return tuple(
-        dict.fromkeys(t for t in fitted if c % t.cb == 0 and wgrad_smem_bytes(r, s, t) <= SMEM_MAX)
-    )
+    return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
 def wgrad(
