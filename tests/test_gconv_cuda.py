@@ -90,6 +90,34 @@ def test_every_tile_fprop_and_dgrad(dtype, rng_seed):
 
 
 @pytest.mark.gpu
+def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
+    """The lean launcher (runtime.cuda_launch) and PyTorch's own give the same results: bitwise
+    for fprop/dgrad, within fp32 atomics' reordering for wgrad; and the lean one is in use."""
+    x = _cl(torch.randn(2, 64, 13, 17, device="cuda", dtype=torch.float16))
+    w = torch.randn(64, 8, 3, 3, device="cuda", dtype=torch.float16) * 0.1
+    b = torch.randn(64, device="cuda", dtype=torch.float16)
+
+    def run():
+        outs = []
+        for tile in _tiles(64, 3, 3):
+            out = _cl(torch.full_like(x, float("nan")))
+            outs.append(gconv_cuda.fprop(x, w, b, out, 1, 1, tile).clone())
+            outs.append(gconv_cuda.fprop(x, w, None, torch.empty_like(x), 1, 1, tile, True))
+        dw, db = gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
+        return outs, dw.clone(), db.clone()
+
+    assert gconv_cuda._launcher(gconv_cuda._kernel(3, 3, CudaTile(), False, True, False, 0),
+                                "pppp" + "i" * 14) is not None  # fmt: skip
+    lean = run()
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    torch_launch = run()
+    for a, c in zip(lean[0], torch_launch[0], strict=True):
+        assert torch.equal(a, c)
+    torch.testing.assert_close(lean[1], torch_launch[1], rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(lean[2], torch_launch[2], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
 def test_nan_stays_in_its_group():
     x = _cl(torch.randn(1, 64, 12, 12, device="cuda", dtype=torch.float16))
     x[0, 3, 5, 5] = float("nan")  # group 0

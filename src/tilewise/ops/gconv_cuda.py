@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops._common import cdiv, num_sms
+from tilewise.runtime.cuda_launch import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -817,6 +818,27 @@ def _kernel(
     return kernel
 
 
+@functools.cache  # one per compiled kernel and signature
+def _launcher(kernel, signature: str) -> Launcher | None:
+    """The lean launcher for ``kernel``, or None where it cannot be built (then PyTorch's own
+    launcher runs; said once)."""
+    try:
+        return Launcher(kernel, signature)
+    except (AttributeError, OSError, TypeError) as exc:
+        log.info("tilewise gconv_cuda: PyTorch's kernel launcher in use (%s)", exc)
+        return None
+
+
+def _launch(kernel, signature: str, grid, block, args, shared_mem: int, device: int) -> None:
+    """Launch on the current stream of ``device``: through ``runtime.cuda_launch.Launcher``
+    (~host time of one driver call), or PyTorch's ``_CudaKernel`` call where it is unavailable."""
+    launcher = _launcher(kernel, signature)
+    if launcher is None:
+        kernel(grid=grid, block=block, args=args, shared_mem=shared_mem)
+        return
+    launcher(grid, block, args, shared_mem, torch._C._cuda_getCurrentRawStream(device))
+
+
 @functools.cache  # asked on every grouped-conv launch
 def available() -> bool:
     """NVRTC compilation through PyTorch (``torch.cuda._compile_kernel``) and a CUDA device."""
@@ -847,28 +869,10 @@ def fprop(
     cblocks = c // tile.cb
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
-    kernel(
-        grid=(grid_x, cblocks, 1),
-        block=(tile.warps * 32, 1, 1),
-        args=[
-            x,
-            weight,
-            b,
-            out,
-            hi,
-            wi,
-            ho,
-            wo,
-            c,
-            pad_h,
-            pad_w,
-            tiles_h,
-            tiles_w,
-            n_tiles,
-            *weight.stride(),
-        ],
-        shared_mem=smem_bytes(r, s, tile),
-    )
+    args = [x, weight, b, out, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
+    args += weight.stride()
+    grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
+    _launch(kernel, "pppp" + "i" * 14, grid, block, args, smem_bytes(r, s, tile), dev)
     return out
 
 
@@ -932,10 +936,7 @@ def wgrad(
     n_tiles = n * tiles_h * tiles_w
     cblocks = c // tile.cb
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-    kernel(
-        grid=(grid_x, cblocks, 1),
-        block=(tile.warps * 32, 1, 1),
-        args=[x, dy, dw32, db, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles],
-        shared_mem=wgrad_smem_bytes(r, s, tile),
-    )
+    args = [x, dy, dw32, db, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
+    grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
+    _launch(kernel, "pppp" + "i" * 10, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
     return dw32, (db if need_db else None)

@@ -1,0 +1,68 @@
+"""The lean NVRTC launcher: the driver call and its argument buffer, checked on the CPU through a
+fake driver library that reads the argument values back the way cuLaunchKernel does."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from tilewise.runtime.cuda_launch import Launcher
+
+
+class FakeDriver:
+    """Records each cuLaunchKernel call, dereferencing kernelParams by the signature."""
+
+    def __init__(self, signature: str, result: int = 0) -> None:
+        self.signature, self.result, self.calls = signature, result, []
+
+    def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
+        ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        values = []
+        for i, kind in enumerate(self.signature):
+            ctype = ctypes.c_void_p if kind == "p" else ctypes.c_int
+            values.append(ctype.from_address(ptrs[i]).value)
+        self.calls.append(
+            dict(func=func.value, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem,
+                 stream=stream.value, values=values, extra=extra)
+        )  # fmt: skip
+        return self.result
+
+
+class Kernel:
+    func = ctypes.c_void_p(0xF00D)
+
+
+def test_arguments_reach_the_driver_as_pytorch_passes_them():
+    """Tensors as their data pointers, ints as 32-bit ints (negative paddings too), grid, block,
+    shared memory, the raw stream; the reused buffer holds each call's own values."""
+    sig = "ppii"
+    drv = FakeDriver(sig)
+    launch = Launcher(Kernel(), sig, lib=drv)
+    a, b = torch.zeros(4), torch.ones(8)
+    launch((3, 2, 1), (128, 1, 1), [a, b, -1, 7], 4096, 0x1234)
+    launch((5, 1, 1), (64, 1, 1), [b, a, 2**31 - 1, 0], 0, 0x99)
+    first, second = drv.calls
+    values = [a.data_ptr(), b.data_ptr(), -1, 7]
+    assert first == dict(func=0xF00D, grid=(3, 2, 1), block=(128, 1, 1), smem=4096,
+                         stream=0x1234, values=values, extra=None)  # fmt: skip
+    assert second["values"] == [b.data_ptr(), a.data_ptr(), 2**31 - 1, 0]
+    assert second["grid"] == (5, 1, 1) and second["stream"] == 0x99
+
+
+def test_bad_signatures_and_argument_counts_are_refused():
+    with pytest.raises(ValueError, match="'signature'"):
+        Launcher(Kernel(), "pq", lib=FakeDriver("pq"))
+    launch = Launcher(Kernel(), "pi", lib=FakeDriver("pi"))
+    with pytest.raises(ValueError, match="'args'"):
+        launch((1, 1, 1), (32, 1, 1), [torch.zeros(1)], 0, 0)
+
+
+def test_a_driver_error_raises(monkeypatch):
+    drv = FakeDriver("i", result=700)
+    seen = []
+    monkeypatch.setattr(torch.cuda._utils, "_check_cuda", lambda r: seen.append(r) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Launcher(Kernel(), "i", lib=drv)((1, 1, 1), (32, 1, 1), [1], 0, 0)
+    assert seen == [700]
