@@ -184,6 +184,29 @@ __device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int
     }}
 }}
 
+// one wgrad pipeline stage: ROWS input halo rows of tile t, then (XBYTES further) its dy tile
+template <int ROWS, int VALID_ROWS, int XBYTES>
+__device__ __forceinline__ void load_wgrad_stage(u32 dst, const u16* __restrict__ x,
+                                                 const u16* __restrict__ dy, int t, int Hi,
+                                                 int Wi, int Ho, int Wo, int C, int c0,
+                                                 int pad_h, int pad_w, int tiles_h, int tiles_w,
+                                                 int tid) {{
+    load_rows<ROWS, VALID_ROWS>(dst, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+    load_dy(dst + XBYTES, dy, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+}}
+
+// adds this thread's share of the bias gradient of channel c0 + tid % CB over a staged dy tile
+__device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int tid) {{
+    for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
+        sum += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+}}
+
+// the wgrad kernels' common signature
+#define WGRAD_PARAMS                                                                             \
+    const u16 *__restrict__ x, const u16 *__restrict__ dy, float *__restrict__ dw,              \
+        float *__restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,    \
+        int tiles_h, int tiles_w, int n_tiles
+
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
 // the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
 // MMAs run.
@@ -313,9 +336,7 @@ tw_gconv_fprop(FPROP_PARAMS)
 // transposed from the halo tile), B = dy (16 pixels by the group's 8 out-channels). Sums stay in
 // registers across the CTA's tiles and are added to dw [R, S, C, 8] (fp32) with atomics at the end.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
-               float* __restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,
-               int pad_w, int tiles_h, int tiles_w, int n_tiles)
+tw_gconv_wgrad(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
@@ -324,11 +345,9 @@ tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __r
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {{
         const int ts = blockIdx.x + st * gridDim.x;
-        if (ts < n_tiles) {{
-            load_tile(sbase + st * WSTAGE, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
-                      tid);
-            load_dy(sbase + st * WSTAGE + HALO, dy, ts, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
-        }}
+        if (ts < n_tiles)
+            load_wgrad_stage<HH, HH, HALO>(sbase + st * WSTAGE, x, dy, ts, Hi, Wi, Ho, Wo, C, c0,
+                                           pad_h, pad_w, tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }}
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
@@ -345,11 +364,10 @@ tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __r
     int buf = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         const int tn = t + (STAGES - 1) * gridDim.x;
-        if (tn < n_tiles) {{
-            const u32 nb = sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE;
-            load_tile(nb, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
-            load_dy(nb + HALO, dy, tn, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
-        }}
+        if (tn < n_tiles)
+            load_wgrad_stage<HH, HH, HALO>(sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE, x, dy,
+                                           tn, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
+                                           tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
@@ -371,9 +389,7 @@ tw_gconv_wgrad(const u16* __restrict__ x, const u16* __restrict__ dy, float* __r
             }}
         }}
 #if HAS_BIAS
-        const u16* dys = (const u16*)(smem + buf * WSTAGE + HALO);
-        for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
-            dbs += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+        add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE + HALO), tid);
 #endif
         __syncthreads();  // this stage's buffers are refilled next iteration
         buf = (buf + 1) % STAGES;
@@ -562,9 +578,7 @@ _WRP_KERNEL = r"""
 #define WSTAGE_RP (XHALO + TH * TW * PIX)
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_wgrad_rp(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
-                  float* __restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,
-                  int pad_w, int tiles_h, int tiles_w, int n_tiles)
+tw_gconv_wgrad_rp(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
@@ -573,11 +587,10 @@ tw_gconv_wgrad_rp(const u16* __restrict__ x, const u16* __restrict__ dy, float* 
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {{
         const int ts = blockIdx.x + st * gridDim.x;
-        if (ts < n_tiles) {{
-            load_rows<HHW, TH + R - 1>(sbase + st * WSTAGE_RP, x, ts, Hi, Wi, C, c0, pad_h,
-                                       pad_w, tiles_h, tiles_w, tid);
-            load_dy(sbase + st * WSTAGE_RP + XHALO, dy, ts, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
-        }}
+        if (ts < n_tiles)
+            load_wgrad_stage<HHW, TH + R - 1, XHALO>(sbase + st * WSTAGE_RP, x, dy, ts, Hi, Wi,
+                                                     Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
+                                                     tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }}
 
@@ -597,12 +610,10 @@ tw_gconv_wgrad_rp(const u16* __restrict__ x, const u16* __restrict__ dy, float* 
     int buf = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         const int tn = t + (STAGES - 1) * gridDim.x;
-        if (tn < n_tiles) {{
-            const u32 nb = sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE_RP;
-            load_rows<HHW, TH + R - 1>(nb, x, tn, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
-                                       tid);
-            load_dy(nb + XHALO, dy, tn, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
-        }}
+        if (tn < n_tiles)
+            load_wgrad_stage<HHW, TH + R - 1, XHALO>(
+                sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE_RP, x, dy, tn, Hi, Wi, Ho, Wo, C,
+                c0, pad_h, pad_w, tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
@@ -627,9 +638,7 @@ tw_gconv_wgrad_rp(const u16* __restrict__ x, const u16* __restrict__ dy, float* 
             }}
         }}
 #if HAS_BIAS
-        const u16* dys = (const u16*)(smem + buf * WSTAGE_RP + XHALO);
-        for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
-            dbs += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+        add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE_RP + XHALO), tid);
 #endif
         __syncthreads();  // this stage's buffers are refilled next iteration
         buf = (buf + 1) % STAGES;
