@@ -66,3 +66,32 @@ def test_a_driver_error_raises(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         Launcher(Kernel(), "i", lib=drv)((1, 1, 1), (32, 1, 1), [1], 0, 0)
     assert seen == [700]
+
+
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor that passes PyTorch's launcher's device check (its pointer is only read)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_same_driver_call_as_pytorchs_launcher(monkeypatch):
+    """PyTorch's ``_CudaKernel.__call__`` and ``Launcher`` hand the driver the same function,
+    grid, block, shared memory, stream and argument values (read back from kernelParams)."""
+    cuda_kernel = pytest.importorskip("torch.cuda._utils")._CudaKernel
+    sig = "pppiiii"
+    drv = FakeDriver(sig)
+    monkeypatch.setattr(torch.cuda._utils, "_get_gpu_runtime_library", lambda: drv)
+
+    class Stream:
+        _as_parameter_ = ctypes.c_void_p(0xBEEF)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+    theirs = cuda_kernel(ctypes.c_void_p(0xF00D), ctypes.c_void_p(0))
+    tensors = [torch.randn(3).as_subclass(_CudaLooking) for _ in range(3)]
+    args = [*tensors, 5, -2, 0, 2**31 - 1]
+    theirs(grid=(7, 3, 1), block=(256, 1, 1), args=args, shared_mem=1024)
+    Launcher(theirs, sig, lib=drv)((7, 3, 1), (256, 1, 1), args, 1024, 0xBEEF)
+    pytorch_call, lean_call = drv.calls
+    assert lean_call == pytorch_call
