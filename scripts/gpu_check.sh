@@ -51,7 +51,10 @@ if [ "$run_tests" = 1 ]; then
       "$f" >"$log" 2>&1
     rc=$?
     last=$(grep -E "passed|failed|error|deselected|no tests ran" "$log" | tail -n 1)
-    if [ "$rc" = 124 ]; then
+    finished=$(grep -E "(passed|failed|error|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -n 1)
+    if [ "$rc" = 124 ] && [ -n "$finished" ]; then
+      last="$finished (pytest finished; the ${GPU_TEST_TIMEOUT:-300} s limit hit during exit)"
+    elif [ "$rc" = 124 ]; then
       last="TIMED OUT after ${GPU_TEST_TIMEOUT:-300} s; progress: $(grep -E '^[.FEsx]+' "$log" | tr -d ' \n' | cut -c1-80)"
     fi
     test_status+=$'\n'"  $f: ${last:-no summary} (exit $rc)"
