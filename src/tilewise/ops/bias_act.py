@@ -217,10 +217,9 @@ def _config(
     if pipelined_bwd:
         block_n = min(next_pow2(n), 512)
         block_m = max(1, min(next_pow2(m), 8192 // block_n))
-        per_stage = 2 * block_m * block_n * elem_bytes  # dy and x tiles
-        pipelined_bwd = pipeline_smem_budget(device) // per_stage >= 2
+        stages = min(3, pipeline_smem_budget(device) // (2 * block_m * block_n * elem_bytes))
+        pipelined_bwd = stages >= 2  # dy and x tiles staged at least twice
     if pipelined_bwd:
-        stages = min(3, pipeline_smem_budget(device) // per_stage)
         default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=stages)
     elif kernel.endswith("bwd"):
         block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)

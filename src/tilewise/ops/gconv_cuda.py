@@ -195,6 +195,24 @@ __device__ __forceinline__ void load_wgrad_stage(u32 dst, const u16* __restrict_
     load_dy(dst + XBYTES, dy, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
 }}
 
+// the first STAGES - 1 wgrad stages of this CTA's tiles start loading (one commit group each)
+template <int ROWS, int VALID_ROWS, int XBYTES, int SBYTES>
+__device__ __forceinline__ void prefetch_wgrad(u32 sbase, const u16* __restrict__ x,
+                                               const u16* __restrict__ dy, int Hi, int Wi,
+                                               int Ho, int Wo, int C, int c0, int pad_h,
+                                               int pad_w, int tiles_h, int tiles_w, int n_tiles,
+                                               int tid) {{
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_wgrad_stage<ROWS, VALID_ROWS, XBYTES>(sbase + st * SBYTES, x, dy, ts, Hi, Wi,
+                                                       Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
+                                                       tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+}}
+
 // adds this thread's share of the bias gradient of channel c0 + tid % CB over a staged dy tile
 __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int tid) {{
     for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
@@ -342,14 +360,8 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
     const int c0 = blockIdx.y * CB;
     const u32 sbase = smem_u32(smem);
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {{
-        const int ts = blockIdx.x + st * gridDim.x;
-        if (ts < n_tiles)
-            load_wgrad_stage<HH, HH, HALO>(sbase + st * WSTAGE, x, dy, ts, Hi, Wi, Ho, Wo, C, c0,
-                                           pad_h, pad_w, tiles_h, tiles_w, tid);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }}
+    prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
+                                         tiles_h, tiles_w, n_tiles, tid);
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
 
     float acc[TP][4];
@@ -584,15 +596,9 @@ tw_gconv_wgrad_rp(WGRAD_PARAMS)
     const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
     const int c0 = blockIdx.y * CB;
     const u32 sbase = smem_u32(smem);
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {{
-        const int ts = blockIdx.x + st * gridDim.x;
-        if (ts < n_tiles)
-            load_wgrad_stage<HHW, TH + R - 1, XHALO>(sbase + st * WSTAGE_RP, x, dy, ts, Hi, Wi,
-                                                     Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
-                                                     tiles_w, tid);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }}
+    prefetch_wgrad<HHW, TH + R - 1, XHALO, WSTAGE_RP>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0,
+                                                      pad_h, pad_w, tiles_h, tiles_w, n_tiles,
+                                                      tid);
 
     // even dy rows: taps 2k + j; odd dy rows: taps 2k + j - 1 (j: which row of the A pair)
     float ev[NK][S][4], od[NK][S][4];
