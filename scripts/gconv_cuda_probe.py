@@ -206,6 +206,7 @@ def main() -> None:
         "--rowpair", action="store_true", help="check the row-pair kernel; time every TILES entry"
     )
     ap.add_argument("--fprop-only", action="store_true", help="skip the wgrad timing")
+    ap.add_argument("--wgrad-only", action="store_true", help="skip the fprop timing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = CudaTile()
@@ -230,7 +231,7 @@ def main() -> None:
         ]
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.2f} TB/s")
-    rows = bench(tiles, args.n, copy_bw)
+    rows = [] if args.wgrad_only else bench(tiles, args.n, copy_bw)
     if not args.fprop_only:
         rows += bench_wgrad(args.n, copy_bw)
     if args.json:

@@ -146,9 +146,14 @@ def test_nonfinite_blocks_match_pytorch_values_too(dtype, rng_seed):
     b = torch.randn(c, device="cuda")
     g = c // 8
     ref = F.conv2d(x.double(), wt.double(), b.double(), padding=1, groups=g)
-    same = F.conv2d(x.to(dtype), wt.to(dtype), b.to(dtype), padding=1, groups=g)
     dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), x.double(), padding=1, groups=g)
-    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), x.to(dtype), padding=1, groups=g)
+    # PyTorch's own half-precision witness comes from the input with the non-finite values
+    # zeroed: its fp16/bf16 conv returned non-finite values at 152 outputs whose fp64 reference
+    # is finite (H100, session 7), which made their bound NaN. Every output the fp64 reference
+    # has finite sees only finite inputs, so zeroing the rest leaves its same-dtype value.
+    xf = x.nan_to_num(0.0, 0.0, 0.0).to(dtype)
+    same = F.conv2d(xf, wt.to(dtype), b.to(dtype), padding=1, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), xf, padding=1, groups=g)
     for tile in _tiles(c, 3, 3):
         out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
         gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, 1, 1, tile)
