@@ -542,7 +542,8 @@ def backward(
         )
         _run_conv(OP, "dgrad", problem, grad, weight, None, dx, r - 1 - pad_h, s - 1 - pad_w, True)
     if need[1]:
-        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic)
+        db_dtype = bias.dtype if need_db else torch.float32
+        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic, db_dtype)
     if need_db and db is None:
         db = grad.sum((0, 2, 3), dtype=torch.float32)
     if db is not None:

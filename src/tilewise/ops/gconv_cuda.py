@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops._common import cdiv, num_sms
+from tilewise.runtime import alloc
 from tilewise.runtime.cuda_launch import Launcher
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ _SOURCE = r"""
 #define IS_BF16 {IS_BF16}
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
+#define DB_HALF {DB_HALF}
 #define NG (CB / 8)
 #define TAPS (R * S)
 #define TP ((TAPS + 1) / 2)
@@ -94,6 +96,17 @@ __device__ __forceinline__ void red_add(float* p, float v) {{
     asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
 }}
 
+// L2 (not L1) loads and stores, for the sums other CTAs' atomics wrote
+__device__ __forceinline__ float ld_cg(const float* p) {{
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}}
+
+__device__ __forceinline__ void st_cg(float* p, float v) {{
+    asm volatile("st.global.cg.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
+}}
+
 __device__ __forceinline__ float to_f32(u16 v) {{
 #if IS_BF16
     return __uint_as_float(((u32)v) << 16);
@@ -125,6 +138,8 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {{
 #endif
     return r;
 }}
+
+__device__ __forceinline__ u16 to_u16(float v) {{ return (u16)(pack2(v, 0.f) & 0xffffu); }}
 
 // ROWS halo rows of tile t (zero-filled off the image; rows from VALID_ROWS on are zero too)
 template <int ROWS, int VALID_ROWS>
@@ -219,11 +234,48 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
         sum += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
 }}
 
-// the wgrad kernels' common signature
+// the wgrad kernels' common signature: dw [R, S, C, 8] and db [C] are fp32 sums in a workspace
+// that is zero on entry and left zero on exit, counters [C / CB] likewise; dw_out [C, 8, R, S]
+// in the input dtype, db_out [C] in the input dtype (DB_HALF) or fp32
 #define WGRAD_PARAMS                                                                             \
     const u16 *__restrict__ x, const u16 *__restrict__ dy, float *__restrict__ dw,              \
-        float *__restrict__ db, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,    \
-        int tiles_h, int tiles_w, int n_tiles
+        float *__restrict__ db, u16 *__restrict__ dw_out, void *__restrict__ db_out,           \
+        unsigned *__restrict__ counters, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,      \
+        int pad_w, int tiles_h, int tiles_w, int n_tiles
+
+// After this CTA's atomics: the last CTA of the channel block (counted per blockIdx.y) turns the
+// block's fp32 sums into dw_out and db_out and zeroes them and the counter again, so one launch
+// does what a memset, the kernel and a cast kernel did. ``flag``: a word of shared memory the
+// main loop is done with.
+__device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __restrict__ db,
+                                             u16* __restrict__ dw_out, void* __restrict__ db_out,
+                                             unsigned* __restrict__ counters, int C, int c0,
+                                             int tid, volatile unsigned* flag) {{
+    __threadfence();  // this thread's atomics are visible before the CTA is counted
+    __syncthreads();
+    if (tid == 0) *flag = atomicAdd(counters + blockIdx.y, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    for (int i = tid; i < CB * 8 * TAPS; i += WARPS * 32) {{
+        const int tap = i % TAPS, cc = i / TAPS;  // cc = (co - c0) * 8 + ci
+        float* src = dw + (long long)tap * C * 8 + c0 * 8 + cc;
+        dw_out[(long long)c0 * 8 * TAPS + i] = to_u16(ld_cg(src));
+        st_cg(src, 0.f);
+    }}
+#if HAS_BIAS
+    for (int i = tid; i < CB; i += WARPS * 32) {{
+        const float v = ld_cg(db + c0 + i);
+#if DB_HALF
+        ((u16*)db_out)[c0 + i] = to_u16(v);
+#else
+        ((float*)db_out)[c0 + i] = v;
+#endif
+        st_cg(db + c0 + i, 0.f);
+    }}
+#endif
+    if (tid == 0) counters[blockIdx.y] = 0u;
+}}
 
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
 // the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
@@ -422,6 +474,7 @@ tw_gconv_wgrad(WGRAD_PARAMS)
 #if HAS_BIAS
     red_add(db + c0 + tid % CB, dbs);
 #endif
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 }}
 """
 
@@ -452,8 +505,6 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
     return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
 #endif
 }}
-
-__device__ __forceinline__ u16 to_u16(float v) {{ return (u16)(pack2(v, 0.f) & 0xffffu); }}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
 tw_gconv_fprop_rp(FPROP_PARAMS)
@@ -665,6 +716,7 @@ tw_gconv_wgrad_rp(WGRAD_PARAMS)
 #if HAS_BIAS
     red_add(db + c0 + tid % CB, dbs);
 #endif
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 }}
 """
 _SOURCE_WRP = _SOURCE[: _SOURCE.index("// Persistent CTAs")] + _WRP_KERNEL
@@ -792,17 +844,12 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     return tile.stages * (halo + tile.th * tile.tw * pix) + pix
 
 
-@functools.cache  # one NVRTC compile per kernel variant and device (an uncached one cost ~19 ms)
-def _kernel(
-    r: int,
-    s: int,
-    tile: CudaTile,
-    bf16: bool,
-    bias: bool,
-    dgrad: bool,
-    device: int,
-    entry: str = "tw_gconv_fprop",
-):
+def source(
+    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str
+) -> tuple[str, str]:
+    """(CUDA source, entry point) of a kernel variant. ``entry``: "tw_gconv_fprop" (the tile
+    picks the tap or row-pair kernel) or "tw_gconv_wgrad". ``bias``: fprop, whether there is one
+    (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype."""
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.rowpair:
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
@@ -818,9 +865,26 @@ def _kernel(
         MIN_CTAS=tile.min_ctas,
         STAGES=tile.stages,
         IS_BF16=int(bf16),
-        HAS_BIAS=int(bias),
+        HAS_BIAS=int(bias > 0),
+        DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
     )
+    return src, entry
+
+
+@functools.cache  # one NVRTC compile per kernel variant and device (an uncached one cost ~19 ms)
+def _kernel(
+    r: int,
+    s: int,
+    tile: CudaTile,
+    bf16: bool,
+    bias: int,
+    dgrad: bool,
+    device: int,
+    entry: str = "tw_gconv_fprop",
+):
+    """The compiled kernel (arguments as ``source``)."""
+    src, entry = source(r, s, tile, bf16, bias, dgrad, entry)
     with torch.cuda.device(device):
         kernel = torch.cuda._compile_kernel(src, entry)
         size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
@@ -928,6 +992,39 @@ def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
+#: per (device, stream): an fp32 workspace that every wgrad launch leaves zero (see
+#: ``finish_wgrad``), grown when a larger problem comes, with its views per problem size
+_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, dict]] = {}
+
+
+def _split(ws: torch.Tensor, taps: int, c: int, cblocks: int) -> tuple[torch.Tensor, ...]:
+    return ws[:taps], ws[taps : taps + c], ws[taps + c : taps + c + cblocks].view(torch.int32)
+
+
+def _workspace(device: torch.device, taps: int, c: int, cblocks: int) -> tuple[torch.Tensor, ...]:
+    """(dw sums [taps], db sums [c], counters [cblocks] int32): zeroed fp32 workspace views.
+
+    Outside graph capture the workspace is shared by every launch on the current stream (stream
+    order keeps them apart, and each leaves it zero). Under capture each call gets its own
+    (zeroed by a memset the graph records), so graphs replayed on different streams never share
+    one.
+    """
+    need = taps + c + cblocks
+    cuda = device.type == "cuda"
+    if cuda and torch.cuda.is_current_stream_capturing():
+        return _split(torch.zeros(need, device=device, dtype=torch.float32), taps, c, cblocks)
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    key = (dev, torch._C._cuda_getCurrentRawStream(dev) if cuda else 0)
+    entry = _WORKSPACES.get(key)
+    if entry is None or entry[0].numel() < need:
+        entry = (torch.zeros(max(need, 1 << 14), device=device, dtype=torch.float32), {})
+        _WORKSPACES[key] = entry
+    views = entry[1].get((taps, c, cblocks))
+    if views is None:
+        views = entry[1][(taps, c, cblocks)] = _split(entry[0], taps, c, cblocks)
+    return views
+
+
 def wgrad(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -937,21 +1034,29 @@ def wgrad(
     pad_w: int,
     need_db: bool,
     tile: CudaTile = WGRAD_TILES[0],
+    db_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(fp32 weight gradient [R, S, C, 8], fp32 bias gradient [C] or None) of the grouped conv
-    ``y = conv2d(x, w, padding)`` given ``dy``, both channels_last fp16/bf16. Sums of the CTAs
-    are added with fp32 atomics (run-to-run rounding differences: the non-deterministic mode)."""
+    """(weight gradient [C, 8, R, S] in x's dtype, bias gradient [C] in ``db_dtype`` (fp32 or
+    x's dtype) or None) of the grouped conv ``y = conv2d(x, w, padding)`` given ``dy``, both
+    channels_last fp16/bf16. One launch: the CTAs add fp32 sums with atomics (run-to-run
+    rounding differences: the non-deterministic mode) into a workspace whose last CTA per
+    channel block writes the results and zeroes it again."""
     n, c, hi, wi = x.shape
     ho, wo = dy.shape[2], dy.shape[3]
+    if db_dtype not in (torch.float32, x.dtype):
+        raise ValueError(f"argument 'db_dtype' must be torch.float32 or {x.dtype}, not {db_dtype}")
+    db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, need_db, False, dev, "tw_gconv_wgrad")
-    acc = torch.zeros(r * s * c * 8 + c, device=x.device, dtype=torch.float32)
-    dw32, db = acc[: r * s * c * 8].view(r, s, c, 8), acc[r * s * c * 8 :]
+    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
+    cblocks = c // tile.cb
+    dw_sums, db_sums, counters = _workspace(x.device, r * s * c * 8, c, cblocks)
+    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
+    db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
-    cblocks = c // tile.cb
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-    args = [x, dy, dw32, db, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
+    args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
+    args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    _launch(kernel, "pppp" + "i" * 10, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
-    return dw32, (db if need_db else None)
+    _launch(kernel, "ppppppp" + "i" * 10, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
+    return dw, db

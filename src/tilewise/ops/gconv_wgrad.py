@@ -213,9 +213,11 @@ def wgrad(
     problem: GConvProblem,
     need_db: bool,
     deterministic: bool,
+    db_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dweight [C, 8, R, S] contiguous in x's dtype, fp32 dbias or None); config autotuned among
-    the Triton configs and, in half precision without determinism, the NVRTC kernel's tiles."""
+    """(dweight [C, 8, R, S] contiguous in x's dtype, dbias or None: fp32, or ``db_dtype`` where a
+    kernel writes it directly); config autotuned among the Triton configs and, in half precision
+    without determinism, the NVRTC kernel's tiles."""
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     candidates = _candidates(problem, sms, with_cuda)
@@ -223,11 +225,11 @@ def wgrad(
         f"{OP}.{'det' if deterministic else 'atomic'}",
         problem,
         candidates,
-        lambda k: _launch(grad, x, problem, k, need_db, deterministic),
+        lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
     )
-    return _launch(grad, x, problem, cfg, need_db, deterministic)
+    return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -238,18 +240,20 @@ def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
     return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s) + base
 
 
-def _launch(grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool):
-    """(dweight [C, 8, R, S] in x's dtype, fp32 dbias or None) with ``cfg``; the permute and cast
-    after a reduction buffer are part of what the autotuner times."""
+def _launch(grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool, db_dtype=None):
+    """(dweight [C, 8, R, S] in x's dtype, dbias or None) with ``cfg``; the permute and cast
+    after a reduction buffer are part of what the autotuner times. The NVRTC kernel finishes
+    in its one launch (dbias in ``db_dtype`` when that is fp32 or x's dtype)."""
     if isinstance(cfg, gconv_cuda.CudaTile):
-        dw32, db = gconv_cuda.wgrad(
-            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg
+        if db_dtype not in (torch.float32, x.dtype):
+            db_dtype = torch.float32
+        return gconv_cuda.wgrad(
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype
         )
-    else:
-        m = problem.n * problem.p * problem.q
-        if cdiv(m, cfg.block_m * cfg.chunk_steps) == 1:
-            return launch_wgrad(grad, x, problem, cfg, need_db, deterministic, direct=True)
-        dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
+    m = problem.n * problem.p * problem.q
+    if cdiv(m, cfg.block_m * cfg.chunk_steps) == 1:
+        return launch_wgrad(grad, x, problem, cfg, need_db, deterministic, direct=True)
+    dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
     dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
     dw.copy_(dw32.permute(2, 3, 0, 1))
     return dw, db
