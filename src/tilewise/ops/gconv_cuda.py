@@ -521,16 +521,6 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
 #endif
 }}
 
-// the same from the CTA's weight rows staged in shared memory as [CB][8][R][S]
-__device__ __forceinline__ u16 wsmv(const u16* wsm, int g, int o, int c, int r, int s) {{
-    if (r < 0 || r >= R) return 0;
-#if DGRAD
-    return wsm[((g * 8 + c) * 8 + o) * TAPS + (R - 1 - r) * S + (S - 1 - s)];
-#else
-    return wsm[((g * 8 + o) * 8 + c) * TAPS + r * S + s];
-#endif
-}}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
 tw_gconv_fprop_rp(FPROP_PARAMS)
 {{
@@ -549,15 +539,6 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
         asm volatile("cp.async.commit_group;\n" ::);
     }}
 
-    // The CTA's weight rows c0 .. c0 + CB - 1 go through the pipeline buffer no prefetch has
-    // claimed yet, read coalesced: 2-byte loads per fragment element straight from global
-    // memory were 31% of the kernel's L2 sectors (ncu, session 7).
-    u16* wsm = (u16*)(smem + (STAGES - 1) * HALO_RP);
-    for (int i = tid; i < CB * 8 * TAPS; i += WARPS * 32) {{
-        const int sc = i % S, rr = (i / S) % R, col = (i / TAPS) % 8, row = i / (8 * TAPS);
-        wsm[i] = w[(long long)(c0 + row) * ws0 + col * ws1 + rr * ws2 + sc * ws3];
-    }}
-    __syncthreads();
     // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
     // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
     const int o = lane >> 2, cp = (lane & 3) * 2;
@@ -569,11 +550,10 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
 #pragma unroll
             for (int q = 0; q < 4; ++q) {{
                 const int r = 2 * p + (q >> 1) - (q & 1);
-                const u32 lo = wsmv(wsm, g, o, cp, r, s);
-                const u32 hi = wsmv(wsm, g, o, cp + 1, r, s);
+                const u32 lo = wval(w, gc, o, cp, r, s, ws0, ws1, ws2, ws3);
+                const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
                 wa[s][p][q] = lo | (hi << 16);
             }}
-    __syncthreads();  // the main loop's first load goes into that buffer
 #if HAS_BIAS
     const float bv = bias[gc + o];
 #else
@@ -806,10 +786,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
     groups = tile.cb // 8
-    halo = smem_bytes(r, s, tile) - tile.th * tile.tw * (tile.cb * 2 + 16)
     return (
-        tile.cb * 8 * r * s * 2 <= halo // tile.stages  # the weights staged in one halo buffer
-        and tile.th % 2 == 0
+        tile.th % 2 == 0
         and tile.tw % 8 == 0
         and tile.warps % groups == 0
         and (tile.tw // 8) % (tile.warps // groups) == 0
