@@ -355,11 +355,11 @@ def test_compiled_kernels_are_cached(monkeypatch):
     gconv_cuda._kernel.cache_clear()
 
 
-# last in the file: a kernel never yet run on a GPU could leave a sticky CUDA error behind
+# last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_experimental_rowpair_wgrad_tiles(dtype, rng_seed):
-    """``EXPERIMENTAL_WGRAD_TILES`` (not candidates until this passes on the H100)."""
+    """``EXPERIMENTAL_WGRAD_TILES`` (row-pair shapes timed beside the candidates, slower so far)."""
 
     def tiles_for(c, r, s):
         fitted = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES)

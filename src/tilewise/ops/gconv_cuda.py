@@ -970,21 +970,21 @@ def fprop(
     return out
 
 
-#: wgrad tiles: one warp per group of the channel block (warps = cb / 8).
+#: wgrad tiles: one warp per group of the channel block (warps = cb / 8). The row-pair 8x16
+#: tile joined in session 7: correct on every odd shape (tests/test_gconv_cuda.py, two GPU
+#: runs) and within 1-2% of the best tap tile, the fastest at C=64 (scripts/gconv_cuda_probe.py
+#: --wgrad-only, N=128 3x3: 64.1 us against 65.1, fp16).
 WGRAD_TILES = (
     CudaTile(8, 16, 32, 4, 4, 2),
     CudaTile(16, 16, 32, 4, 3, 2),
     CudaTile(8, 16, 64, 8, 2, 2),
-)
-
-
-#: Row-pair wgrad tiles: written in session 6 after the device budget was spent, compiled with
-#: nvcc only, never run on a GPU. Not candidates until `tests/test_gconv_cuda.py` passes with them
-#: on the H100 and `scripts/gconv_cuda_probe.py --rowpair` shows them faster.
-EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
-    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
 )
+
+
+#: Row-pair wgrad tiles timed but not candidates: 16x16 was 10-17% slower than the best tile at
+#: every shape (session 7).
+EXPERIMENTAL_WGRAD_TILES = (CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),)
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
