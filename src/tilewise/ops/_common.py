@@ -185,14 +185,28 @@ def act_fwd(z, ACT: tl.constexpr):
 
 
 @triton.jit
-def act_bwd(dy, z, ACT: tl.constexpr):
-    """dL/dz given dL/dy and the pre-activation z (fp32 tiles)."""
+def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = False):
+    """dL/dz given dL/dy and the pre-activation z (fp32 tiles).
+
+    ``FAST`` (for half-precision outputs): GELU's normal CDF from Abramowitz & Stegun 7.1.26,
+    which reuses the density's exp(-z^2/2): one exp and one approximate division instead of
+    erf's polynomial branches plus the exp (the erf form left the GELU backward at 0.67 of copy,
+    instruction-bound). Absolute error <= 3e-7 of dL/dz per unit dL/dy in fp32, below half an
+    fp16/bf16 ulp at any |dL/dz| >= 2^-10.
+    """
     if ACT == 1:
         dz = tl.where(z <= 0.0, 0.0, dy)
     elif ACT == 2:
-        cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327
-        dz = dy * (cdf + z * pdf)
+        e = tl.exp(-0.5 * z * z)
+        if FAST:
+            t = tl.math.fdiv(1.0, 1.0 + 0.23164189750 * tl.abs(z))  # 0.3275911 / sqrt(2)
+            poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
+                -1.453152027 + t * 1.061405429))))  # fmt: skip
+            tail = 0.5 * poly * e  # 1 - cdf(|z|)
+            cdf = tl.where(z >= 0.0, 1.0 - tail, tail)
+        else:
+            cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
+        dz = dy * (cdf + z * (e * 0.3989422804014327))
     elif ACT == 3:
         s = tl.sigmoid(z)
         dz = dy * (s * (1.0 + z * (1.0 - s)))

@@ -125,7 +125,7 @@ def _bias_act_bwd_kernel(
         z = x_c.to(tl.float32)
         if ADD_BIAS:
             z = z + b[None, :]
-        dz = act_bwd(dy_c.to(tl.float32), z, ACT)
+        dz = act_bwd(dy_c.to(tl.float32), z, ACT, dx_ptr.dtype.element_ty != tl.float32)
         dz = tl.where(mask, dz, 0.0)
         tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
         acc += dz
