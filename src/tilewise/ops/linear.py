@@ -52,8 +52,11 @@ from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "linear"
 #: GEMMs whose operands reach this size choose their config with L2 flushed before each timed run:
-#: inside a model their weights come from DRAM, and a warm-L2 winner can lose there.
-COLD_L2_MIN_BYTES = 8 << 20
+#: inside a model their weights come from DRAM, and a warm-L2 winner can lose there. 4 MB
+#: (session 7, was 8): the 1 x 512 x 1024 half-precision MLP cells (4 MB of operands) chose a
+#: warm winner that ran at 0.92-0.96x PyTorch + graph; the 8-layer training step's GEMMs
+#: (64 x 1024 x 1024, 2.25 MB) still choose warm.
+COLD_L2_MIN_BYTES = 4 << 20
 
 #: Activations whose backward needs the pre-activation, which the forward then also stores.
 SAVES_PRE_ACTIVATION = frozenset({"gelu", "silu"})
