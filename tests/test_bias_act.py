@@ -11,7 +11,7 @@ from checks import ATOL, DEVICE_DTYPES, assert_three_way, deterministic_algorith
 import tilewise
 from tilewise.ops import _common
 from tilewise.ops import bias_act as ops
-from tilewise.runtime import dispatch
+from tilewise.runtime import alloc, dispatch
 
 ACTS = ["none", "relu", "gelu", "silu"]
 SHAPES = [(1, 1), (3, 5), (37, 19), (2, 3, 130), (5, 64)]
@@ -242,3 +242,22 @@ def test_module_drop_in(rng_seed):
     torch.testing.assert_close(m(x), torch.nn.functional.gelu(x + m.bias))
     with pytest.raises(ValueError, match="'activation'"):
         tilewise.nn.BiasAct(10, activation="bad")
+
+
+@pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "float32" not in p.id])
+def test_gelu_half_precision_tails(device, dtype):
+    """Half-precision GELU takes the polynomial normal CDFs (forward: an erfc fit, backward: one
+    sharing the density's exp): over z in [-12, 10], where the CDF's tails are tiny or near 1,
+    both passes stay within the three-way rule of fp64, as with erf."""
+    z = torch.linspace(-12.0, 10.0, 4099, device=device).to(dtype).reshape(1, -1)
+    dy = torch.ones_like(z)
+    with alloc.poison_outputs():
+        y = ops.forward(z, None, "gelu")
+        dx, _ = ops.backward(dy, z, None, "gelu")
+    z64 = z.double()
+    ref = torch.nn.functional.gelu(z64)
+    ref_grad = _common.act_grad_reference(dy.double(), z64, "gelu")
+    same = torch.nn.functional.gelu(z.float()).to(dtype)
+    same_grad = _common.act_grad_reference(dy.float(), z.float(), "gelu").to(dtype)
+    assert_three_way(y, same, ref, ATOL[dtype], "gelu forward tails", ulps=1)
+    assert_three_way(dx, same_grad, ref_grad, ATOL[dtype], "gelu backward tails", ulps=1)

@@ -303,7 +303,8 @@ def _report_insitu(records: list[dict], title: str) -> None:
 
     print(f"\n{title}")
     print("(GB/s: one layer's compulsory bytes / its grouped-conv kernel time in the stack;")
-    print(" tw gconv us: tilewise's grouped-conv kernels alone; steps: forward + backward + SGD, ms)")
+    print(" tw gconv us: tilewise's grouped-conv kernels alone;")
+    print(" steps: forward + backward + SGD, ms)")
     for headers, rows in summary_tables(records):
         print(format_table(headers, rows))
         print()
