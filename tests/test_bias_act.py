@@ -246,9 +246,9 @@ def test_module_drop_in(rng_seed):
 
 @pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "float32" not in p.id])
 def test_gelu_half_precision_tails(device, dtype):
-    """Half-precision GELU takes the polynomial normal CDFs (forward: an erfc fit, backward: one
-    sharing the density's exp): over z in [-12, 10], where the CDF's tails are tiny or near 1,
-    both passes stay within the three-way rule of fp64, as with erf."""
+    """Half-precision GELU's backward takes a polynomial normal CDF sharing the density's exp:
+    over z in [-12, 10], where the CDF's tails are tiny or near 1, both passes stay within the
+    three-way rule of fp64."""
     z = torch.linspace(-12.0, 10.0, 4099, device=device).to(dtype).reshape(1, -1)
     dy = torch.ones_like(z)
     with alloc.poison_outputs():

@@ -67,7 +67,7 @@ def _bias_act_fwd_kernel(
         z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             z = z + b[None, :]
-        y = act_fwd(z, ACT, y_ptr.dtype.element_ty != tl.float32)
+        y = act_fwd(z, ACT)
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
