@@ -358,8 +358,8 @@ def test_compiled_kernels_are_cached(monkeypatch):
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_experimental_rowpair_wgrad_tiles(dtype, rng_seed):
-    """``EXPERIMENTAL_WGRAD_TILES`` (row-pair shapes timed beside the candidates, slower so far)."""
+def test_experimental_wgrad_tiles(dtype, rng_seed):
+    """``EXPERIMENTAL_WGRAD_TILES`` (timed beside the candidates; not candidates)."""
 
     def tiles_for(c, r, s):
         fitted = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES)

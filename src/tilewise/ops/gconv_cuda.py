@@ -979,15 +979,18 @@ WGRAD_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2),
     CudaTile(8, 16, 64, 8, 2, 2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
-    # one group per CTA: 4x the CTAs of a 32-channel block where small batches leave SMs idle
-    # (batch-1 wgrad at C=128 32x32 read 0.84x cuDNN's device time in session 7)
-    CudaTile(8, 8, 8, 1, 8, 2),
 )
 
 
-#: Row-pair wgrad tiles timed but not candidates: 16x16 was 10-17% slower than the best tile at
-#: every shape (session 7).
-EXPERIMENTAL_WGRAD_TILES = (CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),)
+#: wgrad tiles tested and timed (tests/test_gconv_cuda.py, scripts/gconv_cuda_probe.py) but not
+#: candidates: the row-pair 16x16 was 10-17% slower than the best tile at every shape (session
+#: 7); one group per CTA (8x8 pixels, 1 warp: 4x the CTAs of a 32-channel block, for small
+#: batches that leave SMs idle; batch-1 wgrad at C=128 32x32 read 0.84x cuDNN's device time in
+#: session 7) was written after that session's device budget ran out: compiled with nvcc only.
+EXPERIMENTAL_WGRAD_TILES = (
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
+    CudaTile(8, 8, 8, 1, 8, 2),
+)
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
