@@ -227,6 +227,7 @@ def test_wgrad_workspace_is_left_zero_and_graphs_replay():
             results[(c, r, tile)] = (x, dy, dw.clone(), db.clone())
             assert _workspaces_zero(), f"workspace not zero after {tile.name} c{c} k{r}"
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # another stream has its own workspace
         for (_c, r, tile), (x, dy, dw, db) in results.items():
             dw2, db2 = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
@@ -234,17 +235,22 @@ def test_wgrad_workspace_is_left_zero_and_graphs_replay():
             torch.testing.assert_close(db2, db, rtol=2e-3, atol=1e-3)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    assert (torch.cuda.current_device(), side.cuda_stream) in gconv_cuda._WORKSPACES
     assert _workspaces_zero()
+    before = {k: ws.data_ptr() for k, (ws, _) in gconv_cuda._WORKSPACES.items()}
     (_, r, tile), (x, dy, dw, db) = next(iter(results.items()))
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # the capture gets a workspace of its own (a recorded memset)
         gdw, gdb = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
-    for _ in range(3):  # each replay starts from a zeroed workspace
-        gdw.zero_()
+    assert {k: ws.data_ptr() for k, (ws, _) in gconv_cuda._WORKSPACES.items()} == before
+    for _ in range(3):  # replays, then eager launches on the shared workspaces still right
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(gdw, dw, rtol=2e-3, atol=1e-3)
         torch.testing.assert_close(gdb, db, rtol=2e-3, atol=1e-3)
+    dw3, _ = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
+    torch.testing.assert_close(dw3, dw, rtol=2e-3, atol=1e-3)
+    assert _workspaces_zero()
 
 
 def _rowpair_wgrad_loops(x, dy, r, s, ph, pw, th, tw):

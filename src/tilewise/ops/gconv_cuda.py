@@ -96,12 +96,12 @@ __device__ __forceinline__ void red_add(float* p, float v) {{
     asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
 }}
 
-// L2 (not L1) loads and stores, for the sums other CTAs' atomics wrote. The load is not
-// volatile, so a batch of them can be in flight at once (ordered after the fence by the
-// barrier's memory clobber).
+// L2 (not L1) loads and stores, for the sums other CTAs' atomics wrote. The memory clobber
+// keeps the compiler from moving a load above the fence; the hardware still has a batch of them
+// in flight, as nothing uses a value until the batch is issued.
 __device__ __forceinline__ float ld_cg(const float* p) {{
     float v;
-    asm("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
     return v;
 }}
 
@@ -1038,7 +1038,8 @@ def _workspace(device: torch.device, taps: int, c: int, cblocks: int) -> tuple[t
     key = (dev, torch._C._cuda_getCurrentRawStream(dev) if cuda else 0)
     entry = _WORKSPACES.get(key)
     if entry is None or entry[0].numel() < need:
-        entry = (torch.zeros(max(need, 1 << 14), device=device, dtype=torch.float32), {})
+        size = max(need, 1 << 14, 2 * entry[0].numel() if entry is not None else 0)
+        entry = (torch.zeros(size, device=device, dtype=torch.float32), {})
         _WORKSPACES[key] = entry
     views = entry[1].get((taps, c, cblocks))
     if views is None:
