@@ -1,0 +1,715 @@
+"""CUDA C++ sources of the grouped conv's NVRTC kernels (``ops.gconv_cuda`` compiles them).
+
+``SOURCE``: the shared prefix (helpers, loaders, signatures), the tap fprop/dgrad kernel
+``tw_gconv_fprop`` and the tap wgrad kernel ``tw_gconv_wgrad``. ``SOURCE_RP`` and ``SOURCE_WRP``:
+the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
+``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
+``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
+``{DGRAD}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
+"""
+
+SOURCE = r"""
+#define R {R}
+#define S {S}
+#define TH {TH}
+#define TW {TW}
+#define CB {CB}
+#define WARPS {WARPS}
+#define IS_BF16 {IS_BF16}
+#define HAS_BIAS {HAS_BIAS}
+#define DGRAD {DGRAD}
+#define DB_HALF {DB_HALF}
+#define NG (CB / 8)
+#define TAPS (R * S)
+#define TP ((TAPS + 1) / 2)
+#define HH (TH + R - 1)
+#define HWD (TW + S - 1)
+#define PIX (CB * 2 + 16)
+#define MTW ((TH * TW) / (16 * WARPS))
+#define STAGES {STAGES}
+#define HALO (HH * HWD * PIX)
+#define W_OFF (STAGES * HALO)
+#define Z_OFF (W_OFF + NG * TP * 256)
+#define S_OFF (Z_OFF + PIX)
+#define WSTAGE (HALO + TH * TW * PIX)
+#define WZ_OFF (STAGES * WSTAGE)
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+struct __align__(16) v4u32 {{ u32 a, b, c, d; }};
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {{
+    u32 r;
+    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
+    return r;
+}}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(bytes));
+}}
+
+__device__ __forceinline__ void ldsm_x4(u32& a0, u32& a1, u32& a2, u32& a3, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(addr));
+}}
+
+__device__ __forceinline__ void ldsm_x2(u32& b0, u32& b1, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {{%0,%1}}, [%2];\n"
+                 : "=r"(b0), "=r"(b1) : "r"(addr));
+}}
+
+__device__ __forceinline__ void ldsm_x4_t(u32& a0, u32& a1, u32& a2, u32& a3, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(addr));
+}}
+
+__device__ __forceinline__ void ldsm_x2_t(u32& b0, u32& b1, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{%0,%1}}, [%2];\n"
+                 : "=r"(b0), "=r"(b1) : "r"(addr));
+}}
+
+__device__ __forceinline__ void red_add(float* p, float v) {{
+    asm volatile("red.global.add.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
+}}
+
+// L2 (not L1) loads and stores, for the sums other CTAs' atomics wrote. The memory clobber
+// keeps the compiler from moving a load above the fence; the hardware still has a batch of them
+// in flight, as nothing uses a value until the batch is issued.
+__device__ __forceinline__ float ld_cg(const float* p) {{
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}}
+
+__device__ __forceinline__ void st_cg(float* p, float v) {{
+    asm volatile("st.global.cg.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
+}}
+
+__device__ __forceinline__ float to_f32(u16 v) {{
+#if IS_BF16
+    return __uint_as_float(((u32)v) << 16);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+#endif
+}}
+
+__device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
+                                         u32 b0, u32 b1) {{
+#if IS_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                 "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}}
+
+__device__ __forceinline__ u32 pack2(float lo, float hi) {{
+    u32 r;
+#if IS_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}}
+
+__device__ __forceinline__ u16 to_u16(float v) {{ return (u16)(pack2(v, 0.f) & 0xffffu); }}
+
+// ROWS halo rows of tile t (zero-filled off the image; rows from VALID_ROWS on are zero too)
+template <int ROWS, int VALID_ROWS>
+__device__ __forceinline__ void load_rows(u32 dst, const u16* __restrict__ x, int t, int Hi,
+                                          int Wi, int C, int c0, int pad_h, int pad_w,
+                                          int tiles_h, int tiles_w, int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
+    for (int i = tid; i < ROWS * HWD * NG; i += WARPS * 32) {{
+        const int pix = i / NG, ch = i - pix * NG;
+        const int hh = pix / HWD, ww = pix - hh * HWD;
+        const int ih = h0 + hh, iw = w0 + ww;
+        const bool ok = (VALID_ROWS >= ROWS || hh < VALID_ROWS) && (unsigned)ih < (unsigned)Hi &&
+                        (unsigned)iw < (unsigned)Wi;
+        const u16* src = ok ? x + ((((long long)n * Hi + ih) * Wi + iw) * C + c0 + ch * 8) : x;
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
+    }}
+}}
+
+__device__ __forceinline__ void load_tile(u32 dst, const u16* __restrict__ x, int t, int Hi,
+                                          int Wi, int C, int c0, int pad_h, int pad_w,
+                                          int tiles_h, int tiles_w, int tid) {{
+    load_rows<HH, HH>(dst, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+}}
+
+// the staged output tile t (pixels at stride PIX) to NHWC y, 16 bytes per thread and step
+__device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, int t, int Ho,
+                                           int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                           int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
+    const int n = t / (tiles_w * tiles_h);
+    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+        const int p = i / NG, ch = i - (i / NG) * NG;
+        const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
+        if (oh < Ho && ow < Wo)
+            *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
+                *(const v4u32*)(stg + p * (PIX / 2) + ch * 8);
+    }}
+}}
+
+// the fprop kernels' common signature
+#define FPROP_PARAMS                                                                             \
+    const u16 *__restrict__ x, const u16 *__restrict__ w, const float *__restrict__ bias,        \
+        u16 *__restrict__ y, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,       \
+        int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3
+
+__device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int t, int Ho,
+                                        int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                        int tid) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
+        const int pix = i / NG, ch = i - pix * NG;
+        const int oh = th_i * TH + pix / TW, ow = tw_i * TW + (pix - (pix / TW) * TW);
+        const bool ok = oh < Ho && ow < Wo;
+        const u16* src = ok ? dy + ((((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) : dy;
+        cp_async16(dst + pix * PIX + ch * 16, src, ok ? 16 : 0);
+    }}
+}}
+
+// one wgrad pipeline stage: ROWS input halo rows of tile t, then (XBYTES further) its dy tile
+template <int ROWS, int VALID_ROWS, int XBYTES>
+__device__ __forceinline__ void load_wgrad_stage(u32 dst, const u16* __restrict__ x,
+                                                 const u16* __restrict__ dy, int t, int Hi,
+                                                 int Wi, int Ho, int Wo, int C, int c0,
+                                                 int pad_h, int pad_w, int tiles_h, int tiles_w,
+                                                 int tid) {{
+    load_rows<ROWS, VALID_ROWS>(dst, x, t, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+    load_dy(dst + XBYTES, dy, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+}}
+
+// the first STAGES - 1 wgrad stages of this CTA's tiles start loading (one commit group each)
+template <int ROWS, int VALID_ROWS, int XBYTES, int SBYTES>
+__device__ __forceinline__ void prefetch_wgrad(u32 sbase, const u16* __restrict__ x,
+                                               const u16* __restrict__ dy, int Hi, int Wi,
+                                               int Ho, int Wo, int C, int c0, int pad_h,
+                                               int pad_w, int tiles_h, int tiles_w, int n_tiles,
+                                               int tid) {{
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_wgrad_stage<ROWS, VALID_ROWS, XBYTES>(sbase + st * SBYTES, x, dy, ts, Hi, Wi,
+                                                       Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
+                                                       tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+}}
+
+// adds this thread's share of the bias gradient of channel c0 + tid % CB over a staged dy tile
+__device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int tid) {{
+    for (int i = tid; i < TH * TW * CB; i += WARPS * 32)
+        sum += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
+}}
+
+// the wgrad kernels' common signature: dw [R, S, C, 8] and db [C] are fp32 sums in a workspace
+// that is zero on entry and left zero on exit, counters [C / CB] likewise; dw_out [C, 8, R, S]
+// in the input dtype, db_out [C] in the input dtype (DB_HALF) or fp32
+#define WGRAD_PARAMS                                                                             \
+    const u16 *__restrict__ x, const u16 *__restrict__ dy, float *__restrict__ dw,              \
+        float *__restrict__ db, u16 *__restrict__ dw_out, void *__restrict__ db_out,           \
+        unsigned *__restrict__ counters, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,      \
+        int pad_w, int tiles_h, int tiles_w, int n_tiles
+
+// After this CTA's atomics: the last CTA of the channel block (counted per blockIdx.y) turns the
+// block's fp32 sums into dw_out and db_out and zeroes them and the counter again, so one launch
+// does what a memset, the kernel and a cast kernel did. ``flag``: a word of shared memory the
+// main loop is done with.
+__device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __restrict__ db,
+                                             u16* __restrict__ dw_out, void* __restrict__ db_out,
+                                             unsigned* __restrict__ counters, int C, int c0,
+                                             int tid, volatile unsigned* flag) {{
+    __threadfence();  // this thread's atomics are visible before the CTA is counted
+    __syncthreads();
+    if (tid == 0) *flag = atomicAdd(counters + blockIdx.y, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    // FB loads in flight per thread before their stores: a serial load-store loop left an L2
+    // round trip per element on the kernel's tail (session 7: +5-7 us per call)
+    constexpr int FB = 8, NW = CB * 8 * TAPS;
+    for (int base = 0; base < NW; base += FB * WARPS * 32) {{
+        float v[FB];
+#pragma unroll
+        for (int j = 0; j < FB; ++j) {{
+            const int i = base + j * WARPS * 32 + tid;
+            v[j] = i < NW ? ld_cg(dw + (long long)(i % TAPS) * C * 8 + c0 * 8 + i / TAPS) : 0.f;
+        }}
+#pragma unroll
+        for (int j = 0; j < FB; ++j) {{
+            const int i = base + j * WARPS * 32 + tid;  // i / TAPS = (co - c0) * 8 + ci
+            if (i < NW) {{
+                dw_out[(long long)c0 * 8 * TAPS + i] = to_u16(v[j]);
+                st_cg(dw + (long long)(i % TAPS) * C * 8 + c0 * 8 + i / TAPS, 0.f);
+            }}
+        }}
+    }}
+#if HAS_BIAS
+    for (int i = tid; i < CB; i += WARPS * 32) {{
+        const float v = ld_cg(db + c0 + i);
+#if DB_HALF
+        ((u16*)db_out)[c0 + i] = to_u16(v);
+#else
+        ((float*)db_out)[c0 + i] = v;
+#endif
+        st_cg(db + c0 + i, 0.f);
+    }}
+#endif
+    if (tid == 0) counters[blockIdx.y] = 0u;
+}}
+
+// Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
+// the spatial tiles gridDim.x apart, the next tile's halo loading (cp.async) while this one's
+// MMAs run.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_fprop(FPROP_PARAMS)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{  // the first STAGES - 1 tiles start loading
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_tile(sbase + st * HALO, x, ts, Hi, Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w,
+                      tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+
+    // weights [C, 8, R, S] (any strides) -> [NG][TP][2 taps][8 out][8 in], zero for the pad tap;
+    // dgrad reads them flipped and transposed within the group
+    u16* wsm = (u16*)(smem + W_OFF);
+    for (int i = tid; i < NG * TP * 128; i += WARPS * 32) {{
+        const int ci = i & 7, o = (i >> 3) & 7, sl = (i >> 6) & 1, rest = i >> 7;
+        const int tp = rest % TP, gc = c0 + (rest / TP) * 8;
+        const int tap = 2 * tp + sl;
+        u16 v = 0;
+        if (tap < TAPS) {{
+            const int r = tap / S, s = tap - (tap / S) * S;
+#if DGRAD
+            v = w[(long long)(gc + ci) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+            v = w[(long long)(gc + o) * ws0 + ci * ws1 + r * ws2 + s * ws3];
+#endif
+        }}
+        wsm[i] = v;
+    }}
+    // one zero pixel: the A rows of the padding tap when R * S is odd (finite, so 0 * x = 0)
+    for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + Z_OFF))[i] = 0u;
+
+    // ldmatrix.x4 row owned by this lane: matrices (pixels 0-7 | 8-15) x (tap slot 0 | 1)
+    int pbase[MTW];
+#pragma unroll
+    for (int a = 0; a < MTW; ++a) {{
+        const int p = (warp * MTW + a) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int py = p / TW;
+        pbase[a] = py * HWD + (p - py * TW);
+    }}
+    const int slot = lane >> 4;
+    const u32 b_lane = sbase + W_OFF + ((lane >> 3) & 1) * 128 + (lane & 7) * 16;
+    const int cpair = (lane & 3) * 2;
+    float bv[NG][2];
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {{
+#if HAS_BIAS
+        bv[g][0] = bias[c0 + g * 8 + cpair];
+        bv[g][1] = bias[c0 + g * 8 + cpair + 1];
+#else
+        bv[g][0] = 0.f;
+        bv[g][1] = 0.f;
+#endif
+    }}
+
+    u16* stg = (u16*)(smem + S_OFF);  // the output tile, staged for 16-byte global stores
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles)
+            load_tile(sbase + ((buf + STAGES - 1) % STAGES) * HALO, x, tn, Hi, Wi, C, c0, pad_h,
+                      pad_w, tiles_h, tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+
+        float acc[MTW][NG][4];
+#pragma unroll
+        for (int a = 0; a < MTW; ++a)
+#pragma unroll
+            for (int g = 0; g < NG; ++g)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[a][g][k] = 0.f;
+
+        const u32 hbase = sbase + buf * HALO;
+#pragma unroll
+        for (int tp = 0; tp < TP; ++tp) {{
+            const int tap = 2 * tp + slot;
+            u32 a_addr[MTW];
+#pragma unroll
+            for (int a = 0; a < MTW; ++a)
+                a_addr[a] = tap < TAPS ? hbase + (pbase[a] + (tap / S) * HWD + (tap % S)) * PIX
+                                       : sbase + Z_OFF;
+#pragma unroll
+            for (int g = 0; g < NG; ++g) {{
+                u32 b0, b1;
+                ldsm_x2(b0, b1, b_lane + (g * TP + tp) * 256);
+#pragma unroll
+                for (int a = 0; a < MTW; ++a) {{
+                    u32 a0, a1, a2, a3;
+                    ldsm_x4(a0, a1, a2, a3, a_addr[a] + g * 16);
+                    mma16816(acc[a][g], a0, a1, a2, a3, b0, b1);
+                }}
+            }}
+        }}
+
+        // C fragment: rows lane/4 and lane/4 + 8 of the m-tile, channels 2 * (lane % 4) + 0, 1
+#pragma unroll
+        for (int a = 0; a < MTW; ++a)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {{
+                const int p = (warp * MTW + a) * 16 + (lane >> 2) + half * 8;
+#pragma unroll
+                for (int g = 0; g < NG; ++g)
+                    *(u32*)(stg + p * (PIX / 2) + g * 8 + cpair) =
+                        pack2(acc[a][g][half * 2] + bv[g][0], acc[a][g][half * 2 + 1] + bv[g][1]);
+            }}
+        __syncthreads();
+        store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        __syncthreads();  // this halo buffer and the staging tile are reused next iteration
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}}
+
+// Weight gradient: one warp per group (WARPS == NG). Per 16-pixel chunk of a dy tile, one
+// mma.m16n8k16 per tap pair: A = the shifted inputs (2 taps x 8 in-channels by 16 pixels, read
+// transposed from the halo tile), B = dy (16 pixels by the group's 8 out-channels). Sums stay in
+// registers across the CTA's tiles and are added to dw [R, S, C, 8] (fp32) with atomics at the end.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_wgrad(WGRAD_PARAMS)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+    prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
+                                         tiles_h, tiles_w, n_tiles, tid);
+    for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
+
+    float acc[TP][4];
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[tp][k] = 0.f;
+    float dbs = 0.f;  // bias gradient of channel c0 + tid % CB over this thread's pixels
+    const int a_pix = (lane & 7) + ((lane >> 4) & 1) * 8, a_slot = (lane >> 3) & 1;
+    const int b_pix = (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles)
+            load_wgrad_stage<HH, HH, HALO>(sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE, x, dy,
+                                           tn, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
+                                           tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hx = sbase + buf * WSTAGE, hd = hx + HALO;
+#pragma unroll 2
+        for (int ch = 0; ch < (TH * TW) / 16; ++ch) {{
+            u32 b0, b1;
+            ldsm_x2_t(b0, b1, hd + (ch * 16 + b_pix) * PIX + g * 16);
+            const int ap = ch * 16 + a_pix, apy = ap / TW;
+            const int abase = apy * HWD + (ap - apy * TW);
+#pragma unroll
+            for (int tp = 0; tp < TP; ++tp) {{
+                const int tap = 2 * tp + a_slot;
+                const u32 addr = tap < TAPS ? hx + (abase + (tap / S) * HWD + (tap % S)) * PIX
+                                            : sbase + WZ_OFF;
+                u32 a0, a1, a2, a3;
+                ldsm_x4_t(a0, a1, a2, a3, addr + g * 16);
+                mma16816(acc[tp], a0, a1, a2, a3, b0, b1);
+            }}
+        }}
+#if HAS_BIAS
+        add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE + HALO), tid);
+#endif
+        __syncthreads();  // this stage's buffers are refilled next iteration
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
+    const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {{
+            const int tap = 2 * tp + half;
+            if (tap < TAPS) {{
+                red_add(dw + ((long long)tap * C + co) * 8 + ci, acc[tp][half * 2]);
+                red_add(dw + ((long long)tap * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+            }}
+        }}
+#if HAS_BIAS
+    red_add(db + c0 + tid % CB, dbs);
+#endif
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+}}
+"""
+
+#: Row-pair fprop/dgrad (``CudaTile.kind == "rowpair"``): one warp per group (times WS column
+#: splits). The weights are the MMA's A operand, held in registers for the whole CTA: rows = (out
+#: channel, which of two output rows), cols = (in channel, which of two input rows); B = the
+#: inputs of 8 pixels in two halo rows (one ``ldmatrix.x2``), so each B fragment read from shared
+#: memory feeds both output rows it touches. Shared-memory reads per output fall from ~R*S to
+#: ~S*(1 + (R-1)/TH) fragments (3x3, TH = 8: 3.75 against 10 per 16 outputs). Zero weights pair
+#: with inputs outside an output's window, so a non-finite input could poison a neighbour row
+#: (0 * Inf); a warp whose accumulators are not all finite recomputes its block exactly.
+_RP_KERNEL = r"""
+#define NP ((R + 2) / 2)
+#define HHP (TH + 2 * NP - 2)
+#define HALO_RP (HHP * HWD * PIX)
+#define WS (WARPS / NG)
+#define CBLK (TW / 8)
+#define QP (TH / 2)
+
+// weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed), 0 off
+// the kernel
+__device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
+                                    int s, int ws0, int ws1, int ws2, int ws3) {{
+    if (r < 0 || r >= R) return 0;
+#if DGRAD
+    return w[(long long)(gc + c) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+    return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
+#endif
+}}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_fprop_rp(FPROP_PARAMS)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp % NG, part = warp / NG;
+    const int c0 = blockIdx.y * CB, gc = c0 + g * 8;
+    const u32 sbase = smem_u32(smem);
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {{
+        const int ts = blockIdx.x + st * gridDim.x;
+        if (ts < n_tiles)
+            load_rows<HHP, TH + R - 1>(sbase + st * HALO_RP, x, ts, Hi, Wi, C, c0, pad_h, pad_w,
+                                       tiles_h, tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }}
+
+    // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
+    // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
+    const int o = lane >> 2, cp = (lane & 3) * 2;
+    u32 wa[S][NP][4];
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                const int r = 2 * p + (q >> 1) - (q & 1);
+                const u32 lo = wval(w, gc, o, cp, r, s, ws0, ws1, ws2, ws3);
+                const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
+                wa[s][p][q] = lo | (hi << 16);
+            }}
+#if HAS_BIAS
+    const float bv = bias[gc + o];
+#else
+    const float bv = 0.f;
+#endif
+    // ldmatrix.x2 row address of this lane: matrix (lane / 8) & 1 = which halo row of the pair,
+    // row lane % 8 = pixel
+    const int b_row = (lane >> 3) & 1, b_px = lane & 7;
+    u16* stg = (u16*)(smem + STAGES * HALO_RP);
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles)
+            load_rows<HHP, TH + R - 1>(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi,
+                                       Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hbase = sbase + buf * HALO_RP;
+#pragma unroll 1
+        for (int cb = part; cb < CBLK; cb += WS) {{
+            float acc[QP][4];
+#pragma unroll
+            for (int q = 0; q < QP; ++q)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[q][k] = 0.f;
+            const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
+#pragma unroll
+            for (int s = 0; s < S; ++s)
+#pragma unroll
+                for (int ip = 0; ip < QP + NP - 1; ++ip) {{
+                    u32 b0, b1;
+                    ldsm_x2(b0, b1, lane_addr + (2 * ip * HWD + s) * PIX);
+#pragma unroll
+                    for (int p = 0; p < NP; ++p) {{
+                        const int q = ip - p;
+                        if (q >= 0 && q < QP)
+                            mma16816(acc[q], wa[s][p][0], wa[s][p][1], wa[s][p][2], wa[s][p][3],
+                                     b0, b1);
+                    }}
+                }}
+            bool bad = false;
+#pragma unroll
+            for (int q = 0; q < QP; ++q)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)  // exponent all ones: Inf or NaN
+                    bad |= (~__float_as_uint(acc[q][k]) & 0x7f800000u) == 0u;
+            if (__any_sync(0xffffffffu, bad)) {{
+                // exact: each output sums only its own window (PyTorch's NaN/Inf pattern)
+                const u16* hs = (const u16*)(smem + buf * HALO_RP);
+                for (int i = lane; i < TH * 64; i += 32) {{
+                    const int oo = i & 7, px = cb * 8 + ((i >> 3) & 7), row = i >> 6;
+                    float sum = 0.f;
+                    for (int r = 0; r < R; ++r)
+                        for (int s = 0; s < S; ++s)
+                            for (int c = 0; c < 8; ++c)
+                                sum += to_f32(wval(w, gc, oo, c, r, s, ws0, ws1, ws2, ws3)) *
+                                       to_f32(hs[((row + r) * HWD + px + s) * (PIX / 2) + g * 8 +
+                                                 c]);
+#if HAS_BIAS
+                    sum += bias[gc + oo];
+#endif
+                    stg[(row * TW + px) * (PIX / 2) + g * 8 + oo] = to_u16(sum);
+                }}
+            }} else {{
+                // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1
+#pragma unroll
+                for (int q = 0; q < QP; ++q)
+#pragma unroll
+                    for (int d = 0; d < 2; ++d) {{
+                        const int p0 = (2 * q + d) * TW + cb * 8 + cp;
+                        stg[p0 * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d] + bv);
+                        stg[(p0 + 1) * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d + 1] + bv);
+                    }}
+            }}
+        }}
+        __syncthreads();
+        store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        __syncthreads();
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}}
+"""
+SOURCE_RP = SOURCE[: SOURCE.index("// Persistent CTAs")] + _RP_KERNEL
+
+
+#: Row-pair wgrad (``CudaTile(rowpair=True)`` among wgrad tiles: the 8x16 tile is a candidate,
+#: others are in ``gconv_cuda.EXPERIMENTAL_WGRAD_TILES``): one warp per group. A = the inputs of
+#: two halo rows (in-channels x 2 rows by 16 pixels, ``ldmatrix.x4.trans``), B = one dy row (16
+#: pixels by the group's 8
+#: out-channels). The same A fragment serves dy row y (taps 2k, 2k + 1) and dy row y + 1 (taps
+#: 2k - 1, 2k): one shared-memory read feeds two MMAs, ~S x (1 + R / TH) / 2 A fragments per
+#: 16 dy pixels instead of (R * S + 1) / 2. The tap products that fall outside the kernel (-1, R)
+#: accumulate into registers that are never stored.
+_WRP_KERNEL = r"""
+#define NK (R / 2 + 1)
+#define HHW (TH + 2 * NK - 2)
+#define XHALO (HHW * HWD * PIX)
+#define WSTAGE_RP (XHALO + TH * TW * PIX)
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+tw_gconv_wgrad_rp(WGRAD_PARAMS)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    const u32 sbase = smem_u32(smem);
+    prefetch_wgrad<HHW, TH + R - 1, XHALO, WSTAGE_RP>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0,
+                                                      pad_h, pad_w, tiles_h, tiles_w, n_tiles,
+                                                      tid);
+
+    // even dy rows: taps 2k + j; odd dy rows: taps 2k + j - 1 (j: which row of the A pair)
+    float ev[NK][S][4], od[NK][S][4];
+#pragma unroll
+    for (int k = 0; k < NK; ++k)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) ev[k][s][q] = od[k][s][q] = 0.f;
+    float dbs = 0.f;  // bias gradient of channel c0 + tid % CB over this thread's pixels
+    // ldmatrix.x4.trans rows of this lane: matrices (row j 0 | 1) x (pixels 0-7 | 8-15)
+    const int a_px = (lane & 7) + ((lane >> 4) & 1) * 8, a_row = (lane >> 3) & 1;
+    const int b_px = (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    int buf = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        const int tn = t + (STAGES - 1) * gridDim.x;
+        if (tn < n_tiles)
+            load_wgrad_stage<HHW, TH + R - 1, XHALO>(
+                sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE_RP, x, dy, tn, Hi, Wi, Ho, Wo, C,
+                c0, pad_h, pad_w, tiles_h, tiles_w, tid);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+        __syncthreads();
+        const u32 hx = sbase + buf * WSTAGE_RP, hd = hx + XHALO;
+#pragma unroll 1
+        for (int cx = 0; cx < TW; cx += 16) {{
+#pragma unroll 1
+            for (int y = 0; y < TH; y += 2) {{
+                u32 e0, e1, o0, o1;
+                ldsm_x2_t(e0, e1, hd + (y * TW + cx + b_px) * PIX + g * 16);
+                ldsm_x2_t(o0, o1, hd + ((y + 1) * TW + cx + b_px) * PIX + g * 16);
+                const u32 arow = hx + ((y + a_row) * HWD + cx + a_px) * PIX + g * 16;
+#pragma unroll
+                for (int s = 0; s < S; ++s)
+#pragma unroll
+                    for (int k = 0; k < NK; ++k) {{
+                        u32 a0, a1, a2, a3;
+                        ldsm_x4_t(a0, a1, a2, a3, arow + (2 * k * HWD + s) * PIX);
+                        mma16816(ev[k][s], a0, a1, a2, a3, e0, e1);
+                        mma16816(od[k][s], a0, a1, a2, a3, o0, o1);
+                    }}
+            }}
+        }}
+#if HAS_BIAS
+        add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE_RP + XHALO), tid);
+#endif
+        __syncthreads();  // this stage's buffers are refilled next iteration
+        buf = (buf + 1) % STAGES;
+    }}
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    // D rows: lane/4 = in-channel of pair row 0, +8 = of pair row 1; cols = out-channel pairs
+    const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {{
+                const float v = ev[r >> 1][s][(r & 1) * 2 + q] +
+                                od[(r + 1) >> 1][s][((r + 1) & 1) * 2 + q];
+                red_add(dw + ((long long)(r * S + s) * C + co + q) * 8 + ci, v);
+            }}
+#if HAS_BIAS
+    red_add(db + c0 + tid % CB, dbs);
+#endif
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+}}
+"""
+SOURCE_WRP = SOURCE[: SOURCE.index("// Persistent CTAs")] + _WRP_KERNEL
