@@ -206,8 +206,8 @@ def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = False):
     ``FAST`` (for half-precision outputs): GELU's normal CDF from
     ``normal_cdf_given_density_exp``, which reuses the density's exp(-z^2/2) (the erf form left
     the GELU backward at 0.67 of copy, instruction-bound; 0.79-0.81 with this, session 7).
-    Absolute error <= 3e-7 of dL/dz per unit
-    dL/dy in fp32, below half an fp16/bf16 ulp at any |dL/dz| >= 2^-10.
+    Absolute error <= 3e-7 of dL/dz per unit dL/dy in fp32, below half an fp16/bf16 ulp at any
+    |dL/dz| >= 2^-10.
     """
     if ACT == 1:
         dz = tl.where(z <= 0.0, 0.0, dy)

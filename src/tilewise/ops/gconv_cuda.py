@@ -323,8 +323,11 @@ def _split(ws: torch.Tensor, taps: int, c: int, cblocks: int) -> tuple[torch.Ten
     return ws[:taps], ws[taps : taps + c], ws[taps + c : taps + c + cblocks].view(torch.int32)
 
 
-def _workspace(device: torch.device, taps: int, c: int, cblocks: int) -> tuple[torch.Tensor, ...]:
-    """(dw sums [taps], db sums [c], counters [cblocks] int32): zeroed fp32 workspace views.
+def _workspace(
+    device: torch.device, dev: int, taps: int, c: int, cblocks: int
+) -> tuple[torch.Tensor, ...]:
+    """(dw sums [taps], db sums [c], counters [cblocks] int32): zeroed fp32 workspace views on
+    ``device`` (index ``dev``).
 
     Outside graph capture the workspace is shared by every launch on the current stream (stream
     order keeps them apart, and each leaves it zero). Under capture each call gets its own
@@ -335,7 +338,6 @@ def _workspace(device: torch.device, taps: int, c: int, cblocks: int) -> tuple[t
     cuda = device.type == "cuda"
     if cuda and torch.cuda.is_current_stream_capturing():
         return _split(torch.zeros(need, device=device, dtype=torch.float32), taps, c, cblocks)
-    dev = device.index if device.index is not None else torch.cuda.current_device()
     key = (dev, torch._C._cuda_getCurrentRawStream(dev) if cuda else 0)
     entry = _WORKSPACES.get(key)
     if entry is None or entry[0].numel() < need:
@@ -372,7 +374,7 @@ def wgrad(
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
     cblocks = c // tile.cb
-    dw_sums, db_sums, counters = _workspace(x.device, r * s * c * 8, c, cblocks)
+    dw_sums, db_sums, counters = _workspace(x.device, dev, r * s * c * 8, c, cblocks)
     dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)

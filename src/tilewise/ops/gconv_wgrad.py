@@ -240,13 +240,13 @@ def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
     return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s) + base
 
 
-def _launch(grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool, db_dtype=None):
+def _launch(
+    grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool, db_dtype=torch.float32
+):
     """(dweight [C, 8, R, S] in x's dtype, dbias or None) with ``cfg``; the permute and cast
     after a reduction buffer are part of what the autotuner times. The NVRTC kernel finishes
-    in its one launch (dbias in ``db_dtype`` when that is fp32 or x's dtype)."""
+    in its one launch (dbias in ``db_dtype``, fp32 or x's dtype as ``validate`` allows)."""
     if isinstance(cfg, gconv_cuda.CudaTile):
-        if db_dtype not in (torch.float32, x.dtype):
-            db_dtype = torch.float32
         return gconv_cuda.wgrad(
             grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype
         )
