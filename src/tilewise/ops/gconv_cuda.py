@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -309,8 +310,12 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
-    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits)."""
-    fitted = (_fitted(t, c, warp_per_group=True) for t in WGRAD_TILES)
+    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits).
+    ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies)."""
+    tiles = WGRAD_TILES
+    if os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1":
+        tiles += EXPERIMENTAL_WGRAD_TILES
+    fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
