@@ -129,7 +129,7 @@ def test_scheduler_update_and_set_lr_reach_the_device():
 
 
 def test_model_backward_accumulates_into_flat_grads(rng_seed):
-    """A real backward (channels_last conv, odd Linear sizes) writes into the flat buffer."""
+    """A real backward (channels_last conv, odd Linear sizes: torch ops) ends in the flat buffer."""
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3),
         torch.nn.Flatten(),
@@ -155,7 +155,9 @@ def test_model_backward_accumulates_into_flat_grads(rng_seed):
             assert flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.nbytes
     _judge(opt, list(model.parameters()), list(m32.parameters()), list(m64.parameters()), o32, o64,
            rng_seed)  # fmt: skip
-    opt.zero_grad()
+    opt.zero_grad()  # set_to_none (the default): grads None, the buffer left for the next backward
+    assert all(p.grad is None for p in model.parameters())
+    opt.zero_grad(set_to_none=False)
     assert not flat.any() and all(
         p.grad is v for p, v in zip(model.parameters(), views, strict=True)
     )

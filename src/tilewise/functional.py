@@ -17,7 +17,7 @@ from tilewise.ops import gconv as _gconv
 from tilewise.ops import gconv_config as _gconv_config
 from tilewise.ops import layernorm as _layernorm
 from tilewise.ops import linear as _linear
-from tilewise.runtime import dispatch
+from tilewise.runtime import dispatch, grad_slots
 
 __all__ = ["bias_act", "grouped_conv2d", "layer_norm", "linear"]
 
@@ -453,13 +453,21 @@ def _linear_setup(ctx, inputs, output):
         saved = y
     ctx.save_for_backward(x, weight, bias, saved)
     ctx.activation, ctx.allow_tf32 = activation, allow_tf32
+    ctx.slots = (grad_slots.slot_of(weight), grad_slots.slot_of(bias))
     ctx.mark_non_differentiable(pre)
 
 
 def _linear_backward(ctx, grad, _grad_pre, bwd=_linear_backward_op):
     x, weight, bias, saved = ctx.saved_tensors
     need_dx = bool(ctx.needs_input_grad[0])
-    dx, dw, db = bwd(grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32, need_dx)
+    args = (grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32, need_dx)
+    if bwd is _linear_backward_impl and ctx.slots != (None, None):
+        # eager: the gradients go straight into a fused optimizer's flat buffer when it allows
+        dw_out = grad_slots.claim(ctx.slots[0], weight.shape, weight.dtype)
+        db_out = None if bias is None else grad_slots.claim(ctx.slots[1], bias.shape, bias.dtype)
+        dx, dw, db = _linear.backward(*args, dw_out=dw_out, db_out=db_out)
+    else:
+        dx, dw, db = bwd(*args)
     return (dx if need_dx else None), dw, (db if bias is not None else None), None, None
 
 

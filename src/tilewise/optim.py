@@ -4,18 +4,22 @@ At construction every parameter is packed into flat buffers, one segment per par
 tensor starts on a 64-element boundary; the padding stays zero). An fp32 model's parameters become
 views of the flat fp32 buffer the kernel updates; with fp16/bf16 parameters the kernel updates a
 flat fp32 master copy (``state[p]['master_param']``) and writes the rounded weights into a flat
-fp16/bf16 buffer whose views are the parameters. ``p.grad`` is a view of a flat gradient buffer
-(model dtype), installed once: backward accumulates into it in place. The fp32 state (momentum
-buffer; exp_avg, exp_avg_sq) is flat too, and ``state[p]`` holds views of it.
+fp16/bf16 buffer whose views are the parameters. Gradients live in a flat buffer too (model
+dtype): after ``zero_grad()`` (``set_to_none=True``, the default) tilewise's backward kernels
+write each gradient straight into its view (``tilewise.runtime.grad_slots``: no memset, no
+accumulation pass) and other ops' gradients are copied in at ``step``; after
+``zero_grad(set_to_none=False)`` the ``.grad``s are views of the buffer, zeroed by one memset,
+and backward accumulates into them. The fp32 state (momentum buffer; exp_avg, exp_avg_sq) is
+flat too, and ``state[p]`` holds views of it.
 
 Rules (what differs from ``torch.optim``):
 
 - Build the optimizer once the model has its final device and dtype; don't re-assign ``p.data``
   later (``step`` raises). All parameters share one CUDA or CPU device and one dtype of fp32,
   fp16, bf16. Several param groups work (one launch each).
-- ``zero_grad`` is one memset of the flat gradient buffer; ``set_to_none`` is ignored. A ``.grad``
-  that is None at ``step`` (after ``model.zero_grad()``) counts as zero (weight decay and momentum
-  still apply; torch would skip the parameter); a replaced ``.grad`` is copied in (logged once).
+- A ``.grad`` that is None at ``step`` counts as zero (weight decay and momentum still apply;
+  torch would skip the parameter); a replaced ``.grad`` is copied in (logged once). After
+  ``step`` every ``.grad`` is its view of the flat buffer.
 - Hyperparameters live in a device tensor (fp64) and the step count in a device counter that the
   kernel advances itself, so a step captured in a CUDA graph stays correct across replays.
   Assigning one (``group['lr'] = x``, as LR schedulers do) writes the device copy at once with a
@@ -40,6 +44,7 @@ from typing import Any
 import torch
 
 from tilewise.ops import optim as optim_ops
+from tilewise.runtime import grad_slots
 
 log = logging.getLogger("tilewise")
 
@@ -70,8 +75,12 @@ def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
 
 
 @functools.cache
-def _warn_once(msg: str) -> None:
-    log.warning(msg)
+def _info_once(msg: str) -> None:
+    log.info(msg)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -132,6 +141,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     data = self._view(self._flat_model, p).copy_(p)
                 p.data, p.grad = data, grad
                 self._grads.append(grad)
+        self._slots = [grad_slots.install(p, g) for p, g in zip(params, self._grads, strict=True)]
         self._ptrs = [p.data_ptr() for p in params]
         self._versions = [p._version for p in params]  # the kernels' writes do not bump these
         groups = len(self.param_groups)
@@ -239,9 +249,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
                     "was built; build the optimizer after moving or casting the model"
                 )
             g, view = p.grad, self._grads[i]
+            self._slots[i].armed = False
             if g is view:
                 continue
-            _warn_once(f"{self._name}: a .grad is None or replaced; copying it in (slower)")
+            if g is not None and _same_memory(g, view):  # written in place through its slot
+                p.grad = view
+                continue
+            _info_once(
+                f"{self._name}: gradients from ops that cannot write into the flat buffer (or "
+                "None after zero_grad) are copied in (or zeroed) at step"
+            )
             view.zero_() if g is None else view.copy_(g)
             p.grad = view
 
@@ -260,8 +277,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero every gradient with one memset (``set_to_none`` is ignored; see the module doc)."""
-        for p, view in zip(self._params, self._grads, strict=True):
+        """``set_to_none``: every ``.grad`` becomes None and tilewise backward kernels write the
+        next gradients straight into the flat buffer (``runtime.grad_slots``); others are
+        copied in at ``step``. Else one memset of the flat buffer, whose views the ``.grad``s
+        stay, for backward to accumulate into."""
+        if set_to_none:
+            for p, slot in zip(self._params, self._slots, strict=True):
+                p.grad, slot.armed = None, True
+            return
+        for p, view, slot in zip(self._params, self._grads, self._slots, strict=True):
+            slot.armed = False
             if p.grad is not view:
                 p.grad = view
         self._flat_grad.zero_()

@@ -211,7 +211,7 @@ def measure_cell(
 
 def _make_step(model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> Callable:
     def step() -> torch.Tensor:
-        opt.zero_grad()  # torch: set_to_none (default); FusedAdamW: one memset
+        opt.zero_grad()  # set_to_none: FusedAdamW then takes dW/db straight from the backward
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()

@@ -326,15 +326,17 @@ def _launch(
     cfg: GemmConfig | None = None,
     dact: tuple[str, torch.Tensor, torch.Tensor | None, int] | None = None,
     db: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``act(prologue(a) @ b + bias)`` [M, N] (contiguous) and optionally the pre-bias ``a @ b``.
 
     ``dact = (activation, saved, saved_bias, bias_axis)`` turns ``a`` into ``act'(saved + bias)
     * a`` on load (``saved`` shaped like ``a``; ``bias_axis`` 1: along K, 2: along M); ``db``
-    [M] receives the row sums of the (prologued) ``a``."""
+    [M] receives the row sums of the (prologued) ``a``; ``out`` (contiguous [M, N]) is written
+    instead of a new ``c``."""
     m, k = a.shape
     n = b.shape[1]
-    c = alloc.empty((m, n), device=a.device, dtype=out_dtype)
+    c = alloc.empty((m, n), device=a.device, dtype=out_dtype) if out is None else out
     g = alloc.empty((m, n), device=a.device, dtype=out_dtype) if store_g else None
     cfg = cfg or gemm_config(m, n, k, a.element_size(), a.device)
     d_act, s, sb, s_axis = dact if dact is not None else ("none", a, None, 0)
@@ -493,9 +495,12 @@ def backward(
     activation: str = "none",
     allow_tf32: bool = False,
     need_dx: bool = True,
+    dw_out: torch.Tensor | None = None,
+    db_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """``(dx, dweight, dbias)`` from ``dy`` and ``forward``'s ``saved``; dbias None without bias,
-    dx None when not ``need_dx``.
+    dx None when not ``need_dx``. ``dw_out``/``db_out`` (contiguous, the weight's and bias's
+    shape and dtype: a fused optimizer's gradient slots) receive the gradients when given.
 
     On the kernel path the activation's derivative is applied as each GEMM loads ``dy`` (no
     ``dz`` tensor) and the weight-gradient GEMM also sums the bias gradient: two launches. A GEMM
@@ -518,7 +523,8 @@ def backward(
     if not dispatch.use_kernel(OP + "_backward", [dy2, x2, weight]):
         dz, db = _dz_db(dy2, s2, bias, activation)
         dx = torch.matmul(dz, weight).view(x.shape) if need_dx else None
-        return dx, torch.matmul(dz.t(), x2).to(weight.dtype), db
+        dw = torch.matmul(dz.t(), x2).to(weight.dtype)
+        return dx, _into(dw_out, dw), _into(db_out, db)
 
     # the saved bias enters the derivative only where the forward saved the pre-bias product
     sb = bias if activation in SAVES_PRE_ACTIVATION else None
@@ -539,21 +545,33 @@ def backward(
         dact = None if s2 is None else (activation, s2, sb, 1)
         return _launch(dy2, weight, x.dtype, allow_tf32, cfg=ch, dact=dact)[0]
 
-    def run_dw(ch: Choice, dz_db=fresh_dz_db):
+    def run_dw(ch: Choice, dz_db=fresh_dz_db, dw_out=None, db_out=None):
         if ch == CUBLAS:
             dz, db = dz_db()
-            return torch.mm(dz.t(), x2).to(weight.dtype), db
-        db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
+            if dw_out is not None and dz.dtype == dw_out.dtype:
+                return torch.mm(dz.t(), x2, out=dw_out), _into(db_out, db)
+            return _into(dw_out, torch.mm(dz.t(), x2).to(weight.dtype)), _into(db_out, db)
+        db = db_out
+        if db is None and bias is not None:
+            db = alloc.empty(n, device=x.device, dtype=bias.dtype)
         dact = None if s2 is None else (activation, s2.t(), sb, 2)
-        dw = _launch(dy2.t(), x2, weight.dtype, allow_tf32, cfg=ch, dact=dact, db=db)[0]
-        return dw, db
+        dw = _launch(dy2.t(), x2, weight.dtype, allow_tf32, cfg=ch, dact=dact, db=db, out=dw_out)
+        return dw[0], db
 
     dx = None
     if need_dx:
         dx = run_dx(_choose(dy2, weight, allow_tf32, tag, run_dx), dz_db).view(x.shape)
     db_tag = "+db" if bias is not None else ""
-    dw, db = run_dw(_choose(dy2.t(), x2, allow_tf32, tag + db_tag, run_dw), dz_db)
+    choice = _choose(dy2.t(), x2, allow_tf32, tag + db_tag, run_dw)
+    dw, db = run_dw(choice, dz_db, dw_out, db_out if bias is not None else None)
     return dx, dw, db
+
+
+def _into(out: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t``, copied into ``out`` when one is given."""
+    if out is None or t is None or t is out:
+        return t
+    return out.copy_(t)
 
 
 def _dz_db(

@@ -15,8 +15,9 @@ into the static buffers and replays. Rules:
   ``torch.cuda.set_sync_debug_mode("error")``, so most syncs are refused before capture begins.
   Whatever fails, a training step's warmup is undone and CUDA and its RNG stay usable.
 - Training: warmup steps are undone (parameters, buffers, optimizer state and the RNG are
-  restored), so replay ``n`` equals eager step ``n``. Inside the graph: ``zero_grad`` (a memset),
-  forward, loss, backward, ``step``. Parameters outside the optimizer get a fresh gradient per
+  restored), so replay ``n`` equals eager step ``n``. Inside the graph: ``zero_grad`` (a memset;
+  none with a fused optimizer, whose gradients tilewise's backward writes in place), forward,
+  loss, backward, ``step``. Parameters outside the optimizer get a fresh gradient per
   replay. The optimizer must keep its learning rate on the device: ``tilewise.optim.FusedSGD`` /
   ``FusedAdamW`` (``sync_hyperparameters()`` runs before every replay, so ``group['lr'] = x`` and
   schedulers work), or a torch optimizer with ``capturable=True`` (Adam/AdamW; ``fused=True`` for
@@ -281,7 +282,8 @@ class CapturedTrainStep:
 
     def _run(self, inputs=None, targets=None) -> tuple[torch.Tensor, Any]:
         inputs, targets = inputs or self.static_inputs, targets or self.static_targets
-        self.optimizer.zero_grad(set_to_none=False)
+        # a fused optimizer's None grads let tilewise's backward write into its flat buffer
+        self.optimizer.zero_grad(set_to_none=isinstance(self.optimizer, _FusedOptimizer))
         with _autocast(self.device, self.autocast_dtype):
             out = self.model(*inputs)
             loss = self.loss_fn(out, *targets)

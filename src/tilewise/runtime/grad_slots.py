@@ -1,0 +1,87 @@
+"""Gradient slots: a backward kernel writes a parameter's gradient straight into its fused
+optimizer's flat gradient buffer, instead of a fresh tensor that autograd then adds into it.
+
+``FusedSGD``/``FusedAdamW`` give each parameter a slot (its view of the flat buffer).
+``zero_grad(set_to_none=True)`` sets every ``.grad`` to None and arms the slots instead of
+zeroing the buffer. A backward (``tilewise.functional.linear``'s) calls :func:`claim`: while
+the slot is armed, the parameter's ``.grad`` is None and this backward's gradient will reach the
+parameter's ``AccumulateGrad`` node, ``claim`` disarms the slot and returns the view. The kernel
+writes the gradient there and autograd, finding ``.grad`` None, installs that tensor as
+``.grad`` without a copy. The memset of ``zero_grad`` and one read-add-write pass per parameter
+disappear from a training step (session 5: 41 us of adds and ~12 us of memset in a 453 us MLP
+step).
+
+Why each condition: a second use of the parameter in the same backward gets ``None`` (its
+gradient must not overwrite the first one's in the shared view); ``autograd.grad`` calls and
+``create_graph`` backward passes get ``None`` (their result must be a tensor of their own); so do
+compiled graphs (a write outside the traced outputs). With ``None`` the op allocates as before
+and the optimizer copies the gradient in at ``step``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_ATTR = "_tilewise_grad_slot"
+
+
+@dataclass(eq=False)
+class GradSlot:
+    """One parameter's view of a flat gradient buffer and its ``AccumulateGrad`` node."""
+
+    param: weakref.ref
+    view: torch.Tensor
+    node: Any
+    armed: bool = False
+    claims: int = field(default=0, compare=False)  # how many gradients were written in place
+
+
+def _accumulate_grad_node(p: torch.Tensor) -> Any:
+    with torch.enable_grad():
+        return p.view_as(p).grad_fn.next_functions[0][0]
+
+
+def install(p: torch.Tensor, view: torch.Tensor) -> GradSlot:
+    """Give ``p`` a slot on ``view`` (same shape, strides and dtype as ``p``), disarmed."""
+    if view.shape != p.shape or view.stride() != p.stride() or view.dtype != p.dtype:
+        raise ValueError("grad_slots.install: argument 'view' must match the parameter's layout")
+    slot = GradSlot(weakref.ref(p), view, _accumulate_grad_node(p))
+    setattr(p, _ATTR, slot)
+    return slot
+
+
+def remove(p: torch.Tensor) -> None:
+    if getattr(p, _ATTR, None) is not None:
+        delattr(p, _ATTR)
+
+
+def slot_of(p: torch.Tensor | None) -> GradSlot | None:
+    """``p``'s slot, or None (also for fake, functional or other non-parameter tensors)."""
+    return None if p is None else getattr(p, _ATTR, None)
+
+
+def claim(slot: GradSlot | None, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+    """A contiguous view to write this backward's gradient into, or None to allocate as usual.
+
+    Call it from inside a backward, with the slot looked up while the forward ran. The result
+    is a new tensor object on the slot's memory: autograd installs a gradient as ``.grad``
+    without a copy only when nothing else holds that object."""
+    if slot is None or not slot.armed:
+        return None
+    p, view = slot.param(), slot.view
+    if p is None or p.grad is not None or view.shape != shape or view.dtype != dtype:
+        return None
+    if not view.is_contiguous() or torch.compiler.is_compiling():
+        return None
+    try:
+        if not torch._C._will_engine_execute_node(slot.node):  # autograd.grad, p not reached
+            return None
+    except RuntimeError:  # not inside a backward pass
+        return None
+    slot.armed = False
+    slot.claims += 1
+    return view.view(view.shape)
