@@ -150,8 +150,11 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
                                            int tid) {{
     const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
     const int n = t / (tiles_w * tiles_h);
+    // 8 consecutive threads (one shared-memory phase of 16-byte loads) read chunk ch of 8
+    // pixels: at the padded stride PIX their banks are disjoint; a warp still writes whole
+    // pixels (NG chunks each) to global memory
     for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
-        const int p = i / NG, ch = i - (i / NG) * NG;
+        const int p = (i & 7) + (i / (8 * NG)) * 8, ch = (i >> 3) % NG;
         const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
         if (oh < Ho && ow < Wo)
             *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =
@@ -485,6 +488,14 @@ _RP_KERNEL = r"""
 #define WS (WARPS / NG)
 #define CBLK (TW / 8)
 #define QP (TH / 2)
+// two 16-bit floats' exponent fields, and the addend that carries an all-ones one into bit 15
+#if IS_BF16
+#define EXP_MASK2 0x7f807f80u
+#define EXP_ONE2 0x00800080u
+#else
+#define EXP_MASK2 0x7c007c00u
+#define EXP_ONE2 0x04000400u
+#endif
 
 // weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed), 0 off
 // the kernel
@@ -553,11 +564,11 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
         const u32 hbase = sbase + buf * HALO_RP;
 #pragma unroll 1
         for (int cb = part; cb < CBLK; cb += WS) {{
-            float acc[QP][4];
+            float acc[QP][4];  // the bias rides in as the accumulators' start
 #pragma unroll
             for (int q = 0; q < QP; ++q)
 #pragma unroll
-                for (int k = 0; k < 4; ++k) acc[q][k] = 0.f;
+                for (int k = 0; k < 4; ++k) acc[q][k] = bv;
             const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
 #pragma unroll
             for (int s = 0; s < S; ++s)
@@ -573,14 +584,28 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
                                      b0, b1);
                     }}
                 }}
-            bool bad = false;
+            // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1. Each
+            // 8 x 8 (channel x pixel) half of it, rounded to 16 bits, is transposed in
+            // registers (movmatrix): this lane then holds channels cp, cp + 1 of pixel o, one
+            // 32-bit shared store. ``flag`` gets bit 15 or 31 where a rounded output's exponent
+            // is all ones (Inf or NaN, an fp32 overflow included).
+            u32 flag = 0;
+            const u32 out0 = sbase + STAGES * HALO_RP + ((cb * 8 + o) * (PIX / 2) + g * 8 + cp) * 2;
 #pragma unroll
             for (int q = 0; q < QP; ++q)
 #pragma unroll
-                for (int k = 0; k < 4; ++k)  // exponent all ones: Inf or NaN
-                    bad |= (~__float_as_uint(acc[q][k]) & 0x7f800000u) == 0u;
-            if (__any_sync(0xffffffffu, bad)) {{
-                // exact: each output sums only its own window (PyTorch's NaN/Inf pattern)
+                for (int d = 0; d < 2; ++d) {{
+                    const u32 v = pack2(acc[q][2 * d], acc[q][2 * d + 1]);
+                    flag |= (v & EXP_MASK2) + EXP_ONE2;
+                    u32 tv;
+                    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(tv) : "r"(v));
+                    asm volatile("st.shared.u32 [%0], %1;\n"
+                                 :: "r"(out0 + (2 * q + d) * TW * PIX), "r"(tv) : "memory");
+                }}
+            if (__any_sync(0xffffffffu, (flag & 0x80008000u) != 0u)) {{
+                // exact: each output sums only its own window (PyTorch's NaN/Inf pattern),
+                // over this warp's fast-path stores
+                __syncwarp();
                 const u16* hs = (const u16*)(smem + buf * HALO_RP);
                 for (int i = lane; i < TH * 64; i += 32) {{
                     const int oo = i & 7, px = cb * 8 + ((i >> 3) & 7), row = i >> 6;
@@ -596,16 +621,6 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
 #endif
                     stg[(row * TW + px) * (PIX / 2) + g * 8 + oo] = to_u16(sum);
                 }}
-            }} else {{
-                // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1
-#pragma unroll
-                for (int q = 0; q < QP; ++q)
-#pragma unroll
-                    for (int d = 0; d < 2; ++d) {{
-                        const int p0 = (2 * q + d) * TW + cb * 8 + cp;
-                        stg[p0 * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d] + bv);
-                        stg[(p0 + 1) * (PIX / 2) + g * 8 + o] = to_u16(acc[q][2 * d + 1] + bv);
-                    }}
             }}
         }}
         __syncthreads();
