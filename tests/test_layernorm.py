@@ -233,13 +233,15 @@ def test_non_contiguous_input(rng_seed):
     _run_case(x, (16,), "wb", False, torch.float32, torch.float32, rng_seed)
 
 
-def test_nan_row_stays_nan_others_finite():
+@pytest.mark.parametrize("relu", [False, True])
+def test_nan_row_stays_nan_others_finite(relu):
     x = torch.randn(4, 10)
     x[1, 3] = float("nan")
     x[2, 0] = float("inf")
-    y = tilewise.layer_norm(x, (10,))
+    y = tilewise.layer_norm(x, (10,), relu=relu)
     ref = torch.nn.functional.layer_norm(x, (10,))
-    assert torch.equal(y.isnan(), ref.isnan())
+    ref = torch.relu(ref) if relu else ref  # relu keeps NaN
+    assert torch.equal(y.isnan(), ref.isnan()) and bool(ref.isnan().any())
     torch.testing.assert_close(y[[0, 3]], ref[[0, 3]])
 
 
