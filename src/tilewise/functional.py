@@ -463,8 +463,12 @@ def _linear_backward(ctx, grad, _grad_pre, bwd=_linear_backward_op):
     args = (grad, x, weight, bias, saved, ctx.activation, ctx.allow_tf32, need_dx)
     if bwd is _linear_backward_impl and ctx.slots != (None, None):
         # eager: the gradients go straight into a fused optimizer's flat buffer when it allows
-        dw_out = grad_slots.claim(ctx.slots[0], weight.shape, weight.dtype)
-        db_out = None if bias is None else grad_slots.claim(ctx.slots[1], bias.shape, bias.dtype)
+        nodes = [f for f, _ in ctx.next_functions]  # one per tensor input: x, weight (, bias)
+        w_node, b_node = nodes[1], (nodes[2] if bias is not None else None)
+        dw_out = grad_slots.claim(ctx.slots[0], w_node, weight.shape, weight.dtype)
+        db_out = None
+        if bias is not None:
+            db_out = grad_slots.claim(ctx.slots[1], b_node, bias.shape, bias.dtype)
         dx, dw, db = _linear.backward(*args, dw_out=dw_out, db_out=db_out)
     else:
         dx, dw, db = bwd(*args)

@@ -150,11 +150,11 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
                                            int tid) {{
     const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h;
     const int n = t / (tiles_w * tiles_h);
-    // 8 consecutive threads (one shared-memory phase of 16-byte loads) read chunk ch of 8
-    // pixels: at the padded stride PIX their banks are disjoint; a warp still writes whole
-    // pixels (NG chunks each) to global memory
+    // consecutive threads: the NG chunks of a pixel, so each 8-thread phase of the 16-byte
+    // stores writes whole 32-byte sectors (session 8: chunk-major phases, free of shared-memory
+    // bank conflicts but with half-sector stores, made the tap kernels 12-15% slower)
     for (int i = tid; i < TH * TW * NG; i += WARPS * 32) {{
-        const int p = (i & 7) + (i / (8 * NG)) * 8, ch = (i >> 3) % NG;
+        const int p = i / NG, ch = i - (i / NG) * NG;
         const int oh = th_i * TH + p / TW, ow = tw_i * TW + (p - (p / TW) * TW);
         if (oh < Ho && ow < Wo)
             *(v4u32*)(y + (((long long)n * Ho + oh) * Wo + ow) * C + c0 + ch * 8) =

@@ -31,25 +31,23 @@ _ATTR = "_tilewise_grad_slot"
 
 @dataclass(eq=False)
 class GradSlot:
-    """One parameter's view of a flat gradient buffer and its ``AccumulateGrad`` node."""
+    """One parameter's view of a flat gradient buffer.
+
+    It holds no ``AccumulateGrad`` node: one kept alive across iterations keeps the stream it
+    was made on, and a backward captured on another stream then syncs with the legacy stream
+    (``cudaErrorStreamCaptureImplicit``, session 8). ``claim`` takes the node of this backward."""
 
     param: weakref.ref
     view: torch.Tensor
-    node: Any
     armed: bool = False
     claims: int = field(default=0, compare=False)  # how many gradients were written in place
-
-
-def _accumulate_grad_node(p: torch.Tensor) -> Any:
-    with torch.enable_grad():
-        return p.view_as(p).grad_fn.next_functions[0][0]
 
 
 def install(p: torch.Tensor, view: torch.Tensor) -> GradSlot:
     """Give ``p`` a slot on ``view`` (same shape, strides and dtype as ``p``), disarmed."""
     if view.shape != p.shape or view.stride() != p.stride() or view.dtype != p.dtype:
         raise ValueError("grad_slots.install: argument 'view' must match the parameter's layout")
-    slot = GradSlot(weakref.ref(p), view, _accumulate_grad_node(p))
+    slot = GradSlot(weakref.ref(p), view)
     setattr(p, _ATTR, slot)
     return slot
 
@@ -64,10 +62,13 @@ def slot_of(p: torch.Tensor | None) -> GradSlot | None:
     return None if p is None else getattr(p, _ATTR, None)
 
 
-def claim(slot: GradSlot | None, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+def claim(
+    slot: GradSlot | None, node: Any, shape: torch.Size, dtype: torch.dtype
+) -> torch.Tensor | None:
     """A contiguous view to write this backward's gradient into, or None to allocate as usual.
 
-    Call it from inside a backward, with the slot looked up while the forward ran. The result
+    Call it from inside a backward, with the slot looked up while the forward ran and ``node``
+    the next function this gradient flows to (``ctx.next_functions[i][0]``). The result
     is a new tensor object on the slot's memory: autograd installs a gradient as ``.grad``
     without a copy only when nothing else holds that object."""
     if slot is None or not slot.armed:
@@ -75,10 +76,10 @@ def claim(slot: GradSlot | None, shape: torch.Size, dtype: torch.dtype) -> torch
     p, view = slot.param(), slot.view
     if p is None or p.grad is not None or view.shape != shape or view.dtype != dtype:
         return None
-    if not view.is_contiguous() or torch.compiler.is_compiling():
+    if node is None or not view.is_contiguous() or torch.compiler.is_compiling():
         return None
     try:
-        if not torch._C._will_engine_execute_node(slot.node):  # autograd.grad, p not reached
+        if not torch._C._will_engine_execute_node(node):  # autograd.grad, p not reached
             return None
     except RuntimeError:  # not inside a backward pass
         return None
