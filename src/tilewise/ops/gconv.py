@@ -451,7 +451,7 @@ def _run_conv(
     kernel's tiles) and run it into ``out``."""
     sms = num_sms(x.device)
     cfg = autotune.choose_config(
-        f"{op}.{pass_}",
+        f"{op}.{pass_}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         _candidates(problem, pass_, sms, gconv_cuda.usable(x, out)),
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),

@@ -222,7 +222,7 @@ def wgrad(
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     candidates = _candidates(problem, sms, with_cuda)
     cfg = autotune.choose_config(
-        f"{OP}.{'det' if deterministic else 'atomic'}",
+        f"{OP}.{'det' if deterministic else 'atomic'}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         candidates,
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
