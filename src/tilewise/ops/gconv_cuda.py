@@ -50,7 +50,9 @@ class CudaTile:
     """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb``
     channels per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows).
     ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
-    groups x column splits)."""
+    groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
+    that many CTAs per channel block, summing through distributed shared memory (0: persistent
+    CTAs and fp32 atomics)."""
 
     th: int = 8
     tw: int = 16
@@ -59,11 +61,13 @@ class CudaTile:
     min_ctas: int = 4
     stages: int = 2
     rowpair: bool = False
+    cluster: int = 0
 
     @property
     def name(self) -> str:
         kind = "cudarp" if self.rowpair else "cuda"
-        return f"{kind}_t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
+        shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
+        return f"{kind}_{shape}{f'k{self.cluster}' if self.cluster else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -164,7 +168,10 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         rows = tile.th + 2 * (r // 2 + 1) - 2
         return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
-    return tile.stages * (halo + tile.th * tile.tw * pix) + pix
+    loop = tile.stages * (halo + tile.th * tile.tw * pix) + pix
+    if tile.cluster:  # the CTA's fp32 sums (dw, db), staged over the dead buffers at the end
+        return max(loop, (r * s * tile.cb * 8 + tile.cb) * 4)
+    return loop
 
 
 def source(
@@ -191,6 +198,7 @@ def source(
         HAS_BIAS=int(bias > 0),
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
+        CLUSTER=tile.cluster,
     )
     return src, entry
 
@@ -281,24 +289,31 @@ def fprop(
 #: wgrad tiles: one warp per group of the channel block (warps = cb / 8). The row-pair 8x16
 #: tile joined in session 7: correct on every odd shape (tests/test_gconv_cuda.py, two GPU
 #: runs) and within 1-2% of the best tap tile, the fastest at C=64 (scripts/gconv_cuda_probe.py
-#: --wgrad-only, N=128 3x3: 64.1 us against 65.1, fp16).
+#: --wgrad-only, N=128 3x3: 64.1 us against 65.1, fp16). One group per CTA (8x8 pixels, 1 warp:
+#: 4x the CTAs of a 32-channel block, for small batches) joined in session 8: correct in two GPU
+#: runs and the autotuner's pick for batch-1 C=128 32x32 (6.3 us against cuDNN's 5.5; the
+#: other tiles 6.6+).
 WGRAD_TILES = (
     CudaTile(8, 16, 32, 4, 4, 2),
     CudaTile(16, 16, 32, 4, 3, 2),
     CudaTile(8, 16, 64, 8, 2, 2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True),
+    CudaTile(8, 8, 8, 1, 8, 2),
 )
 
 
 #: wgrad tiles tested and timed (tests/test_gconv_cuda.py, scripts/gconv_cuda_probe.py) but not
 #: candidates: the row-pair 16x16 was 10-17% slower than the best tile at every shape (session
-#: 7); one group per CTA (8x8 pixels, 1 warp: 4x the CTAs of a 32-channel block, for small
-#: batches that leave SMs idle; batch-1 wgrad at C=128 32x32 read 0.84x cuDNN's device time in
-#: session 7) was written after that session's device budget ran out: compiled with nvcc only.
+#: 7). Cluster tiles (session 8, written without a GPU, compiled with nvcc): for batch 1, where
+#: the atomics, the ticket and the last CTA's pass are L2 round trips on a ~6 us kernel.
 EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
-    CudaTile(8, 8, 8, 1, 8, 2),
+    CudaTile(8, 8, 8, 1, 8, 2, cluster=8),
+    CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
+    CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
 )
+#: the largest portable thread-block cluster
+MAX_CLUSTER = 8
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
@@ -307,6 +322,8 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     """One warp per group, channel block dividing C, shared memory within the H100's limit;
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     if c % tile.cb or tile.warps != tile.cb // 8 or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    if not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
         return False
     if not tile.rowpair:
         return True
@@ -385,12 +402,15 @@ def wgrad(
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
     cblocks = c // tile.cb
-    dw_sums, db_sums, counters = _workspace(x.device, dev, r * s * c * 8, c, cblocks)
     dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
-    grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
+    if tile.cluster:  # one cluster per channel block; it writes dw and db itself
+        grid_x, dw_sums, db_sums, counters = tile.cluster, dw, dw, dw
+    else:
+        grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
+        dw_sums, db_sums, counters = _workspace(x.device, dev, r * s * c * 8, c, cblocks)
     args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
     args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)

@@ -19,6 +19,7 @@ SOURCE = r"""
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
 #define DB_HALF {DB_HALF}
+#define CLUSTER {CLUSTER}
 #define NG (CB / 8)
 #define TAPS (R * S)
 #define TP ((TAPS + 1) / 2)
@@ -84,6 +85,27 @@ __device__ __forceinline__ float ld_cg(const float* p) {{
 
 __device__ __forceinline__ void st_cg(float* p, float v) {{
     asm volatile("st.global.cg.f32 [%0], %1;\n" :: "l"(p), "f"(v) : "memory");
+}}
+
+// thread-block clusters (the cluster wgrad): barrier with release/acquire at cluster scope, this
+// CTA's rank, and a float from another CTA's shared memory at this CTA's address ``local``
+__device__ __forceinline__ void cluster_sync() {{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}}
+
+__device__ __forceinline__ u32 cluster_rank() {{
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}}
+
+__device__ __forceinline__ float ld_dsmem(u32 local, u32 rank) {{
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+    return v;
 }}
 
 __device__ __forceinline__ float to_f32(u16 v) {{
@@ -400,7 +422,15 @@ tw_gconv_fprop(FPROP_PARAMS)
 // mma.m16n8k16 per tap pair: A = the shifted inputs (2 taps x 8 in-channels by 16 pixels, read
 // transposed from the halo tile), B = dy (16 pixels by the group's 8 out-channels). Sums stay in
 // registers across the CTA's tiles and are added to dw [R, S, C, 8] (fp32) with atomics at the end.
-extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
+// CLUSTER > 0 (small batches): the grid is one cluster of CLUSTER CTAs per channel block, which
+// sum their partials through distributed shared memory and write dw_out / db_out themselves: no
+// atomics, workspace or last-CTA pass (each an L2 round trip on a kernel of a few microseconds).
+#if CLUSTER
+#define WGRAD_CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)
+#else
+#define WGRAD_CLUSTER_DIMS
+#endif
+extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS}) WGRAD_CLUSTER_DIMS
 tw_gconv_wgrad(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
@@ -456,6 +486,53 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     asm volatile("cp.async.wait_group 0;\n" ::);
     // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
     const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
+#if CLUSTER
+    // this CTA's sums [TAPS][CB out][8 in] (then [CB] bias sums) over its dead stage buffers
+    float* part = (float*)smem;
+    __syncthreads();
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {{
+            const int tap = 2 * tp + half;
+            if (tap < TAPS) {{
+                part[(tap * CB + co - c0) * 8 + ci] = acc[tp][half * 2];
+                part[(tap * CB + co - c0 + 1) * 8 + ci] = acc[tp][half * 2 + 1];
+            }}
+        }}
+#if HAS_BIAS
+    float* bpart = part + TAPS * CB * 8;
+    for (int i = tid; i < CB; i += WARPS * 32) bpart[i] = 0.f;
+    __syncthreads();
+    atomicAdd(bpart + tid % CB, dbs);
+#endif
+    cluster_sync();
+    const u32 rank = cluster_rank();
+    // dw_out [C, 8, R, S]: element i of this block is (out, in, tap) = (i / TAPS / 8, ...)
+    for (int i = rank * WARPS * 32 + tid; i < CB * 8 * TAPS; i += CLUSTER * WARPS * 32) {{
+        const int tap = i % TAPS, oi = i / TAPS;
+        const u32 local = sbase + (tap * CB * 8 + oi) * 4;
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < CLUSTER; ++k) v += ld_dsmem(local, k);
+        dw_out[(long long)c0 * 8 * TAPS + i] = to_u16(v);
+    }}
+#if HAS_BIAS
+    if (rank == CLUSTER - 1)
+        for (int i = tid; i < CB; i += WARPS * 32) {{
+            const u32 local = sbase + (TAPS * CB * 8 + i) * 4;
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < CLUSTER; ++k) v += ld_dsmem(local, k);
+#if DB_HALF
+            ((u16*)db_out)[c0 + i] = to_u16(v);
+#else
+            ((float*)db_out)[c0 + i] = v;
+#endif
+        }}
+#endif
+    cluster_sync();  // no CTA leaves while another still reads its shared memory
+#else
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp)
 #pragma unroll
@@ -470,6 +547,7 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     red_add(db + c0 + tid % CB, dbs);
 #endif
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+#endif
 }}
 """
 
