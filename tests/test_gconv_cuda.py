@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from checks import ATOL, assert_three_way
 
 from tilewise.bench.checks import GCONV_ODD_SHAPES
-from tilewise.ops import gconv_cuda
+from tilewise.ops import gconv_cuda, gconv_wgrad
+from tilewise.ops.gconv_config import GConvProblem
 from tilewise.ops.gconv_cuda import CudaTile
 
 CASES = GCONV_ODD_SHAPES
@@ -26,7 +27,8 @@ def test_source_template_formats_for_every_kernel_size():
             for tile in gconv_cuda.TILES:
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
-            for tile in gconv_cuda.WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES:
+            extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
+            for tile in gconv_cuda.WGRAD_TILES + extra:
                 for bias in (0, 1, 2):
                     src, entry = gconv_cuda.source(r, s, tile, True, bias, False, "tw_gconv_wgrad")
                     assert src.count("{") == src.count("}") and f"{entry}(" in src
@@ -43,6 +45,19 @@ def test_candidates_fit_the_channels_and_shared_memory():
                 if t.rowpair:  # one warp per group (times the column split), 8-pixel blocks
                     assert t.warps % (t.cb // 8) == 0 and t.tw % 8 == 0 and k < 7
     assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
+
+
+def test_cluster_wgrad_tiles_only_for_small_problems():
+    """Cluster tiles (one 8-CTA cluster per channel block) are timed only where the output has at
+    most ``CLUSTER_MAX_PIXELS`` pixels, and never take the row-pair kernel."""
+    for n, hw, small in ((1, 32, True), (16, 32, True), (17, 32, False), (128, 64, False)):
+        prob = GConvProblem(n, 128, hw, hw, 3, 3, 1, 1)
+        tiles = gconv_wgrad._candidates(prob, 132, with_cuda=True)
+        clusters = [t for t in tiles if isinstance(t, CudaTile) and t.cluster]
+        assert bool(clusters) == small, (n, hw)
+        assert all(not t.rowpair and t.cluster <= gconv_cuda.MAX_CLUSTER for t in clusters)
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, True, cluster=8))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 8, 8, 1, 8, 2, cluster=16))
 
 
 #: tiles beyond the candidates: a 3-stage tap tile, and a row-pair tile with two warps per group

@@ -301,16 +301,26 @@ WGRAD_TILES = (
     CudaTile(8, 8, 8, 1, 8, 2),
 )
 
+#: cluster wgrad tiles, candidates for small problems only (``CLUSTER_MAX_PIXELS``): one cluster
+#: of 8 CTAs per channel block, no atomics, workspace or last-CTA pass (each an L2 round trip on
+#: a ~6 us kernel). Session 8, batch 1, fp16, profiler device time against cuDNN: C=128 32x32
+#: 1.12x with the 16-channel tile (0.89x for the best tile without clusters), C=64 5x5 0.87x
+#: with the 8-channel one (a tie with the Triton path it replaced as the choice).
+CLUSTER_WGRAD_TILES = (
+    CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
+    CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
+)
+#: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
+#: channel block leave SMs idle against the persistent grid of the other tiles
+CLUSTER_MAX_PIXELS = 16384
+
 
 #: wgrad tiles tested and timed (tests/test_gconv_cuda.py, scripts/gconv_cuda_probe.py) but not
 #: candidates: the row-pair 16x16 was 10-17% slower than the best tile at every shape (session
-#: 7). Cluster tiles (session 8, written without a GPU, compiled with nvcc): for batch 1, where
-#: the atomics, the ticket and the last CTA's pass are L2 round trips on a ~6 us kernel.
+#: 7); the 8x8 cluster tile was never the autotuner's choice at batch 1 (session 8).
 EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
     CudaTile(8, 8, 8, 1, 8, 2, cluster=8),
-    CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
-    CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
@@ -332,10 +342,11 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def wgrad_candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
-    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits).
+def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTile, ...]:
+    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), and the
+    ``CLUSTER_WGRAD_TILES`` for a ``small`` problem (at most ``CLUSTER_MAX_PIXELS``).
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies)."""
-    tiles = WGRAD_TILES
+    tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES if small else ())
     if os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1":
         tiles += EXPERIMENTAL_WGRAD_TILES
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)

@@ -237,7 +237,10 @@ def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
     base = wgrad_candidates(problem, sms)
     if not with_cuda:
         return base
-    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s) + base
+    ho = problem.h + 2 * problem.pad_h - problem.r + 1
+    wo = problem.w + 2 * problem.pad_w - problem.s + 1
+    small = problem.n * ho * wo <= gconv_cuda.CLUSTER_MAX_PIXELS
+    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small) + base
 
 
 def _launch(
