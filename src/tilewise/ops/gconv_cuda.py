@@ -130,8 +130,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     while cb > 8 and c % cb:
         cb //= 2
     warps = tile.warps
-    if warp_per_group:
-        warps = cb // 8
+    if warp_per_group:  # wgrad: warps per group (the tap kernel's chunk split) kept
+        warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
@@ -309,6 +309,10 @@ WGRAD_TILES = (
 CLUSTER_WGRAD_TILES = (
     CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
     CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
+    # 4 warps per group, each on every 4th 16-pixel chunk of a tile: 4x the warps of a cluster
+    # grid (written after the batch-1 study above, where C=64 5x5 ran 64 one-warp CTAs)
+    CudaTile(8, 16, 8, 4, 2, 2, cluster=8),
+    CudaTile(8, 16, 16, 4, 2, 2, cluster=8),
 )
 #: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
 #: channel block leave SMs idle against the persistent grid of the other tiles
@@ -329,9 +333,15 @@ ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
 
 def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
-    """One warp per group, channel block dividing C, shared memory within the H100's limit;
-    row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
-    if c % tile.cb or tile.warps != tile.cb // 8 or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
+    """Warps per group dividing the tile's 16-pixel chunks (the row-pair kernel: one), channel
+    block dividing C, shared memory within the H100's limit, clusters of at most
+    ``MAX_CLUSTER`` (tap kernel only); row-pair: row pairs, 16-pixel rows and accumulators that
+    fit registers."""
+    groups = tile.cb // 8
+    if c % tile.cb or tile.warps % groups or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    split = tile.warps // groups
+    if ((tile.th * tile.tw) // 16) % split or (tile.rowpair and split != 1):
         return False
     if not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
         return False

@@ -430,11 +430,14 @@ tw_gconv_fprop(FPROP_PARAMS)
 #else
 #define WGRAD_CLUSTER_DIMS
 #endif
+// WARPS = NG x WSPLIT: the WSPLIT warps of a group take turns over a tile's 16-pixel chunks (more
+// warps per CTA where a cluster grid has few CTAs); their sums add up at the end.
+#define WSPLIT (WARPS / NG)
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS}) WGRAD_CLUSTER_DIMS
 tw_gconv_wgrad(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, g = (tid >> 5) % NG, split = (tid >> 5) / NG;
     const int c0 = blockIdx.y * CB;
     const u32 sbase = smem_u32(smem);
     prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
@@ -462,7 +465,7 @@ tw_gconv_wgrad(WGRAD_PARAMS)
         __syncthreads();
         const u32 hx = sbase + buf * WSTAGE, hd = hx + HALO;
 #pragma unroll 2
-        for (int ch = 0; ch < (TH * TW) / 16; ++ch) {{
+        for (int ch = split; ch < (TH * TW) / 16; ch += WSPLIT) {{
             u32 b0, b1;
             ldsm_x2_t(b0, b1, hd + (ch * 16 + b_pix) * PIX + g * 16);
             const int ap = ch * 16 + a_pix, apy = ap / TW;
@@ -487,8 +490,11 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
     const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
 #if CLUSTER
-    // this CTA's sums [TAPS][CB out][8 in] (then [CB] bias sums) over its dead stage buffers
+    // this CTA's sums [TAPS][CB out][8 in] (then [CB] bias sums) over its dead stage buffers,
+    // added up over the WSPLIT warps of each group
     float* part = (float*)smem;
+    __syncthreads();
+    for (int i = tid; i < TAPS * CB * 8 + CB; i += WARPS * 32) part[i] = 0.f;
     __syncthreads();
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp)
@@ -496,15 +502,12 @@ tw_gconv_wgrad(WGRAD_PARAMS)
         for (int half = 0; half < 2; ++half) {{
             const int tap = 2 * tp + half;
             if (tap < TAPS) {{
-                part[(tap * CB + co - c0) * 8 + ci] = acc[tp][half * 2];
-                part[(tap * CB + co - c0 + 1) * 8 + ci] = acc[tp][half * 2 + 1];
+                atomicAdd(part + (tap * CB + co - c0) * 8 + ci, acc[tp][half * 2]);
+                atomicAdd(part + (tap * CB + co - c0 + 1) * 8 + ci, acc[tp][half * 2 + 1]);
             }}
         }}
 #if HAS_BIAS
-    float* bpart = part + TAPS * CB * 8;
-    for (int i = tid; i < CB; i += WARPS * 32) bpart[i] = 0.f;
-    __syncthreads();
-    atomicAdd(bpart + tid % CB, dbs);
+    atomicAdd(part + TAPS * CB * 8 + tid % CB, dbs);
 #endif
     cluster_sync();
     const u32 rank = cluster_rank();
