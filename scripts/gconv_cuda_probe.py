@@ -222,7 +222,8 @@ def main() -> None:
         if not args.shipped:
             # row-pair tiles not among the candidates: deeper prefetch (ncu, session 7: the
             # 16x16 two-stage tile is latency-bound at 12 warps per SM with one tile in flight
-            # per CTA). Session 6's extras (16x8 m5, 16x16 8 warps, 8x16 m5) were all slower.
+            # per CTA). Session 6's extras (16x8 m5, 16x16 8 warps, 8x16 m5) were all slower, and
+            # so were these three in session 8 (by 2-10% at C=64 and C=128, fp16/bf16).
             tiles += [
                 CudaTile(8, 16, 32, 4, 4, 3, rowpair=True),
                 CudaTile(8, 16, 32, 4, 3, 4, rowpair=True),

@@ -309,10 +309,6 @@ WGRAD_TILES = (
 CLUSTER_WGRAD_TILES = (
     CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
     CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
-    # 4 warps per group, each on every 4th 16-pixel chunk of a tile: 4x the warps of a cluster
-    # grid (written after the batch-1 study above, where C=64 5x5 ran 64 one-warp CTAs)
-    CudaTile(8, 16, 8, 4, 2, 2, cluster=8),
-    CudaTile(8, 16, 16, 4, 2, 2, cluster=8),
 )
 #: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
 #: channel block leave SMs idle against the persistent grid of the other tiles
@@ -321,10 +317,15 @@ CLUSTER_MAX_PIXELS = 16384
 
 #: wgrad tiles tested and timed (tests/test_gconv_cuda.py, scripts/gconv_cuda_probe.py) but not
 #: candidates: the row-pair 16x16 was 10-17% slower than the best tile at every shape (session
-#: 7); the 8x8 cluster tile was never the autotuner's choice at batch 1 (session 8).
+#: 7); the 8x8 cluster tile was never the autotuner's choice at batch 1, nor were the 4-warp
+#: split cluster tiles (4 warps per group, each on every 4th 16-pixel chunk; written for C=64
+#: 5x5, which ran 64 one-warp CTAs; correct on the GPU, 6.8 us at C=128 where the 2-warp
+#: cluster tile took 5.3; session 8).
 EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True),
     CudaTile(8, 8, 8, 1, 8, 2, cluster=8),
+    CudaTile(8, 16, 8, 4, 2, 2, cluster=8),
+    CudaTile(8, 16, 16, 4, 2, 2, cluster=8),
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8

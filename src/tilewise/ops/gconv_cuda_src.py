@@ -437,7 +437,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS}) WGRAD_CLUST
 tw_gconv_wgrad(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, g = (tid >> 5) % NG, split = (tid >> 5) / NG;
+    const int tid = threadIdx.x, lane = tid & 31, g = WSPLIT > 1 ? (tid >> 5) % NG : tid >> 5;
+    // a constant 0 without splits: the chunk loop keeps a compile-time start (session 8: a
+    // runtime one made the one-warp-per-group cluster tiles 28% slower at batch 1)
+    const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
     const u32 sbase = smem_u32(smem);
     prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
@@ -494,20 +497,30 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     // added up over the WSPLIT warps of each group
     float* part = (float*)smem;
     __syncthreads();
-    for (int i = tid; i < TAPS * CB * 8 + CB; i += WARPS * 32) part[i] = 0.f;
+#if WSPLIT > 1
+    for (int i = tid; i < TAPS * CB * 8; i += WARPS * 32) part[i] = 0.f;
     __syncthreads();
+#endif
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {{
             const int tap = 2 * tp + half;
             if (tap < TAPS) {{
+#if WSPLIT > 1
                 atomicAdd(part + (tap * CB + co - c0) * 8 + ci, acc[tp][half * 2]);
                 atomicAdd(part + (tap * CB + co - c0 + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+#else
+                part[(tap * CB + co - c0) * 8 + ci] = acc[tp][half * 2];
+                part[(tap * CB + co - c0 + 1) * 8 + ci] = acc[tp][half * 2 + 1];
+#endif
             }}
         }}
 #if HAS_BIAS
-    atomicAdd(part + TAPS * CB * 8 + tid % CB, dbs);
+    float* bpart = part + TAPS * CB * 8;
+    for (int i = tid; i < CB; i += WARPS * 32) bpart[i] = 0.f;
+    __syncthreads();
+    atomicAdd(bpart + tid % CB, dbs);
 #endif
     cluster_sync();
     const u32 rank = cluster_rank();
