@@ -140,3 +140,30 @@ def test_unused_and_foreign_gradients_at_step(path):
     for p, b, g in zip(params, before, ref, strict=True):
         expected = b if g is None else b - 0.5 * g
         torch.testing.assert_close(p.detach(), expected)
+
+
+def test_hooked_parameters_keep_their_own_gradients(path):
+    """A gradient hook may keep the tensor it is given: it must not be the flat-buffer view that
+    the next backward overwrites."""
+    lin = tnn.Linear(6, 4)
+    opt = FusedSGD(lin.parameters(), lr=0.1)
+    kept = []
+    lin.weight.register_hook(lambda g: kept.append(g))
+    opt.zero_grad()
+    lin(torch.randn(3, 6)).sum().backward()
+    first = kept[0].clone()
+    assert not _in_flat(opt, kept[0]) and grad_slots.slot_of(lin.weight).claims == 0
+    assert grad_slots.slot_of(lin.bias).claims == 1  # the unhooked bias still writes in place
+    opt.step()
+    opt.zero_grad()
+    lin(torch.randn(3, 6)).sum().backward()
+    assert torch.equal(kept[0], first)
+
+
+def test_model_with_fused_optimizer_pickles(tmp_path):
+    model = _mlp("cpu")
+    FusedAdamW(model.parameters(), lr=1e-3)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    for p, q in zip(model.parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(p, q) and grad_slots.slot_of(q) is None

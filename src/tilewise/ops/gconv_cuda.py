@@ -352,13 +352,19 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     return tile.th % 2 == 0 and tile.tw % 16 == 0 and fragments <= ROWPAIR_WGRAD_MAX_FRAGMENTS
 
 
-@functools.lru_cache(maxsize=1024)
 def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTile, ...]:
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), and the
     ``CLUSTER_WGRAD_TILES`` for a ``small`` problem (at most ``CLUSTER_MAX_PIXELS``).
-    ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies)."""
+    ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
+    choice already cached on disk is not timed again)."""
+    experimental = os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1"
+    return _wgrad_candidates(c, r, s, small, experimental)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wgrad_candidates(c: int, r: int, s: int, small: bool, experimental: bool) -> tuple:
     tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES if small else ())
-    if os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1":
+    if experimental:
         tiles += EXPERIMENTAL_WGRAD_TILES
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))

@@ -12,10 +12,13 @@ disappear from a training step (session 5: 41 us of adds and ~12 us of memset in
 step).
 
 Why each condition: a second use of the parameter in the same backward gets ``None`` (its
-gradient must not overwrite the first one's in the shared view); ``autograd.grad`` calls and
-``create_graph`` backward passes get ``None`` (their result must be a tensor of their own); so do
-compiled graphs (a write outside the traced outputs). With ``None`` the op allocates as before
-and the optimizer copies the gradient in at ``step``.
+gradient must not overwrite the first one's in the shared view); ``autograd.grad`` calls get
+``None`` (their result must be a tensor of their own); so do parameters with gradient hooks (a
+hook may keep the tensor it is given, which the next backward would overwrite) and compiled graphs
+(a write outside the traced outputs). With ``None`` the op allocates as before and the optimizer
+copies the gradient in at ``step``. Under ``create_graph`` autograd copies a claimed gradient
+before installing it (correct, one extra write). The slots live in a weak table here, not on the
+parameters, so models stay picklable.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-_ATTR = "_tilewise_grad_slot"
+_SLOTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -48,18 +52,17 @@ def install(p: torch.Tensor, view: torch.Tensor) -> GradSlot:
     if view.shape != p.shape or view.stride() != p.stride() or view.dtype != p.dtype:
         raise ValueError("grad_slots.install: argument 'view' must match the parameter's layout")
     slot = GradSlot(weakref.ref(p), view)
-    setattr(p, _ATTR, slot)
+    _SLOTS[p] = slot
     return slot
 
 
 def remove(p: torch.Tensor) -> None:
-    if getattr(p, _ATTR, None) is not None:
-        delattr(p, _ATTR)
+    _SLOTS.pop(p, None)
 
 
 def slot_of(p: torch.Tensor | None) -> GradSlot | None:
     """``p``'s slot, or None (also for fake, functional or other non-parameter tensors)."""
-    return None if p is None else getattr(p, _ATTR, None)
+    return None if p is None or not _SLOTS else _SLOTS.get(p)
 
 
 def claim(
@@ -75,6 +78,8 @@ def claim(
         return None
     p, view = slot.param(), slot.view
     if p is None or p.grad is not None or view.shape != shape or view.dtype != dtype:
+        return None
+    if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None):
         return None
     if node is None or not view.is_contiguous() or torch.compiler.is_compiling():
         return None
