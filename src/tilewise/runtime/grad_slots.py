@@ -24,7 +24,7 @@ parameters, so models stay picklable.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,7 +44,7 @@ class GradSlot:
     param: weakref.ref
     view: torch.Tensor
     armed: bool = False
-    claims: int = field(default=0, compare=False)  # how many gradients were written in place
+    claims: int = 0  # how many gradients were written in place
 
 
 def install(p: torch.Tensor, view: torch.Tensor) -> GradSlot:
@@ -54,10 +54,6 @@ def install(p: torch.Tensor, view: torch.Tensor) -> GradSlot:
     slot = GradSlot(weakref.ref(p), view)
     _SLOTS[p] = slot
     return slot
-
-
-def remove(p: torch.Tensor) -> None:
-    _SLOTS.pop(p, None)
 
 
 def slot_of(p: torch.Tensor | None) -> GradSlot | None:
