@@ -219,6 +219,9 @@ def main() -> None:
     if args.rowpair:
         ok &= check(CudaTile(rowpair=True))
         tiles = list(gconv_cuda.TILES)
+        if gconv_cuda.tma_usable(torch.empty(0, device="cuda")):
+            ok &= check(CudaTile(rowpair=True, tma=True))
+            tiles += list(gconv_cuda.TMA_TILES)
         if not args.shipped:
             # row-pair tiles not among the candidates: deeper prefetch (ncu, session 7: the
             # 16x16 two-stage tile is latency-bound at 12 warps per SM with one tile in flight

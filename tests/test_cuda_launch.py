@@ -21,6 +21,9 @@ class FakeDriver:
         ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
         values = []
         for i, kind in enumerate(self.signature):
+            if kind == "t":  # a by-value struct: its first 16 bytes, from the host address given
+                values.append(ctypes.string_at(ptrs[i], 16))
+                continue
             ctype = ctypes.c_void_p if kind == "p" else ctypes.c_int
             values.append(ctype.from_address(ptrs[i]).value)
         self.calls.append(
@@ -49,6 +52,26 @@ def test_arguments_reach_the_driver_as_pytorch_passes_them():
                          stream=0x1234, values=values, extra=None)  # fmt: skip
     assert second["values"] == [b.data_ptr(), a.data_ptr(), 2**31 - 1, 0]
     assert second["grid"] == (5, 1, 1) and second["stream"] == 0x99
+
+
+def test_struct_arguments_pass_their_host_bytes():
+    """A ``t`` argument (a tensor map) reaches the driver as a pointer to its own bytes, per
+    call, between ordinary arguments."""
+
+    class Struct:
+        def __init__(self, fill: bytes) -> None:
+            self.raw = ctypes.create_string_buffer(fill * 16)
+            self.address = ctypes.addressof(self.raw)
+
+    sig = "pti"
+    drv = FakeDriver(sig)
+    launch = Launcher(Kernel(), sig, lib=drv)
+    a = torch.zeros(2)
+    one, two = Struct(b"\x01"), Struct(b"\x02")
+    launch((1, 1, 1), (32, 1, 1), [a, one, 5], 0, 0)
+    launch((1, 1, 1), (32, 1, 1), [a, two, 6], 0, 0)
+    assert drv.calls[0]["values"] == [a.data_ptr(), b"\x01" * 16, 5]
+    assert drv.calls[1]["values"] == [a.data_ptr(), b"\x02" * 16, 6]
 
 
 def test_bad_signatures_and_argument_counts_are_refused():

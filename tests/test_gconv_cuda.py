@@ -24,9 +24,10 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
 def test_source_template_formats_for_every_kernel_size():
     for r in range(1, 8):
         for s in range(1, 8):
-            for tile in gconv_cuda.TILES:
+            for tile in gconv_cuda.TILES + gconv_cuda.TMA_TILES:
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
+                assert f"#define TMA {int(tile.tma)}" in src
             extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
             for tile in gconv_cuda.WGRAD_TILES + extra:
                 for bias in (0, 1, 2):
@@ -47,6 +48,21 @@ def test_candidates_fit_the_channels_and_shared_memory():
     assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
 
 
+def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
+    plain = gconv_cuda.candidates(64, 3, 3)
+    with_tma = gconv_cuda.candidates(64, 3, 3, tma=True)
+    assert not any(t.tma for t in plain)
+    assert set(plain) < set(with_tma)
+    for t in with_tma:
+        if t.tma:
+            assert t.rowpair and gconv_cuda.smem_bytes(3, 3, t) <= gconv_cuda.SMEM_MAX
+            assert t.name.endswith("_tma")
+    assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=True))  # tap kernel
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=True))
+    # 7x7 takes no row-pair tile, so no TMA tile either
+    assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True))
+
+
 def test_cluster_wgrad_tiles_only_for_small_problems():
     """Cluster tiles (one 8-CTA cluster per channel block) are timed only where the output has at
     most ``CLUSTER_MAX_PIXELS`` pixels, and never take the row-pair kernel."""
@@ -65,9 +81,11 @@ def test_cluster_wgrad_tiles_only_for_small_problems():
 EXTRA_TILES = (CudaTile(8, 8, 8, 4, 4, 3), CudaTile(8, 16, 32, 8, 3, 2, rowpair=True))
 
 
-def _tiles(c: int, r: int, s: int) -> list[CudaTile]:
+def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
+    """Every candidate (the TMA ones where this GPU has TMA and ``tma``) and the extra tiles."""
     extra = (gconv_cuda._fitted(t, c) for t in EXTRA_TILES)
-    return list(gconv_cuda.candidates(c, r, s)) + [
+    tma = tma and gconv_cuda._tma.supported(torch.cuda.current_device())
+    return list(gconv_cuda.candidates(c, r, s, tma)) + [
         t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
@@ -115,7 +133,7 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
 
     def run():
         outs = []
-        for tile in _tiles(64, 3, 3):
+        for tile in _tiles(64, 3, 3, tma=False):  # PyTorch's launcher cannot pass a map
             out = _cl(torch.full_like(x, float("nan")))
             outs.append(gconv_cuda.fprop(x, w, b, out, 1, 1, tile).clone())
             outs.append(gconv_cuda.fprop(x, w, None, torch.empty_like(x), 1, 1, tile, True))

@@ -453,7 +453,7 @@ def _run_conv(
     cfg = autotune.choose_config(
         f"{op}.{pass_}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
-        _candidates(problem, pass_, sms, gconv_cuda.usable(x, out)),
+        _candidates(problem, pass_, sms, _cuda_level(x, out)),
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
@@ -462,10 +462,19 @@ def _run_conv(
     return out
 
 
+def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
+    """0: Triton configs only; 1: and the NVRTC tiles; 2: and the NVRTC TMA tiles."""
+    if not gconv_cuda.usable(x, out):
+        return 0
+    return 2 if gconv_cuda.tma_usable(x) else 1
+
+
 @functools.lru_cache(maxsize=4096)
-def _candidates(problem: GConvProblem, pass_: str, sms: int, with_cuda: bool) -> tuple:
+def _candidates(problem: GConvProblem, pass_: str, sms: int, cuda_level: int) -> tuple:
     base = candidate_tuple(problem, pass_, sms)
-    return gconv_cuda.candidates(problem.c, problem.r, problem.s) + base if with_cuda else base
+    if not cuda_level:
+        return base
+    return gconv_cuda.candidates(problem.c, problem.r, problem.s, cuda_level >= 2) + base
 
 
 def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> None:

@@ -35,6 +35,7 @@ from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
 from tilewise.runtime import alloc
+from tilewise.runtime import tma as _tma
 from tilewise.runtime.cuda_launch import Launcher
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ class CudaTile:
     ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
     groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
     that many CTAs per channel block, summing through distributed shared memory (0: persistent
-    CTAs and fp32 atomics)."""
+    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad only): the halo tiles arrive by
+    Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense buffer)
+    instead of per-chunk ``cp.async``."""
 
     th: int = 8
     tw: int = 16
@@ -62,12 +65,14 @@ class CudaTile:
     stages: int = 2
     rowpair: bool = False
     cluster: int = 0
+    tma: bool = False
 
     @property
     def name(self) -> str:
         kind = "cudarp" if self.rowpair else "cuda"
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
-        return f"{kind}_{shape}{f'k{self.cluster}' if self.cluster else ''}"
+        cluster = f"k{self.cluster}" if self.cluster else ""
+        return f"{kind}_{shape}{cluster}{'_tma' if self.tma else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -80,6 +85,9 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
+        if tile.tma:  # dense swizzled stages on 1 KB boundaries (+1 KB to align), mbarriers
+            stage = -(-rows * (tile.tw + s - 1) * tile.cb * 2 // 1024) * 1024
+            return 1024 + tile.stages * (stage + 8) + tile.th * tile.tw * pix
         return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
@@ -94,6 +102,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     16-pixel rows per warp, shared memory within the H100's 227 KB per CTA; row-pair: row pairs,
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    if tile.tma and (not tile.rowpair or tile.cb > 64 or tile.th + r - 1 > 256):
         return False
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
@@ -123,6 +133,18 @@ TILES = (
 )
 
 
+#: Row-pair tiles whose halos arrive by TMA (``CudaTile.tma``), candidates on GPUs that have it
+#: (``runtime.tma.supported``) beside ``TILES``. Session 9: written for the fprop/dgrad gap to
+#: 0.85 of copy (the per-chunk ``cp.async`` address math and its registers go; a dense swizzled
+#: halo is 20% smaller than the padded one, so a third stage fits).
+TMA_TILES = (
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=True),
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=True),
+    CudaTile(16, 16, 32, 4, 3, 3, rowpair=True, tma=True),
+    CudaTile(8, 16, 32, 4, 4, 3, rowpair=True, tma=True),
+)
+
+
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
     keep one warp per group, row-pair tiles their warps per group."""
@@ -138,9 +160,18 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
 
 
 @functools.lru_cache(maxsize=1024)
-def candidates(c: int, r: int, s: int) -> tuple[CudaTile, ...]:
-    """The legal ``TILES`` for C channels and an R x S kernel (empty if none fits)."""
-    return tuple(dict.fromkeys(t for t in (_fitted(t, c) for t in TILES) if tile_ok(c, r, s, t)))
+def candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...]:
+    """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
+    kernel (empty if none fits)."""
+    tiles = TILES + (TMA_TILES if tma else ())
+    return tuple(dict.fromkeys(t for t in (_fitted(t, c) for t in tiles) if tile_ok(c, r, s, t)))
+
+
+def tma_usable(x: torch.Tensor) -> bool:
+    """Whether ``x``'s GPU and driver take the TMA tiles (and the lean launcher, which passes
+    their tensor maps, can be built)."""
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _tma.supported(dev)
 
 
 def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -199,6 +230,7 @@ def source(
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
+        TMA=int(tile.tma and entry == "tw_gconv_fprop_rp"),
     )
     return src, entry
 
@@ -281,9 +313,23 @@ def fprop(
     b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
     args = [x, weight, b, out, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     args += weight.stride()
+    signature = "pppp" + "i" * 14
+    if tile.tma and tile.rowpair:
+        box_w, box_h = tile.tw + s - 1, tile.th + r - 1
+        key = (x.data_ptr(), x.shape, x.dtype, tile.cb, box_w, box_h)
+        args.append(
+            _TMA_MAPS.get(key, lambda: (_tma.nhwc_halo_map(x, tile.cb, box_w, box_h), x.data_ptr()))
+        )
+        signature += "t"
+        if _launcher(kernel, signature) is None:
+            raise RuntimeError("tilewise gconv_cuda: a TMA tile needs the lean launcher")
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    _launch(kernel, "pppp" + "i" * 14, grid, block, args, smem_bytes(r, s, tile), dev)
+    _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev)
     return out
+
+
+#: tensor maps of the TMA tiles' inputs, by address and shape (a loop's buffers come back)
+_TMA_MAPS = _tma.MapCache()
 
 
 #: wgrad tiles: one warp per group of the channel block (warps = cb / 8). The row-pair 8x16
@@ -344,7 +390,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     split = tile.warps // groups
     if ((tile.th * tile.tw) // 16) % split or (tile.rowpair and split != 1):
         return False
-    if not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
+    if tile.tma or not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
         return False
     if not tile.rowpair:
         return True

@@ -20,6 +20,7 @@ SOURCE = r"""
 #define DGRAD {DGRAD}
 #define DB_HALF {DB_HALF}
 #define CLUSTER {CLUSTER}
+#define TMA {TMA}
 #define NG (CB / 8)
 #define TAPS (R * S)
 #define TP ((TAPS + 1) / 2)
@@ -578,7 +579,17 @@ tw_gconv_wgrad(WGRAD_PARAMS)
 _RP_KERNEL = r"""
 #define NP ((R + 2) / 2)
 #define HHP (TH + 2 * NP - 2)
+#if TMA
+// TMA halo: pixels dense at CB * 2 bytes, 16-byte chunks swizzled by the tensor map (32/64/128-byte
+// mode by CB: chunk bits ^= address bits 7.., which keeps an ldmatrix's 8 pixels on 8 bank
+// groups); each stage on a 1024-byte boundary (the swizzle's period), mbarriers after the staging
+#define PIXT (CB * 2)
+#define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)
+#define HALO_RP ((HHP * HWD * PIXT + 1023) / 1024 * 1024)
+#define TMA_BYTES ((TH + R - 1) * HWD * PIXT)
+#else
 #define HALO_RP (HHP * HWD * PIX)
+#endif
 #define WS (WARPS / NG)
 #define CBLK (TW / 8)
 #define QP (TH / 2)
@@ -603,14 +614,80 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
 #endif
 }}
 
+#if TMA
+// the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)
+struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
+
+// byte offset of 16-byte chunk ``ch`` of halo pixel ``pix`` in a TMA stage (swizzled)
+__device__ __forceinline__ u32 hoff(int pix, int ch) {{
+    const u32 o = (u32)pix * PIXT + (u32)ch * 16;
+    return o ^ (((o >> 7) & SWM) << 4);
+}}
+
+// the halo rows of tile t, one bulk tensor copy (zero-filled off the image by the TMA unit),
+// completing on ``mbar``; issued by one thread
+__device__ __forceinline__ void tma_rows(u32 dst, u32 mbar, const TmaDesc* map, int t, int c0,
+                                         int pad_h, int pad_w, int tiles_h, int tiles_w) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(mbar), "r"(TMA_BYTES) : "memory");
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(w0), "r"(h0), "r"(n), "r"(mbar)
+                 : "memory");
+}}
+
+__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
+    u32 done;
+    do {{
+        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }}\n"
+                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+    }} while (!done);
+}}
+#define RP_PARAMS FPROP_PARAMS, const __grid_constant__ TmaDesc tmap
+#else
+#define RP_PARAMS FPROP_PARAMS
+#endif
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
-tw_gconv_fprop_rp(FPROP_PARAMS)
+tw_gconv_fprop_rp(RP_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = warp % NG, part = warp / NG;
     const int c0 = blockIdx.y * CB, gc = c0 + g * 8;
+#if TMA
+    const u32 sbase = (smem_u32(smem) + 1023u) & ~1023u;  // the host adds 1 KB of slack
+    const u32 mbar0 = sbase + STAGES * HALO_RP + TH * TW * PIX;
+    if (tid == 0) {{
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }}
+    // halo rows past the kernel's (even R: the last pair's second row) stay zero: the TMA box
+    // never writes them
+    unsigned char* const sm = smem + (sbase - smem_u32(smem));
+    for (int i = TMA_BYTES / 16 + tid; i < HHP * HWD * PIXT / 16; i += WARPS * 32)
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st)
+            *(v4u32*)(sm + st * HALO_RP + i * 16) = v4u32{{0, 0, 0, 0}};
+    __syncthreads();
+    if (tid == 0) {{
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {{
+            const int ts = blockIdx.x + st * gridDim.x;
+            if (ts < n_tiles)
+                tma_rows(sbase + st * HALO_RP, mbar0 + 8 * st, &tmap, ts, c0, pad_h, pad_w,
+                         tiles_h, tiles_w);
+        }}
+    }}
+#else
     const u32 sbase = smem_u32(smem);
+    unsigned char* const sm = smem;
 
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {{
@@ -620,6 +697,7 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
                                        tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }}
+#endif
 
     // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
     // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
@@ -644,17 +722,28 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
     // ldmatrix.x2 row address of this lane: matrix (lane / 8) & 1 = which halo row of the pair,
     // row lane % 8 = pixel
     const int b_row = (lane >> 3) & 1, b_px = lane & 7;
-    u16* stg = (u16*)(smem + STAGES * HALO_RP);
+    u16* stg = (u16*)(sm + STAGES * HALO_RP);
 
     int buf = 0;
+#if TMA
+    u32 parity = 0;  // of the stage-0 barrier's next phase; flips when buf wraps
+#endif
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         const int tn = t + (STAGES - 1) * gridDim.x;
+#if TMA
+        const int nb = (buf + STAGES - 1) % STAGES;
+        if (tid == 0 && tn < n_tiles)
+            tma_rows(sbase + nb * HALO_RP, mbar0 + 8 * nb, &tmap, tn, c0, pad_h, pad_w, tiles_h,
+                     tiles_w);
+        mbar_wait(mbar0 + 8 * buf, parity);
+#else
         if (tn < n_tiles)
             load_rows<HHP, TH + R - 1>(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi,
                                        Wi, C, c0, pad_h, pad_w, tiles_h, tiles_w, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
+#endif
         const u32 hbase = sbase + buf * HALO_RP;
 #pragma unroll 1
         for (int cb = part; cb < CBLK; cb += WS) {{
@@ -663,13 +752,21 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
             for (int q = 0; q < QP; ++q)
 #pragma unroll
                 for (int k = 0; k < 4; ++k) acc[q][k] = bv;
+#if TMA
+            const int lane_pix = b_row * HWD + cb * 8 + b_px;
+#else
             const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
+#endif
 #pragma unroll
             for (int s = 0; s < S; ++s)
 #pragma unroll
                 for (int ip = 0; ip < QP + NP - 1; ++ip) {{
                     u32 b0, b1;
+#if TMA
+                    ldsm_x2(b0, b1, hbase + hoff(lane_pix + 2 * ip * HWD + s, g));
+#else
                     ldsm_x2(b0, b1, lane_addr + (2 * ip * HWD + s) * PIX);
+#endif
 #pragma unroll
                     for (int p = 0; p < NP; ++p) {{
                         const int q = ip - p;
@@ -684,7 +781,7 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
             // 32-bit shared store. ``flag`` gets bit 15 or 31 where a rounded output's exponent
             // is all ones (Inf or NaN, an fp32 overflow included).
             u32 flag = 0;
-            const u32 out0 = sbase + STAGES * HALO_RP + ((cb * 8 + o) * (PIX / 2) + g * 8 + cp) * 2;
+            const u32 out0 = smem_u32(stg) + ((cb * 8 + o) * (PIX / 2) + g * 8 + cp) * 2;
 #pragma unroll
             for (int q = 0; q < QP; ++q)
 #pragma unroll
@@ -700,16 +797,22 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
                 // exact: each output sums only its own window (PyTorch's NaN/Inf pattern),
                 // over this warp's fast-path stores
                 __syncwarp();
-                const u16* hs = (const u16*)(smem + buf * HALO_RP);
+                const unsigned char* hs = sm + buf * HALO_RP;
                 for (int i = lane; i < TH * 64; i += 32) {{
                     const int oo = i & 7, px = cb * 8 + ((i >> 3) & 7), row = i >> 6;
                     float sum = 0.f;
                     for (int r = 0; r < R; ++r)
-                        for (int s = 0; s < S; ++s)
+                        for (int s = 0; s < S; ++s) {{
+                            const int hp = (row + r) * HWD + px + s;
+#if TMA
+                            const u16* hv = (const u16*)(hs + hoff(hp, g));
+#else
+                            const u16* hv = (const u16*)(hs + hp * PIX + g * 16);
+#endif
                             for (int c = 0; c < 8; ++c)
                                 sum += to_f32(wval(w, gc, oo, c, r, s, ws0, ws1, ws2, ws3)) *
-                                       to_f32(hs[((row + r) * HWD + px + s) * (PIX / 2) + g * 8 +
-                                                 c]);
+                                       to_f32(hv[c]);
+                        }}
 #if HAS_BIAS
                     sum += bias[gc + oo];
 #endif
@@ -721,8 +824,13 @@ tw_gconv_fprop_rp(FPROP_PARAMS)
         store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
         __syncthreads();
         buf = (buf + 1) % STAGES;
+#if TMA
+        parity ^= buf == 0;
+#endif
     }}
+#if !TMA
     asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
 }}
 """
 SOURCE_RP = SOURCE[: SOURCE.index("// Persistent CTAs")] + _RP_KERNEL

@@ -21,13 +21,15 @@ import torch
 class Launcher:
     """``cuLaunchKernel`` for one compiled kernel with a fixed argument signature.
 
-    ``signature`` has one letter per kernel argument: ``p`` for a tensor (its data pointer) and
-    ``i`` for a 32-bit int. ``lib`` is the CUDA driver library (default: PyTorch's handle).
+    ``signature`` has one letter per kernel argument: ``p`` for a tensor (its data pointer),
+    ``i`` for a 32-bit int and ``t`` for a by-value struct given as an object with an ``address``
+    of its host bytes (``runtime.tma.TensorMap``). ``lib`` is the CUDA driver library (default:
+    PyTorch's handle).
     """
 
     def __init__(self, kernel: Any, signature: str, lib: Any = None) -> None:
-        if not signature or set(signature) - {"p", "i"}:
-            raise ValueError(f"argument 'signature' must be letters p/i, got {signature!r}")
+        if not signature or set(signature) - {"p", "i", "t"}:
+            raise ValueError(f"argument 'signature' must be letters p/i/t, got {signature!r}")
         self.func = kernel.func
         self.lib = lib if lib is not None else torch.cuda._utils._get_gpu_runtime_library()
         self.signature = signature
@@ -51,8 +53,13 @@ class Launcher:
                 f"{len(self.signature)}"
             )
         with self._lock:
-            for value, kind, arg in zip(self._values, self.signature, args, strict=True):
-                value.value = arg.data_ptr() if kind == "p" else int(arg)
+            for i, (value, kind, arg) in enumerate(
+                zip(self._values, self.signature, args, strict=True)
+            ):
+                if kind == "t":  # the driver copies the struct from its host address
+                    self._params[i] = arg.address
+                else:
+                    value.value = arg.data_ptr() if kind == "p" else int(arg)
             result = self.lib.cuLaunchKernel(
                 self.func,
                 grid[0],
