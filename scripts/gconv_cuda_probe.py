@@ -31,6 +31,8 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tile_for(c: int, tile: CudaTile) -> CudaTile:
+    if tile.tma:  # TMA boxes take power-of-two channel blocks: the candidates' own fitting
+        return gconv_cuda._fitted(tile, c)
     cb = min(tile.cb, c)
     while c % cb:
         cb //= 2
@@ -220,7 +222,7 @@ def main() -> None:
         ok &= check(CudaTile(rowpair=True))
         tiles = list(gconv_cuda.TILES)
         if gconv_cuda.tma_usable(torch.empty(0, device="cuda")):
-            ok &= check(CudaTile(rowpair=True, tma=True))
+            ok &= check(CudaTile(rowpair=True, tma=1))
             tiles += list(gconv_cuda.TMA_TILES)
         if not args.shipped:
             # row-pair tiles not among the candidates: deeper prefetch (ncu, session 7: the

@@ -56,9 +56,12 @@ def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
     for t in with_tma:
         if t.tma:
             assert t.rowpair and gconv_cuda.smem_bytes(3, 3, t) <= gconv_cuda.SMEM_MAX
-            assert t.name.endswith("_tma")
-    assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=True))  # tap kernel
-    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=True))
+            assert t.name.endswith(f"_tma{t.tma}")
+    assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=1))  # tap kernel
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=1))
+    # TMA boxes take power-of-two channel blocks (a 24-channel tile has no swizzle mode)
+    assert not gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True, tma=1))
+    assert gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True))
     # 7x7 takes no row-pair tile, so no TMA tile either
     assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True))
 

@@ -53,9 +53,9 @@ class CudaTile:
     ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
     groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
     that many CTAs per channel block, summing through distributed shared memory (0: persistent
-    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad only): the halo tiles arrive by
+    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad only): 1, the halo tiles arrive by
     Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense buffer)
-    instead of per-chunk ``cp.async``."""
+    instead of per-chunk ``cp.async``; 2, the output tiles leave by it too."""
 
     th: int = 8
     tw: int = 16
@@ -65,14 +65,14 @@ class CudaTile:
     stages: int = 2
     rowpair: bool = False
     cluster: int = 0
-    tma: bool = False
+    tma: int = 0
 
     @property
     def name(self) -> str:
         kind = "cudarp" if self.rowpair else "cuda"
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
-        return f"{kind}_{shape}{cluster}{'_tma' if self.tma else ''}"
+        return f"{kind}_{shape}{cluster}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -85,9 +85,11 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
-        if tile.tma:  # dense swizzled stages on 1 KB boundaries (+1 KB to align), mbarriers
-            stage = -(-rows * (tile.tw + s - 1) * tile.cb * 2 // 1024) * 1024
-            return 1024 + tile.stages * (stage + 8) + tile.th * tile.tw * pix
+        if tile.tma:  # dense swizzled stages on the swizzle's period (+ one to align), mbarriers
+            align = 16 * tile.cb  # 128 B x (SWM + 1): the swizzle mode follows the channels
+            stage = -(-rows * (tile.tw + s - 1) * tile.cb * 2 // align) * align
+            out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
+            return align + tile.stages * (stage + 8) + out
         return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
@@ -103,7 +105,9 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
-    if tile.tma and (not tile.rowpair or tile.cb > 64 or tile.th + r - 1 > 256):
+    if tile.tma not in (0, 1, 2):
+        return False
+    if tile.tma and (not tile.rowpair or tile.cb not in (8, 16, 32, 64) or tile.th + r > 257):
         return False
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
@@ -138,10 +142,13 @@ TILES = (
 #: 0.85 of copy (the per-chunk ``cp.async`` address math and its registers go; a dense swizzled
 #: halo is 20% smaller than the padded one, so a third stage fits).
 TMA_TILES = (
-    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=True),
-    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=True),
-    CudaTile(16, 16, 32, 4, 3, 3, rowpair=True, tma=True),
-    CudaTile(8, 16, 32, 4, 4, 3, rowpair=True, tma=True),
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=1),
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=1),
+    CudaTile(16, 16, 32, 4, 3, 3, rowpair=True, tma=1),
+    CudaTile(8, 16, 32, 4, 4, 3, rowpair=True, tma=1),
+    CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=2),
+    CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2),
+    CudaTile(16, 16, 32, 4, 3, 3, rowpair=True, tma=2),
 )
 
 
@@ -230,7 +237,7 @@ def source(
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
-        TMA=int(tile.tma and entry == "tw_gconv_fprop_rp"),
+        TMA=tile.tma if entry == "tw_gconv_fprop_rp" else 0,
     )
     return src, entry
 
@@ -315,12 +322,11 @@ def fprop(
     args += weight.stride()
     signature = "pppp" + "i" * 14
     if tile.tma and tile.rowpair:
-        box_w, box_h = tile.tw + s - 1, tile.th + r - 1
-        key = (x.data_ptr(), x.shape, x.dtype, tile.cb, box_w, box_h)
-        args.append(
-            _TMA_MAPS.get(key, lambda: (_tma.nhwc_halo_map(x, tile.cb, box_w, box_h), x.data_ptr()))
-        )
+        args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
         signature += "t"
+        if tile.tma == 2:
+            args.append(_tensor_map(out, tile.cb, tile.tw, tile.th))
+            signature += "t"
         if _launcher(kernel, signature) is None:
             raise RuntimeError("tilewise gconv_cuda: a TMA tile needs the lean launcher")
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
@@ -328,8 +334,14 @@ def fprop(
     return out
 
 
-#: tensor maps of the TMA tiles' inputs, by address and shape (a loop's buffers come back)
+#: tensor maps of the TMA tiles' inputs and outputs, by address and shape (a loop's buffers
+#: come back)
 _TMA_MAPS = _tma.MapCache()
+
+
+def _tensor_map(t: torch.Tensor, cb: int, box_w: int, box_h: int) -> _tma.TensorMap:
+    key = (t.data_ptr(), t.shape, t.dtype, cb, box_w, box_h)
+    return _TMA_MAPS.get(key, lambda: (_tma.nhwc_halo_map(t, cb, box_w, box_h), t.data_ptr()))
 
 
 #: wgrad tiles: one warp per group of the channel block (warps = cb / 8). The row-pair 8x16

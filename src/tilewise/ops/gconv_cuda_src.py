@@ -582,11 +582,19 @@ _RP_KERNEL = r"""
 #if TMA
 // TMA halo: pixels dense at CB * 2 bytes, 16-byte chunks swizzled by the tensor map (32/64/128-byte
 // mode by CB: chunk bits ^= address bits 7.., which keeps an ldmatrix's 8 pixels on 8 bank
-// groups); each stage on a 1024-byte boundary (the swizzle's period), mbarriers after the staging
+// groups); each stage on a boundary of the swizzle's period (128 B x (SWM + 1)), mbarriers after
+// the staging tile
 #define PIXT (CB * 2)
 #define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)
-#define HALO_RP ((HHP * HWD * PIXT + 1023) / 1024 * 1024)
+#define TALIGN (128 * (SWM + 1))
+#define HALO_RP ((HHP * HWD * PIXT + TALIGN - 1) / TALIGN * TALIGN)
 #define TMA_BYTES ((TH + R - 1) * HWD * PIXT)
+#if TMA == 2
+// TMA store too: the staging tile dense and swizzled like the halo, written out by one tensor copy
+#define STG_BYTES (TH * TW * PIXT)
+#else
+#define STG_BYTES (TH * TW * PIX)
+#endif
 #else
 #define HALO_RP (HHP * HWD * PIX)
 #endif
@@ -646,7 +654,23 @@ __device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
                      : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
     }} while (!done);
 }}
+// the staged output tile t to y (clipped at the image's edges by the TMA unit), one bulk
+// group; issued by one thread after every thread's fence.proxy.async
+__device__ __forceinline__ void tma_store(u32 src, const TmaDesc* map, int t, int c0,
+                                          int tiles_h, int tiles_w) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                 " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                 :: "l"(map), "r"(c0), "r"(tw_i * TW), "r"(th_i * TH), "r"(n), "r"(src)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}}
+#if TMA == 2
+#define RP_PARAMS FPROP_PARAMS, const __grid_constant__ TmaDesc tmap, \
+    const __grid_constant__ TmaDesc tmap_y
+#else
 #define RP_PARAMS FPROP_PARAMS, const __grid_constant__ TmaDesc tmap
+#endif
 #else
 #define RP_PARAMS FPROP_PARAMS
 #endif
@@ -659,8 +683,8 @@ tw_gconv_fprop_rp(RP_PARAMS)
     const int g = warp % NG, part = warp / NG;
     const int c0 = blockIdx.y * CB, gc = c0 + g * 8;
 #if TMA
-    const u32 sbase = (smem_u32(smem) + 1023u) & ~1023u;  // the host adds 1 KB of slack
-    const u32 mbar0 = sbase + STAGES * HALO_RP + TH * TW * PIX;
+    const u32 sbase = (smem_u32(smem) + TALIGN - 1) & ~(u32)(TALIGN - 1);  // host: TALIGN slack
+    const u32 mbar0 = sbase + STAGES * HALO_RP + STG_BYTES;
     if (tid == 0) {{
 #pragma unroll
         for (int st = 0; st < STAGES; ++st)
@@ -781,7 +805,11 @@ tw_gconv_fprop_rp(RP_PARAMS)
             // 32-bit shared store. ``flag`` gets bit 15 or 31 where a rounded output's exponent
             // is all ones (Inf or NaN, an fp32 overflow included).
             u32 flag = 0;
+#if TMA == 2
+            const int out_pix = cb * 8 + o;
+#else
             const u32 out0 = smem_u32(stg) + ((cb * 8 + o) * (PIX / 2) + g * 8 + cp) * 2;
+#endif
 #pragma unroll
             for (int q = 0; q < QP; ++q)
 #pragma unroll
@@ -790,8 +818,12 @@ tw_gconv_fprop_rp(RP_PARAMS)
                     flag |= (v & EXP_MASK2) + EXP_ONE2;
                     u32 tv;
                     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(tv) : "r"(v));
-                    asm volatile("st.shared.u32 [%0], %1;\n"
-                                 :: "r"(out0 + (2 * q + d) * TW * PIX), "r"(tv) : "memory");
+#if TMA == 2
+                    const u32 at = smem_u32(stg) + hoff(out_pix + (2 * q + d) * TW, g) + cp * 2;
+#else
+                    const u32 at = out0 + (2 * q + d) * TW * PIX;
+#endif
+                    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(at), "r"(tv) : "memory");
                 }}
             if (__any_sync(0xffffffffu, (flag & 0x80008000u) != 0u)) {{
                 // exact: each output sums only its own window (PyTorch's NaN/Inf pattern),
@@ -816,19 +848,35 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #if HAS_BIAS
                     sum += bias[gc + oo];
 #endif
+#if TMA == 2
+                    *(u16*)((unsigned char*)stg + hoff(row * TW + px, g) + oo * 2) = to_u16(sum);
+#else
                     stg[(row * TW + px) * (PIX / 2) + g * 8 + oo] = to_u16(sum);
+#endif
                 }}
             }}
         }}
+#if TMA == 2
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // stg -> async proxy
+        __syncthreads();
+        if (tid == 0) {{
+            tma_store(smem_u32(stg), &tmap_y, t, c0, tiles_h, tiles_w);
+            // the next tile's epilogue rewrites stg: the copy must have read it
+            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        }}
+#else
         __syncthreads();
         store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+#endif
         __syncthreads();
         buf = (buf + 1) % STAGES;
 #if TMA
         parity ^= buf == 0;
 #endif
     }}
-#if !TMA
+#if TMA == 2
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#elif !TMA
     asm volatile("cp.async.wait_group 0;\n" ::);
 #endif
 }}
