@@ -759,7 +759,15 @@ tw_gconv_fprop_rp(RP_PARAMS)
         if (tid == 0 && tn < n_tiles)
             tma_rows(sbase + nb * HALO_RP, mbar0 + 8 * nb, &tmap, tn, c0, pad_h, pad_w, tiles_h,
                      tiles_w);
+#if TMA == 2
+        // the previous tile's output copy has read the staging tile (issued a whole tile ago,
+        // so this rarely waits); the barrier below hands that on to every warp
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
         mbar_wait(mbar0 + 8 * buf, parity);
+#if TMA == 2
+        __syncthreads();
+#endif
 #else
         if (tn < n_tiles)
             load_rows<HHP, TH + R - 1>(sbase + ((buf + STAGES - 1) % STAGES) * HALO_RP, x, tn, Hi,
@@ -857,18 +865,16 @@ tw_gconv_fprop_rp(RP_PARAMS)
             }}
         }}
 #if TMA == 2
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // stg -> async proxy
+        // every warp's staging stores reach the async proxy, and every warp is done with this
+        // halo buffer (the next tile's load may overwrite it)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (tid == 0) {{
-            tma_store(smem_u32(stg), &tmap_y, t, c0, tiles_h, tiles_w);
-            // the next tile's epilogue rewrites stg: the copy must have read it
-            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        }}
+        if (tid == 0) tma_store(smem_u32(stg), &tmap_y, t, c0, tiles_h, tiles_w);
 #else
         __syncthreads();
         store_tile(y, stg, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
-#endif
         __syncthreads();
+#endif
         buf = (buf + 1) % STAGES;
 #if TMA
         parity ^= buf == 0;
