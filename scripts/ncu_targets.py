@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument(
         "--tile", type=int, default=-1, help="gconv-fprop: index into gconv_cuda.TILES (-1: tap)"
     )
+    ap.add_argument(
+        "--tma-tile", type=int, default=-1, help="gconv-fprop: index into gconv_cuda.TMA_TILES"
+    )
     args = ap.parse_args()
     dt = torch.float16
     if args.target.startswith("gconv"):
@@ -39,6 +42,8 @@ def main() -> None:
         out = torch.empty_like(x)
         if args.target == "gconv-fprop":
             tile = gconv_cuda.CudaTile() if args.tile < 0 else gconv_cuda.TILES[args.tile]
+            if args.tma_tile >= 0:
+                tile = gconv_cuda.TMA_TILES[args.tma_tile]
             fn = lambda: gconv_cuda.fprop(x, w, None, out, 1, 1, tile)  # noqa: E731
         else:
             fn = lambda: gconv_cuda.wgrad(out, x, 3, 3, 1, 1, True)  # noqa: E731
