@@ -140,7 +140,7 @@ TILES = (
 #: Row-pair tiles whose halos arrive by TMA (``CudaTile.tma``), candidates on GPUs that have it
 #: (``runtime.tma.supported``) beside ``TILES``. Session 9 (``scripts/gconv_cuda_probe.py
 #: --rowpair``, N = 128, 3x3, H100): loads and stores by TMA (``tma=2``) took fprop from 0.73 /
-#: 0.65 / 0.59 of copy (best non-TMA tile, fp16, C = 64 / 128 / 256) to 0.78 / 0.73 / 0.62; TMA
+#: 0.65 / 0.58 of copy (best non-TMA tile, fp16, C = 64 / 128 / 256) to 0.78 / 0.73 / 0.62; TMA
 #: loads alone (``tma=1``) helped less; 3-stage TMA tiles (2 CTAs per SM by shared memory) were
 #: 15-45% slower and are left out. The 5- and 6-CTA 8x16 tiles use the registers the TMA store
 #: frees (72-128 at 4 CTAs, ptxas).
