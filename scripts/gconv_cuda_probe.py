@@ -214,15 +214,19 @@ def main() -> None:
         "--shipped", action="store_true", help="with --rowpair: time only gconv_cuda.TILES"
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--no-check", action="store_true", help="time only (tests/test_gconv_cuda.py checks)"
+    )
     args = ap.parse_args()
     base = CudaTile()
-    ok = check(base)
+    check_ = (lambda tile: None) if args.no_check else check
+    ok = check_(base) is not False
     tiles = [base]
     if args.rowpair:
-        ok &= check(CudaTile(rowpair=True))
+        ok &= check_(CudaTile(rowpair=True)) is not False
         tiles = list(gconv_cuda.TILES)
         if gconv_cuda.tma_usable(torch.empty(0, device="cuda")):
-            ok &= check(CudaTile(rowpair=True, tma=1))
+            ok &= check_(CudaTile(rowpair=True, tma=2)) is not False
             tiles += list(gconv_cuda.TMA_TILES)
         if not args.shipped:
             # row-pair tiles not among the candidates: deeper prefetch (ncu, session 7: the
@@ -234,7 +238,7 @@ def main() -> None:
                 CudaTile(8, 16, 32, 4, 3, 4, rowpair=True),
                 CudaTile(16, 16, 32, 4, 2, 3, rowpair=True),
             ]
-    print("correctness:", "all ok" if ok else "FAILURES")
+    print("correctness:", "not checked" if args.no_check else "all ok" if ok else "FAILURES")
     if args.tiles:
         tiles += [
             CudaTile(8, 16, 32, 4, 4, 3),

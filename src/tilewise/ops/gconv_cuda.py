@@ -143,13 +143,16 @@ TILES = (
 #: 0.65 / 0.58 of copy (best non-TMA tile, fp16, C = 64 / 128 / 256) to 0.78 / 0.73 / 0.62; TMA
 #: loads alone (``tma=1``) helped less; 3-stage TMA tiles (2 CTAs per SM by shared memory) were
 #: 15-45% slower and are left out. The 5- and 6-CTA 8x16 tiles use the registers the TMA store
-#: frees (72-128 at 4 CTAs, ptxas).
+#: frees (72-128 at 4 CTAs, ptxas). The 8x8 tile is for small batches (N = 32 at 16x16 gives the
+#: 16x16 tile one tile per CTA and nothing to overlap).
 TMA_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 5, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 6, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=1),
+    CudaTile(8, 8, 32, 4, 6, 2, rowpair=True, tma=2),
+    CudaTile(16, 32, 32, 8, 2, 2, rowpair=True, tma=2),
 )
 
 
