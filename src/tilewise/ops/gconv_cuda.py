@@ -40,11 +40,6 @@ from tilewise.runtime.cuda_launch import Launcher
 
 log = logging.getLogger(__name__)
 
-#: part of the autotune keys of the ops that time these kernels: a cached choice made with other
-#: kernel sources is timed again instead of trusted (session 8: an edited epilogue made a cached
-#: tile 20% slower than another candidate)
-SOURCE_DIGEST = hashlib.sha1((_SOURCE + _SOURCE_RP + _SOURCE_WRP).encode()).hexdigest()[:10]
-
 
 @dataclass(frozen=True)
 class CudaTile:
@@ -391,6 +386,19 @@ EXPERIMENTAL_WGRAD_TILES = (
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
+
+#: part of the autotune keys of the ops that time these kernels: a cached choice made with other
+#: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
+#: epilogue made a cached tile 20% slower than another candidate; session 9: new TMA tiles were
+#: never timed where an older choice was still a candidate)
+SOURCE_DIGEST = hashlib.sha1(
+    (
+        _SOURCE
+        + _SOURCE_RP
+        + _SOURCE_WRP
+        + repr((TILES, TMA_TILES, WGRAD_TILES, CLUSTER_WGRAD_TILES, EXPERIMENTAL_WGRAD_TILES))
+    ).encode()
+).hexdigest()[:10]
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
