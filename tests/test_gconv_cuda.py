@@ -156,6 +156,33 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_tma_tiles_fall_back_without_the_lean_launcher(monkeypatch, caplog):
+    """PyTorch's launcher cannot pass a tensor map: a TMA tile then runs as the same tile without
+    TMA (said once), bitwise equal to the TMA run."""
+    if not gconv_cuda._tma.supported(torch.cuda.current_device()):
+        pytest.skip("no TMA on this GPU")
+    x = _cl(torch.randn(2, 64, 13, 17, device="cuda", dtype=torch.float16))
+    w = torch.randn(64, 8, 3, 3, device="cuda", dtype=torch.float16) * 0.1
+    outs = []
+    for tile in gconv_cuda.TMA_TILES[:2]:
+        outs.append(gconv_cuda.fprop(x, w, None, _cl(torch.full_like(x, float("nan"))), 1, 1,
+                                     tile).clone())  # fmt: skip
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    monkeypatch.setattr(gconv_cuda, "_LOGGED", set())
+    with caplog.at_level("WARNING", logger=gconv_cuda.log.name):
+        for tile, want in zip(gconv_cuda.TMA_TILES[:2], outs, strict=True):
+            out = _cl(torch.full_like(x, float("nan")))
+            assert torch.equal(gconv_cuda.fprop(x, w, None, out, 1, 1, tile), want)
+    assert sum("runs without TMA" in r.message for r in caplog.records) == 2
+
+
+def test_tma_needs_the_row_pair_kernel():
+    x = torch.zeros(1, 64, 8, 8)
+    with pytest.raises(ValueError, match="'tile'"):
+        gconv_cuda.fprop(x, torch.zeros(64, 8, 3, 3), None, x, 1, 1, CudaTile(tma=1))
+
+
+@pytest.mark.gpu
 def test_nan_stays_in_its_group():
     x = _cl(torch.randn(1, 64, 12, 12, device="cuda", dtype=torch.float16))
     x[0, 3, 5, 5] = float("nan")  # group 0

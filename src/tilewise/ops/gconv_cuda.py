@@ -310,8 +310,15 @@ def fprop(
     n, c, hi, wi = x.shape
     _, _, ho, wo = out.shape
     r, s = weight.shape[2], weight.shape[3]
+    if tile.tma not in _TMA_SIGNATURES or (tile.tma and not tile.rowpair):
+        raise ValueError(f"argument 'tile' {tile}: TMA (1 or 2) takes the row-pair kernel only")
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
+    if tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None:
+        # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
+        _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
+        tile = dataclasses.replace(tile, tma=0)
+        kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
     cblocks = c // tile.cb
@@ -319,15 +326,11 @@ def fprop(
     b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
     args = [x, weight, b, out, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     args += weight.stride()
-    signature = "pppp" + "i" * 14
-    if tile.tma and tile.rowpair:
+    signature = _TMA_SIGNATURES[tile.tma]
+    if tile.tma:
         args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
-        signature += "t"
         if tile.tma == 2:
             args.append(_tensor_map(out, tile.cb, tile.tw, tile.th))
-            signature += "t"
-        if _launcher(kernel, signature) is None:
-            raise RuntimeError("tilewise gconv_cuda: a TMA tile needs the lean launcher")
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev)
     return out
@@ -336,6 +339,16 @@ def fprop(
 #: tensor maps of the TMA tiles' inputs and outputs, by address and shape (a loop's buffers
 #: come back)
 _TMA_MAPS = _tma.MapCache()
+#: the fprop kernels' argument kinds by ``CudaTile.tma``: the TMA variants take the input's map,
+#: and ``tma=2`` the output's too
+_TMA_SIGNATURES = {0: "pppp" + "i" * 14, 1: "pppp" + "i" * 14 + "t", 2: "pppp" + "i" * 14 + "tt"}
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.warning(message)
 
 
 def _tensor_map(t: torch.Tensor, cb: int, box_w: int, box_h: int) -> _tma.TensorMap:
