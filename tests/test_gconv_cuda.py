@@ -4,6 +4,8 @@ source template and the tile rules are checked on the CPU too."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,6 +155,34 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
     # dw, db in fp16: fp32 atomics in another order may round to the neighbouring half value
     torch.testing.assert_close(lean[1], torch_launch[1], rtol=2e-3, atol=1e-3)
     torch.testing.assert_close(lean[2], torch_launch[2], rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tma_pipeline_over_many_tiles_per_cta(dtype):
+    """The odd shapes give every CTA one tile; here each CTA walks many (the TMA stages' reuse,
+    the mbarrier parity flips, the staging tile's reuse after its TMA store), with NaN/Inf in
+    the input: every TMA tile is bitwise equal to the same tile without TMA, fprop and dgrad."""
+    if not gconv_cuda._tma.supported(torch.cuda.current_device()):
+        pytest.skip("no TMA on this GPU")
+    x = _cl(torch.randn(64, 64, 33, 35, device="cuda", dtype=dtype))
+    x[3, 5, 7, 9], x[40, 60, 32, 34], x[63, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
+    w = torch.randn(64, 8, 3, 3, device="cuda", dtype=dtype) * 0.1
+    b = torch.randn(64, device="cuda", dtype=dtype)
+    for tile in gconv_cuda.candidates(64, 3, 3, tma=True):
+        if not tile.tma:
+            continue
+        twin = dataclasses.replace(tile, tma=0)
+        n_tiles = 64 * -(-33 // tile.th) * -(-35 // tile.tw)
+        ctas_per_block = -(-tile.min_ctas * gconv_cuda.num_sms(x.device) // (64 // tile.cb))
+        assert n_tiles > 2 * min(n_tiles, ctas_per_block)  # several tiles per CTA
+        for dgrad, bias in ((False, b), (True, None)):
+            outs = []
+            for t in (tile, twin):
+                out = _cl(torch.full_like(x, float("nan")))
+                outs.append(gconv_cuda.fprop(x, w, bias, out, 1, 1, t, dgrad))
+            assert torch.equal(outs[0].isnan(), outs[1].isnan()), (tile.name, dgrad)
+            assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num()), (tile.name, dgrad)
 
 
 @pytest.mark.gpu

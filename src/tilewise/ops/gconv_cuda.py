@@ -102,7 +102,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return False
     if tile.tma not in (0, 1, 2):
         return False
-    if tile.tma and (not tile.rowpair or tile.cb not in (8, 16, 32, 64) or tile.th + r > 257):
+    box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
+    if tile.tma and (not tile.rowpair or tile.cb not in (8, 16, 32, 64) or box_too_big):
         return False
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
@@ -174,8 +175,9 @@ def candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...
 
 
 def tma_usable(x: torch.Tensor) -> bool:
-    """Whether ``x``'s GPU and driver take the TMA tiles (and the lean launcher, which passes
-    their tensor maps, can be built)."""
+    """Whether ``x``'s GPU and driver take the TMA tiles (compute capability 9.0+ and
+    ``cuTensorMapEncodeTiled``). Without the lean launcher a TMA tile runs as its non-TMA twin
+    (``fprop``)."""
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _tma.supported(dev)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -139,17 +140,19 @@ class MapCache:
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._maps: OrderedDict[Hashable, TensorMap] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: Hashable, make: Callable[[], tuple[TiledMap, int]]) -> TensorMap:
         """The map under ``key``, encoded from ``make()`` = (spec, address) on a miss."""
-        found = self._maps.get(key)
-        if found is not None:
-            self._maps.move_to_end(key)
-            return found
-        made = self._maps[key] = encode(*make())
-        if len(self._maps) > self.size:
-            self._maps.popitem(last=False)
-        return made
+        with self._lock:
+            found = self._maps.get(key)
+            if found is not None:
+                self._maps.move_to_end(key)
+                return found
+            made = self._maps[key] = encode(*make())
+            if len(self._maps) > self.size:
+                self._maps.popitem(last=False)
+            return made
 
     def __len__(self) -> int:
         return len(self._maps)
