@@ -175,8 +175,11 @@ def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
             experimental = (
                 gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES
             )
+            tma = gconv_cuda.tma_usable(sets[0][0])
             tiles = list(gconv_cuda.wgrad_candidates(c, 3, 3)) + [
-                t for t in experimental if gconv_cuda.wgrad_tile_ok(c, 3, 3, t)
+                t
+                for t in experimental
+                if gconv_cuda.wgrad_tile_ok(c, 3, 3, t) and (tma or not t.tma)
             ]
             for tile in tiles:
                 impls[tile.name] = lambda x, dy, t=tile: gconv_cuda.wgrad(

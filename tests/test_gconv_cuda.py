@@ -36,6 +36,7 @@ def test_source_template_formats_for_every_kernel_size():
                     src, entry = gconv_cuda.source(r, s, tile, True, bias, False, "tw_gconv_wgrad")
                     assert src.count("{") == src.count("}") and f"{entry}(" in src
                     assert f"#define DB_HALF {int(bias == 2)}" in src
+                    assert f"#define TMA {tile.tma}" in src
 
 
 def test_candidates_fit_the_channels_and_shared_memory():
@@ -60,7 +61,12 @@ def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
             assert t.rowpair and gconv_cuda.smem_bytes(3, 3, t) <= gconv_cuda.SMEM_MAX
             assert t.name.endswith(f"_tma{t.tma}")
     assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=1))  # tap kernel
-    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=1))
+    # wgrad: TMA loads in the tap kernel only (experimental), no clusters, no TMA stores
+    assert gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=1))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=2))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 8, 1, 8, 2, cluster=8, tma=1))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=1))
+    assert not any(t.tma for t in gconv_cuda.wgrad_candidates(64, 3, 3))  # not candidates
     # TMA boxes take power-of-two channel blocks (a 24-channel tile has no swizzle mode)
     assert not gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True, tma=1))
     assert gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True))
@@ -460,8 +466,10 @@ def test_compiled_kernels_are_cached(monkeypatch):
 def test_experimental_wgrad_tiles(dtype, rng_seed):
     """``EXPERIMENTAL_WGRAD_TILES`` (timed beside the candidates; not candidates)."""
 
+    tma = gconv_cuda._tma.supported(torch.cuda.current_device())
+
     def tiles_for(c, r, s):
         fitted = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES)
-        return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+        return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t) and (tma or not t.tma)]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0

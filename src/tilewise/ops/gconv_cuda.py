@@ -201,8 +201,18 @@ _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` x (input halo + dy tile) and one zero pixel (row-pair: halo rows of whole
-    pairs, no zero pixel)."""
+    pairs, no zero pixel; TMA: dense stages on the swizzle period, the alignment slack and the
+    mbarriers)."""
     pix = tile.cb * 2 + 16
+    if tile.tma:
+        align = 16 * tile.cb
+
+        def rounded(n: int) -> int:
+            return -(-n // align) * align
+
+        halo = rounded((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2)
+        dy = rounded(tile.th * tile.tw * tile.cb * 2)
+        return align + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * (r // 2 + 1) - 2
         return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
@@ -238,7 +248,7 @@ def source(
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
-        TMA=tile.tma if entry == "tw_gconv_fprop_rp" else 0,
+        TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
     )
     return src, entry
 
@@ -398,6 +408,11 @@ EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(8, 8, 8, 1, 8, 2, cluster=8),
     CudaTile(8, 16, 8, 4, 2, 2, cluster=8),
     CudaTile(8, 16, 16, 4, 2, 2, cluster=8),
+    # TMA loads of the input halo and the dy tile (session 9, written after the device budget
+    # ran out: not yet run on a GPU)
+    CudaTile(8, 16, 32, 4, 4, 2, tma=1),
+    CudaTile(16, 16, 32, 4, 3, 2, tma=1),
+    CudaTile(8, 16, 32, 4, 4, 3, tma=1),
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
@@ -429,7 +444,15 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     split = tile.warps // groups
     if ((tile.th * tile.tw) // 16) % split or (tile.rowpair and split != 1):
         return False
-    if tile.tma or not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
+    if not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
+        return False
+    if tile.tma and (
+        tile.tma != 1
+        or tile.rowpair
+        or tile.cluster
+        or tile.cb not in (8, 16, 32, 64)
+        or max(tile.th + r - 1, tile.tw + s - 1) > 256
+    ):
         return False
     if not tile.rowpair:
         return True
@@ -441,16 +464,19 @@ def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTi
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), and the
     ``CLUSTER_WGRAD_TILES`` for a ``small`` problem (at most ``CLUSTER_MAX_PIXELS``).
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
-    choice already cached on disk is not timed again)."""
+    choice already cached on disk is not timed again; its TMA tiles only on a GPU with TMA)."""
     experimental = os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1"
-    return _wgrad_candidates(c, r, s, small, experimental)
+    tma = experimental and torch.cuda.is_available() and _tma.supported(torch.cuda.current_device())
+    return _wgrad_candidates(c, r, s, small, experimental, tma)
 
 
 @functools.lru_cache(maxsize=1024)
-def _wgrad_candidates(c: int, r: int, s: int, small: bool, experimental: bool) -> tuple:
+def _wgrad_candidates(
+    c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False
+) -> tuple:
     tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES if small else ())
     if experimental:
-        tiles += EXPERIMENTAL_WGRAD_TILES
+        tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
@@ -526,6 +552,12 @@ def wgrad(
         dw_sums, db_sums, counters = _workspace(x.device, dev, r * s * c * 8, c, cblocks)
     args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
     args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
+    signature = "ppppppp" + "i" * 10 + ("tt" if tile.tma else "")
+    if tile.tma:
+        if _launcher(kernel, signature) is None:
+            raise RuntimeError("tilewise gconv_cuda: a TMA wgrad tile needs the lean launcher")
+        args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
+        args.append(_tensor_map(dy, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    _launch(kernel, "ppppppp" + "i" * 10, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
+    _launch(kernel, signature, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
     return dw, db

@@ -185,6 +185,52 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
     }}
 }}
 
+#if TMA
+// TMA tiles: a stage is dense, pixels at CB * 2 bytes, its 16-byte chunks swizzled by the tensor
+// map (32/64/128-byte mode by CB: chunk bits ^= address bits 7.., which keeps an ldmatrix's 8
+// consecutive pixels on 8 bank groups); stages start on the swizzle's period, TALIGN
+#define PIXT (CB * 2)
+#define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)
+#define TALIGN (128 * (SWM + 1))
+
+// the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)
+struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
+
+// byte offset of 16-byte chunk ``ch`` of pixel ``pix`` in a TMA stage (swizzled)
+__device__ __forceinline__ u32 hoff(int pix, int ch) {{
+    const u32 o = (u32)pix * PIXT + (u32)ch * 16;
+    return o ^ (((o >> 7) & SWM) << 4);
+}}
+
+// one 4-d box (channels, w, h, n) of ``map`` from (c, w, h, n) into ``dst``, completing on
+// ``mbar`` (whose expected bytes the caller has set); issued by one thread
+__device__ __forceinline__ void tma_load(u32 dst, u32 mbar, const TmaDesc* map, int c, int w,
+                                         int h, int n) {{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(mbar)
+                 : "memory");
+}}
+
+__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
+    u32 done;
+    do {{
+        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }}\n"
+                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+    }} while (!done);
+}}
+
+// one thread: ``n`` barriers at ``mbar0``, 8 bytes apart, each for one arrival, made visible to
+// the TMA unit
+__device__ __forceinline__ void mbar_init(u32 mbar0, int n) {{
+    for (int st = 0; st < n; ++st)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}}
+#endif
+
 // the fprop kernels' common signature
 #define FPROP_PARAMS                                                                             \
     const u16 *__restrict__ x, const u16 *__restrict__ w, const float *__restrict__ bias,        \
@@ -434,8 +480,37 @@ tw_gconv_fprop(FPROP_PARAMS)
 // WARPS = NG x WSPLIT: the WSPLIT warps of a group take turns over a tile's 16-pixel chunks (more
 // warps per CTA where a cluster grid has few CTAs); their sums add up at the end.
 #define WSPLIT (WARPS / NG)
+#if TMA && CLUSTER
+#error "TMA wgrad tiles take no clusters (the cluster epilogue reuses the stage buffers)"
+#endif
+#if TMA
+// TMA wgrad (experimental, session 9): per stage the input halo and the dy tile arrive as two
+// tensor copies on one mbarrier, dense and swizzled (see tma_load), stages on TALIGN boundaries;
+// then the zero pixel and the barriers. Not with clusters (their epilogue reuses the stages).
+#define HALO_W ((HH * HWD * PIXT + TALIGN - 1) / TALIGN * TALIGN)
+#define DY_W ((TH * TW * PIXT + TALIGN - 1) / TALIGN * TALIGN)
+#define WST (HALO_W + DY_W)
+#define WZT (STAGES * WST)
+#define WMB (WZT + NG * 16)
+#define W_TMA_BYTES ((HH * HWD + TH * TW) * PIXT)
+#define WGRAD_KPARAMS WGRAD_PARAMS, const __grid_constant__ TmaDesc tmap_x, \
+    const __grid_constant__ TmaDesc tmap_dy
+
+// tile t's input halo and dy tile into stage ``dst`` on ``mbar``; one thread
+__device__ __forceinline__ void tma_wgrad_stage(u32 dst, u32 mbar, const TmaDesc* mx,
+                                                const TmaDesc* mdy, int t, int c0, int pad_h,
+                                                int pad_w, int tiles_h, int tiles_w) {{
+    const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(mbar), "r"(W_TMA_BYTES) : "memory");
+    tma_load(dst, mbar, mx, c0, tw_i * TW - pad_w, th_i * TH - pad_h, n);
+    tma_load(dst + HALO_W, mbar, mdy, c0, tw_i * TW, th_i * TH, n);
+}}
+#else
+#define WGRAD_KPARAMS WGRAD_PARAMS
+#endif
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS}) WGRAD_CLUSTER_DIMS
-tw_gconv_wgrad(WGRAD_PARAMS)
+tw_gconv_wgrad(WGRAD_KPARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, g = WSPLIT > 1 ? (tid >> 5) % NG : tid >> 5;
@@ -443,10 +518,29 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     // runtime one made the one-warp-per-group cluster tiles 28% slower at batch 1)
     const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
+#if TMA
+    const u32 sbase = (smem_u32(smem) + TALIGN - 1) & ~(u32)(TALIGN - 1);  // host: TALIGN slack
+    unsigned char* const sm = smem + (sbase - smem_u32(smem));
+    const u32 zero_px = sbase + WZT, mbar0 = sbase + WMB;
+    for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(sm + WZT))[i] = 0u;
+    if (tid == 0) {{
+        mbar_init(mbar0, STAGES);
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; ++st) {{
+            const int ts = blockIdx.x + st * gridDim.x;
+            if (ts < n_tiles)
+                tma_wgrad_stage(sbase + st * WST, mbar0 + 8 * st, &tmap_x, &tmap_dy, ts, c0,
+                                pad_h, pad_w, tiles_h, tiles_w);
+        }}
+    }}
+    __syncthreads();  // the zero pixel and the barriers' initialisation, before any wait
+    u32 parity = 0;
+#else
     const u32 sbase = smem_u32(smem);
     prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
                                          tiles_h, tiles_w, n_tiles, tid);
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
+#endif
 
     float acc[TP][4];
 #pragma unroll
@@ -460,6 +554,14 @@ tw_gconv_wgrad(WGRAD_PARAMS)
     int buf = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         const int tn = t + (STAGES - 1) * gridDim.x;
+#if TMA
+        const int nb = (buf + STAGES - 1) % STAGES;
+        if (tid == 0 && tn < n_tiles)
+            tma_wgrad_stage(sbase + nb * WST, mbar0 + 8 * nb, &tmap_x, &tmap_dy, tn, c0, pad_h,
+                            pad_w, tiles_h, tiles_w);
+        mbar_wait(mbar0 + 8 * buf, parity);
+        const u32 hx = sbase + buf * WST, hd = hx + HALO_W;
+#else
         if (tn < n_tiles)
             load_wgrad_stage<HH, HH, HALO>(sbase + ((buf + STAGES - 1) % STAGES) * WSTAGE, x, dy,
                                            tn, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w, tiles_h,
@@ -468,29 +570,54 @@ tw_gconv_wgrad(WGRAD_PARAMS)
         asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
         __syncthreads();
         const u32 hx = sbase + buf * WSTAGE, hd = hx + HALO;
+#endif
 #pragma unroll 2
         for (int ch = split; ch < (TH * TW) / 16; ch += WSPLIT) {{
             u32 b0, b1;
+#if TMA
+            ldsm_x2_t(b0, b1, hd + hoff(ch * 16 + b_pix, g));
+#else
             ldsm_x2_t(b0, b1, hd + (ch * 16 + b_pix) * PIX + g * 16);
+#endif
             const int ap = ch * 16 + a_pix, apy = ap / TW;
             const int abase = apy * HWD + (ap - apy * TW);
 #pragma unroll
             for (int tp = 0; tp < TP; ++tp) {{
                 const int tap = 2 * tp + a_slot;
-                const u32 addr = tap < TAPS ? hx + (abase + (tap / S) * HWD + (tap % S)) * PIX
-                                            : sbase + WZ_OFF;
+#if TMA
+                const u32 addr = tap < TAPS ? hx + hoff(abase + (tap / S) * HWD + (tap % S), g)
+                                            : zero_px + g * 16;
+#else
+                const u32 addr = (tap < TAPS ? hx + (abase + (tap / S) * HWD + (tap % S)) * PIX
+                                             : sbase + WZ_OFF) + g * 16;
+#endif
                 u32 a0, a1, a2, a3;
-                ldsm_x4_t(a0, a1, a2, a3, addr + g * 16);
+                ldsm_x4_t(a0, a1, a2, a3, addr);
                 mma16816(acc[tp], a0, a1, a2, a3, b0, b1);
             }}
         }}
 #if HAS_BIAS
+#if TMA
+        {{  // the staged dy tile's channel sums, read through the swizzle
+            const unsigned char* dys = sm + buf * WST + HALO_W;
+            for (int i = tid; i < TH * TW * CB; i += WARPS * 32) {{
+                const int p = i / CB, cc = i - (i / CB) * CB;
+                dbs += to_f32(*(const u16*)(dys + hoff(p, cc >> 3) + (cc & 7) * 2));
+            }}
+        }}
+#else
         add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE + HALO), tid);
+#endif
 #endif
         __syncthreads();  // this stage's buffers are refilled next iteration
         buf = (buf + 1) % STAGES;
+#if TMA
+        parity ^= buf == 0;
+#endif
     }}
+#if !TMA
     asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
     // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
     const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
 #if CLUSTER
@@ -580,13 +707,8 @@ _RP_KERNEL = r"""
 #define NP ((R + 2) / 2)
 #define HHP (TH + 2 * NP - 2)
 #if TMA
-// TMA halo: pixels dense at CB * 2 bytes, 16-byte chunks swizzled by the tensor map (32/64/128-byte
-// mode by CB: chunk bits ^= address bits 7.., which keeps an ldmatrix's 8 pixels on 8 bank
-// groups); each stage on a boundary of the swizzle's period (128 B x (SWM + 1)), mbarriers after
+// TMA halo (see tma_load): each stage on a boundary of the swizzle's period, mbarriers after
 // the staging tile
-#define PIXT (CB * 2)
-#define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)
-#define TALIGN (128 * (SWM + 1))
 #define HALO_RP ((HHP * HWD * PIXT + TALIGN - 1) / TALIGN * TALIGN)
 #define TMA_BYTES ((TH + R - 1) * HWD * PIXT)
 #if TMA == 2
@@ -623,36 +745,14 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
 }}
 
 #if TMA
-// the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)
-struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
-
-// byte offset of 16-byte chunk ``ch`` of halo pixel ``pix`` in a TMA stage (swizzled)
-__device__ __forceinline__ u32 hoff(int pix, int ch) {{
-    const u32 o = (u32)pix * PIXT + (u32)ch * 16;
-    return o ^ (((o >> 7) & SWM) << 4);
-}}
-
 // the halo rows of tile t, one bulk tensor copy (zero-filled off the image by the TMA unit),
 // completing on ``mbar``; issued by one thread
 __device__ __forceinline__ void tma_rows(u32 dst, u32 mbar, const TmaDesc* map, int t, int c0,
                                          int pad_h, int pad_w, int tiles_h, int tiles_w) {{
     const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
-    const int h0 = th_i * TH - pad_h, w0 = tw_i * TW - pad_w;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                  :: "r"(mbar), "r"(TMA_BYTES) : "memory");
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
-                 :: "r"(dst), "l"(map), "r"(c0), "r"(w0), "r"(h0), "r"(n), "r"(mbar)
-                 : "memory");
-}}
-
-__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
-    u32 done;
-    do {{
-        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }}\n"
-                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
-    }} while (!done);
+    tma_load(dst, mbar, map, c0, tw_i * TW - pad_w, th_i * TH - pad_h, n);
 }}
 // the staged output tile t to y (clipped at the image's edges by the TMA unit), one bulk
 // group; issued by one thread after every thread's fence.proxy.async
@@ -685,13 +785,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #if TMA
     const u32 sbase = (smem_u32(smem) + TALIGN - 1) & ~(u32)(TALIGN - 1);  // host: TALIGN slack
     const u32 mbar0 = sbase + STAGES * HALO_RP + STG_BYTES;
-    if (tid == 0) {{
-#pragma unroll
-        for (int st = 0; st < STAGES; ++st)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }}
+    if (tid == 0) mbar_init(mbar0, STAGES);
     // halo rows past the kernel's (even R: the last pair's second row) stay zero: the TMA box
     // never writes them
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
