@@ -40,8 +40,10 @@ def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]
 
 def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
     """The default config with its row loop software-pipelined 1-4 deep: backward kernels at
-    2/4/8 programs per SM, 1x/2x warps and rows per step; forward kernels as a persistent grid of
-    1/2/4/8 programs per SM (stages 1 = one tile per program, the shipped forward)."""
+    2/3/4/8 programs per SM, 1x/2x warps and 0.5x/1x/2x rows per step (half the rows: half the
+    2-D accumulator's registers, so more programs fit; ``scripts/triton_regs.py``); forward
+    kernels as a persistent grid of 1/2/4/8 programs per SM (stages 1 = one tile per program, the
+    shipped forward)."""
     mod = ba if kernel.startswith("bias_act") else ln
     base = mod._config(kernel, m, n, elem)
     out: list[TileConfig | None] = [None]
@@ -51,18 +53,19 @@ def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig |
             if cfg.num_warps <= 16:
                 out.append(cfg)
         return out
-    for stages, pps, wmul, mmul in itertools.product((1, 2, 3, 4), (2, 4, 8), (1, 2), (1, 2)):
+    grid = itertools.product((1, 2, 3, 4), (2, 3, 4, 8), (1, 2), (0.5, 1, 2))
+    for stages, pps, wmul, mmul in grid:
         cfg = replace(
             base,
             prefetch=False,
             stages=stages,
             progs_per_sm=pps,
             num_warps=base.num_warps * wmul,
-            block_m=base.block_m * mmul,
+            block_m=max(1, int(base.block_m * mmul)),
         )
         if cfg != base and cfg.num_warps <= 16 and cfg.block_m * cfg.block_n <= 8192:
             out.append(cfg)
-    return out
+    return list(dict.fromkeys(out))  # 0.5x of a one-row tile is the 1x one
 
 
 def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
