@@ -84,7 +84,13 @@ def test_cluster_wgrad_tiles_only_for_small_problems():
         assert bool(clusters) == small, (n, hw)
         assert all(not t.rowpair and t.cluster <= gconv_cuda.MAX_CLUSTER for t in clusters)
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, True, cluster=8))
-    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 8, 8, 1, 8, 2, cluster=16))
+    assert gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 8, 8, 1, 8, 2, cluster=16))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 8, 8, 1, 8, 2, cluster=32))
+    # non-portable (16-CTA) clusters are experimental: never candidates
+    for n, hw in ((1, 32), (1, 64)):
+        prob = GConvProblem(n, 64, hw, hw, 5, 5, 2, 2)
+        tiles = gconv_wgrad._candidates(prob, 132, with_cuda=True)
+        assert all(t.cluster <= gconv_cuda.MAX_CLUSTER for t in tiles if isinstance(t, CudaTile))
 
 
 #: tiles beyond the candidates: a 3-stage tap tile, and a row-pair tile with two warps per group

@@ -197,6 +197,7 @@ def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
 
 
 _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+_NON_PORTABLE_CLUSTER_ATTRIBUTE = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 
 
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
@@ -275,6 +276,12 @@ def _kernel(
             lib.cuFuncSetAttribute(kernel.func, _CARVEOUT_ATTRIBUTE, 100)
         except Exception as exc:  # a hint only: the launch works without it
             log.info("tilewise gconv_cuda: shared-memory carveout not set (%s)", exc)
+        if tile.cluster > MAX_CLUSTER:  # required: a 16-CTA cluster does not launch without it
+            result = torch.cuda._utils._get_gpu_runtime_library().cuFuncSetAttribute(
+                kernel.func, _NON_PORTABLE_CLUSTER_ATTRIBUTE, 1
+            )
+            if result != 0:
+                torch.cuda._utils._check_cuda(result)
     return kernel
 
 
@@ -408,14 +415,20 @@ EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(8, 8, 8, 1, 8, 2, cluster=8),
     CudaTile(8, 16, 8, 4, 2, 2, cluster=8),
     CudaTile(8, 16, 16, 4, 2, 2, cluster=8),
-    # TMA loads of the input halo and the dy tile (session 9, written after the device budget
-    # ran out: not yet run on a GPU)
+    # 16-CTA (non-portable) clusters for batch-1 5x5, where the 8-CTA ones left SMs idle (64
+    # one-warp CTAs at C=64); and TMA loads of the input halo and the dy tile. Both written in
+    # session 9 after the device budget ran out: not yet run on a GPU
+    CudaTile(8, 16, 8, 1, 8, 2, cluster=16),
+    CudaTile(8, 8, 8, 1, 8, 2, cluster=16),
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
     CudaTile(16, 16, 32, 4, 3, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 3, tma=1),
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
+#: the largest cluster an H100 launches once a kernel allows non-portable sizes (experimental
+#: tiles only)
+NON_PORTABLE_MAX_CLUSTER = 16
 
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other
 #: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
@@ -436,15 +449,15 @@ ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     """Warps per group dividing the tile's 16-pixel chunks (the row-pair kernel: one), channel
     block dividing C, shared memory within the H100's limit, clusters of at most
-    ``MAX_CLUSTER`` (tap kernel only); row-pair: row pairs, 16-pixel rows and accumulators that
-    fit registers."""
+    ``NON_PORTABLE_MAX_CLUSTER`` (tap kernel only; above ``MAX_CLUSTER`` experimental);
+    row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if c % tile.cb or tile.warps % groups or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
         return False
     split = tile.warps // groups
     if ((tile.th * tile.tw) // 16) % split or (tile.rowpair and split != 1):
         return False
-    if not 0 <= tile.cluster <= MAX_CLUSTER or (tile.cluster and tile.rowpair):
+    if not 0 <= tile.cluster <= NON_PORTABLE_MAX_CLUSTER or (tile.cluster and tile.rowpair):
         return False
     if tile.tma and (
         tile.tma != 1
