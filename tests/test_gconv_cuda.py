@@ -210,7 +210,7 @@ def test_tma_tiles_fall_back_without_the_lean_launcher(monkeypatch, caplog):
         outs.append(gconv_cuda.fprop(x, w, None, _cl(torch.full_like(x, float("nan"))), 1, 1,
                                      tile).clone())  # fmt: skip
     monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
-    monkeypatch.setattr(gconv_cuda, "_LOGGED", set())
+    gconv_cuda._log_once.cache_clear()
     with caplog.at_level("WARNING", logger=gconv_cuda.log.name):
         for tile, want in zip(gconv_cuda.TMA_TILES[:2], outs, strict=True):
             out = _cl(torch.full_like(x, float("nan")))

@@ -73,6 +73,12 @@ class CudaTile:
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
 
 
+def _tma_stage(nbytes: int, cb: int) -> int:
+    """``nbytes`` of a TMA stage rounded up to the swizzle's period, 128 B x (SWM + 1) = 16 x CB
+    bytes (the swizzle mode follows the channel block); the kernels place stages on it."""
+    return cdiv(nbytes, 16 * cb) * 16 * cb
+
+
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile
     (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
@@ -80,11 +86,10 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
-        if tile.tma:  # dense swizzled stages on the swizzle's period (+ one to align), mbarriers
-            align = 16 * tile.cb  # 128 B x (SWM + 1): the swizzle mode follows the channels
-            stage = -(-rows * (tile.tw + s - 1) * tile.cb * 2 // align) * align
+        if tile.tma:  # dense swizzled stages (+ one period to align them), mbarriers
+            stage = _tma_stage(rows * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
             out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
-            return align + tile.stages * (stage + 8) + out
+            return 16 * tile.cb + tile.stages * (stage + 8) + out
         return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
@@ -206,14 +211,9 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     mbarriers)."""
     pix = tile.cb * 2 + 16
     if tile.tma:
-        align = 16 * tile.cb
-
-        def rounded(n: int) -> int:
-            return -(-n // align) * align
-
-        halo = rounded((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2)
-        dy = rounded(tile.th * tile.tw * tile.cb * 2)
-        return align + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
+        halo = _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
+        dy = _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb)
+        return 16 * tile.cb + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * (r // 2 + 1) - 2
         return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
@@ -361,13 +361,11 @@ _TMA_MAPS = _tma.MapCache()
 #: the fprop kernels' argument kinds by ``CudaTile.tma``: the TMA variants take the input's map,
 #: and ``tma=2`` the output's too
 _TMA_SIGNATURES = {0: "pppp" + "i" * 14, 1: "pppp" + "i" * 14 + "t", 2: "pppp" + "i" * 14 + "tt"}
-_LOGGED: set[str] = set()
 
 
+@functools.cache
 def _log_once(message: str) -> None:
-    if message not in _LOGGED:
-        _LOGGED.add(message)
-        log.warning(message)
+    log.warning(message)
 
 
 def _tensor_map(t: torch.Tensor, cb: int, box_w: int, box_h: int) -> _tma.TensorMap:
