@@ -38,7 +38,9 @@ def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]
     return out
 
 
-def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+def _stage_variants(
+    kernel: str, m: int, n: int, elem: int, quick: bool = False
+) -> list[TileConfig | None]:
     """The default config with its row loop software-pipelined 1-4 deep: backward kernels at
     2/3/4/8 programs per SM, 1x/2x warps and 0.5x/1x/2x rows per step (half the rows: half the
     2-D accumulator's registers, so more programs fit; ``scripts/triton_regs.py``); forward
@@ -54,6 +56,8 @@ def _stage_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig |
                 out.append(cfg)
         return out
     grid = itertools.product((1, 2, 3, 4), (2, 3, 4, 8), (1, 2), (0.5, 1, 2))
+    if quick:  # the pipelined part of the grid at the occupancies registers allow
+        grid = itertools.product((2, 3, 4), (2, 3, 4), (1, 2), (0.5, 1))
     for stages, pps, wmul, mmul in grid:
         cfg = replace(
             base,
@@ -122,6 +126,9 @@ def main() -> None:
         action="store_true",
         help="the default config and its software-pipelined (forward: persistent) variants",
     )
+    ap.add_argument(
+        "--quick", action="store_true", help="with --stages: 2-4 stages, 2-4 programs per SM"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
     args = ap.parse_args()
@@ -130,6 +137,8 @@ def main() -> None:
     jobs = [
         ("bias_act_fwd", 4096),
         ("bias_act_bwd", 4096),
+        ("bias_act_fwd", 64),
+        ("bias_act_bwd", 64),
         ("layer_norm_fwd", 1024),
         ("layer_norm_bwd", 1024),
         ("layer_norm_fwd", 4096),
@@ -144,7 +153,7 @@ def main() -> None:
         ref = fn()
         rows = []
         if args.stages:
-            cands = [(v, False) for v in _stage_variants(kernel, m, n, 2)]
+            cands = [(v, False) for v in _stage_variants(kernel, m, n, 2, args.quick)]
         elif args.variants:
             modes = (False, True) if kernel.endswith("bwd") else (False,)
             cands = [(v, d) for v in _variants(kernel, m, n, 2) for d in modes]

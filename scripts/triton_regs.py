@@ -83,6 +83,16 @@ def main() -> None:
                 bias_act._bias_act_bwd_kernel, types, consts, cfg.num_warps, args.ptxas
             )
             print(f"bias_act bwd {m}x{n} {act} {cfg}: {report}", flush=True)
+    for m, n in ((8192, 4096), (524288, 64)):
+        cfg = bias_act._config("bias_act_fwd", m, n, 2, None)
+        types = dict(x_ptr=half, b_ptr=half, y_ptr=half)
+        for act in ("relu", "gelu", "silu"):
+            consts = dict(HAS_BIAS=True, ACT=activation_code(act), STAGES=cfg.stages,
+                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)  # fmt: skip
+            report = ptxas_report(
+                bias_act._bias_act_fwd_kernel, types, consts, cfg.num_warps, args.ptxas
+            )
+            print(f"bias_act fwd {m}x{n} {act} {cfg}: {report}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from tilewise.bench.checks import GCONV_ODD_SHAPES
 from tilewise.ops import gconv_cuda, gconv_wgrad
 from tilewise.ops.gconv_config import GConvProblem
 from tilewise.ops.gconv_cuda import CudaTile
+from tilewise.runtime import workspace
 
 CASES = GCONV_ODD_SHAPES
 
@@ -314,10 +315,6 @@ def test_every_wgrad_tile(dtype, rng_seed):
     assert _check_wgrad_tiles(dtype, rng_seed, gconv_cuda.wgrad_candidates) > 0
 
 
-def _workspaces_zero() -> bool:
-    return all(not ws.any() for ws, _ in gconv_cuda._WORKSPACES.values())
-
-
 @pytest.mark.gpu
 def test_wgrad_workspace_is_left_zero_and_graphs_replay():
     """The single-launch wgrad leaves its shared workspace zero (the next launch relies on it)
@@ -330,7 +327,7 @@ def test_wgrad_workspace_is_left_zero_and_graphs_replay():
         for tile in gconv_cuda.wgrad_candidates(c, r, r):
             dw, db = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
             results[(c, r, tile)] = (x, dy, dw.clone(), db.clone())
-            assert _workspaces_zero(), f"workspace not zero after {tile.name} c{c} k{r}"
+            assert workspace.all_zero(), f"workspace not zero after {tile.name} c{c} k{r}"
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # another stream has its own workspace
@@ -340,14 +337,14 @@ def test_wgrad_workspace_is_left_zero_and_graphs_replay():
             torch.testing.assert_close(db2, db, rtol=2e-3, atol=1e-3)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    assert (torch.cuda.current_device(), side.cuda_stream) in gconv_cuda._WORKSPACES
-    assert _workspaces_zero()
-    before = {k: ws.data_ptr() for k, (ws, _) in gconv_cuda._WORKSPACES.items()}
+    assert ("cuda", torch.cuda.current_device(), side.cuda_stream) in workspace._WORKSPACES
+    assert workspace.all_zero()
+    before = {k: ws.data_ptr() for k, (ws, _) in workspace._WORKSPACES.items()}
     (_, r, tile), (x, dy, dw, db) = next(iter(results.items()))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # the capture gets a workspace of its own (a recorded memset)
         gdw, gdb = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
-    assert {k: ws.data_ptr() for k, (ws, _) in gconv_cuda._WORKSPACES.items()} == before
+    assert {k: ws.data_ptr() for k, (ws, _) in workspace._WORKSPACES.items()} == before
     for _ in range(3):  # replays, then eager launches on the shared workspaces still right
         graph.replay()
         torch.cuda.synchronize()
@@ -355,7 +352,7 @@ def test_wgrad_workspace_is_left_zero_and_graphs_replay():
         torch.testing.assert_close(gdb, db, rtol=2e-3, atol=1e-3)
     dw3, _ = gconv_cuda.wgrad(dy, x, r, r, 1, 1, True, tile, dt)
     torch.testing.assert_close(dw3, dw, rtol=2e-3, atol=1e-3)
-    assert _workspaces_zero()
+    assert workspace.all_zero()
 
 
 def _rowpair_wgrad_loops(x, dy, r, s, ph, pw, th, tw):

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tilewise.runtime import workspace
+
 #: Activation name -> code baked into kernels as a constexpr.
 ACTIVATIONS: dict[str, int] = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 
@@ -107,9 +109,11 @@ def pick_config(kernel: str, m: int, n: int, elem_bytes: int, default: TileConfi
 def zeroed_accumulators(
     n_floats: int, n_counters: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 accumulators and int32 ticket counters for ``atomic_row_sum``, zeroed by one memset."""
-    buf = torch.zeros(n_floats + n_counters, device=device, dtype=torch.float32)
-    return buf[:n_floats], buf[n_floats:].view(torch.int32)
+    """fp32 accumulators and int32 ticket counters for ``atomic_row_sum``: views of the stream's
+    self-cleaning workspace (``runtime.workspace``; ``atomic_row_sum`` leaves them zero), so the
+    backward passes need no memset launch."""
+    acc, count = workspace.zeroed(device, (n_floats, n_counters))
+    return acc, count.view(torch.int32)
 
 
 def use_atomics() -> bool:
@@ -146,7 +150,8 @@ def atomic_row_sum(
     """Add this program's partial sums into accumulator copy ``slot`` (of ``SLOTS``, ``stride``
     apart), then take a ticket; the program that takes the last one (every other program's adds
     are in) sums the copies and stores the totals cast to the outputs' dtype, so finishing the
-    reduction needs no second launch."""
+    reduction needs no second launch. It then zeroes the copies it summed and the ticket counter:
+    the accumulators are a shared workspace that the next launch takes as zero."""
     if HAS_A:
         tl.atomic_add(acc_a_ptr + slot * stride + offs, part_a, mask=mask, sem="relaxed")
     if HAS_B:
@@ -160,6 +165,7 @@ def atomic_row_sum(
                 tot_a += tl.load(
                     acc_a_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
                 )
+                tl.store(acc_a_ptr + k * stride + offs, tl.zeros_like(part_a), mask=mask)
             tl.store(out_a_ptr + offs, tot_a.to(out_a_ptr.dtype.element_ty), mask=mask)
         if HAS_B:
             tot_b = tl.zeros_like(part_b)
@@ -167,7 +173,9 @@ def atomic_row_sum(
                 tot_b += tl.load(
                     acc_b_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
                 )
+                tl.store(acc_b_ptr + k * stride + offs, tl.zeros_like(part_b), mask=mask)
             tl.store(out_b_ptr + offs, tot_b.to(out_b_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed")
 
 
 @triton.jit

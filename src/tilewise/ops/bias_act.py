@@ -33,7 +33,7 @@ from tilewise.ops._common import (
     use_atomics,
     zeroed_accumulators,
 )
-from tilewise.runtime import alloc, dispatch
+from tilewise.runtime import alloc, dispatch, workspace
 
 OP = "bias_act"
 
@@ -318,31 +318,32 @@ def backward(
     else:
         partial = alloc.empty((progs_m, n), device=x.device, dtype=torch.float32)
         count = partial
-    _bias_act_bwd_kernel[(progs_m, n_blocks)](
-        dyv,
-        xv,
-        xv if bias is None else bias,
-        dxv,
-        partial,
-        partial if db is None else db,
-        count,
-        m,
-        n,
-        rows_per_prog,
-        HAS_BIAS=bias is not None,
-        ADD_BIAS=bias is not None and add_bias,
-        ACT=activation_code(activation),
-        # the approximate GELU CDF only where every output is half precision (an fp32 bias
-        # gradient with half x sums the dz values in fp32)
-        FAST_ACT=x.dtype != torch.float32 and (db is None or db.dtype != torch.float32),
-        ATOMIC=atomic,
-        SLOTS=slots,
-        PREFETCH=cfg.prefetch and cfg.stages <= 1,
-        STAGES=cfg.stages,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps,
-    )
+    with workspace.guarded(x.device):  # the atomic mode's accumulators
+        _bias_act_bwd_kernel[(progs_m, n_blocks)](
+            dyv,
+            xv,
+            xv if bias is None else bias,
+            dxv,
+            partial,
+            partial if db is None else db,
+            count,
+            m,
+            n,
+            rows_per_prog,
+            HAS_BIAS=bias is not None,
+            ADD_BIAS=bias is not None and add_bias,
+            ACT=activation_code(activation),
+            # the approximate GELU CDF only where every output is half precision (an fp32 bias
+            # gradient with half x sums the dz values in fp32)
+            FAST_ACT=x.dtype != torch.float32 and (db is None or db.dtype != torch.float32),
+            ATOMIC=atomic,
+            SLOTS=slots,
+            PREFETCH=cfg.prefetch and cfg.stages <= 1,
+            STAGES=cfg.stages,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
+        )
     if db is not None and not atomic:
         db.copy_(partial.sum(0))  # torch's reduction of the partial rows, in a fixed order
     return dx, db

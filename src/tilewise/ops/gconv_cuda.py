@@ -34,7 +34,7 @@ from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
-from tilewise.runtime import alloc
+from tilewise.runtime import alloc, workspace
 from tilewise.runtime import tma as _tma
 from tilewise.runtime.cuda_launch import Launcher
 
@@ -492,42 +492,6 @@ def _wgrad_candidates(
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
-#: per (device, stream): an fp32 workspace that every wgrad launch leaves zero (see
-#: ``finish_wgrad``), grown when a larger problem comes, with its views per problem size
-_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, dict]] = {}
-
-
-def _split(ws: torch.Tensor, taps: int, c: int, cblocks: int) -> tuple[torch.Tensor, ...]:
-    return ws[:taps], ws[taps : taps + c], ws[taps + c : taps + c + cblocks].view(torch.int32)
-
-
-def _workspace(
-    device: torch.device, dev: int, taps: int, c: int, cblocks: int
-) -> tuple[torch.Tensor, ...]:
-    """(dw sums [taps], db sums [c], counters [cblocks] int32): zeroed fp32 workspace views on
-    ``device`` (index ``dev``).
-
-    Outside graph capture the workspace is shared by every launch on the current stream (stream
-    order keeps them apart, and each leaves it zero). Under capture each call gets its own
-    (zeroed by a memset the graph records), so graphs replayed on different streams never share
-    one.
-    """
-    need = taps + c + cblocks
-    cuda = device.type == "cuda"
-    if cuda and torch.cuda.is_current_stream_capturing():
-        return _split(torch.zeros(need, device=device, dtype=torch.float32), taps, c, cblocks)
-    key = (dev, torch._C._cuda_getCurrentRawStream(dev) if cuda else 0)
-    entry = _WORKSPACES.get(key)
-    if entry is None or entry[0].numel() < need:
-        size = max(need, 1 << 14, 2 * entry[0].numel() if entry is not None else 0)
-        entry = (torch.zeros(size, device=device, dtype=torch.float32), {})
-        _WORKSPACES[key] = entry
-    views = entry[1].get((taps, c, cblocks))
-    if views is None:
-        views = entry[1][(taps, c, cblocks)] = _split(entry[0], taps, c, cblocks)
-    return views
-
-
 def wgrad(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -560,7 +524,8 @@ def wgrad(
         grid_x, dw_sums, db_sums, counters = tile.cluster, dw, dw, dw
     else:
         grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-        dw_sums, db_sums, counters = _workspace(x.device, dev, r * s * c * 8, c, cblocks)
+        dw_sums, db_sums, counters = workspace.zeroed(x.device, (r * s * c * 8, c, cblocks))
+        counters = counters.view(torch.int32)
     args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
     args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     signature = "ppppppp" + "i" * 10 + ("tt" if tile.tma else "")
@@ -570,5 +535,6 @@ def wgrad(
         args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
         args.append(_tensor_map(dy, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    _launch(kernel, signature, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
+    with workspace.guarded(x.device):
+        _launch(kernel, signature, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
     return dw, db

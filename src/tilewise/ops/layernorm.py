@@ -30,7 +30,7 @@ from tilewise.ops._common import (
     use_atomics,
     zeroed_accumulators,
 )
-from tilewise.runtime import alloc, dispatch
+from tilewise.runtime import alloc, dispatch, workspace
 
 OP = "layer_norm"
 MAX_FUSED_N = 16384
@@ -502,31 +502,32 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
         dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
         count = dwp
-    _ln_bwd_kernel[(progs,)](
-        dyv,
-        xv,
-        w,
-        b,
-        mean,
-        rstd,
-        dx,
-        dwp,
-        dbp,
-        dw if dw is not None else dwp,
-        db if db is not None else dbp,
-        count,
-        m,
-        n,
-        rows_per_prog,
-        **flags,
-        ATOMIC=atomic,
-        SLOTS=slots,
-        PREFETCH=cfg.prefetch and cfg.stages <= 1,
-        STAGES=cfg.stages,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps,
-    )
+    with workspace.guarded(x.device):  # the atomic mode's accumulators
+        _ln_bwd_kernel[(progs,)](
+            dyv,
+            xv,
+            w,
+            b,
+            mean,
+            rstd,
+            dx,
+            dwp,
+            dbp,
+            dw if dw is not None else dwp,
+            db if db is not None else dbp,
+            count,
+            m,
+            n,
+            rows_per_prog,
+            **flags,
+            ATOMIC=atomic,
+            SLOTS=slots,
+            PREFETCH=cfg.prefetch and cfg.stages <= 1,
+            STAGES=cfg.stages,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps,
+        )
     if not atomic:
         if dw is not None:
             dw.copy_(dwp.sum(0))

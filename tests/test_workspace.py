@@ -1,0 +1,105 @@
+"""The self-cleaning reduction workspace: every backward that sums with atomics leaves it zero,
+repeated and interleaved launches stay right, a failed launch never hands a dirty one on, and a
+CUDA-graph capture takes a workspace of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checks import ATOL, DEVICE_DTYPES
+
+from tilewise.ops import _common, bias_act, layernorm
+from tilewise.ops._common import TileConfig
+from tilewise.runtime import workspace
+
+
+def _problems(device: str, dtype: torch.dtype):
+    x = torch.randn(300, 19, device=device, dtype=dtype)
+    b = torch.randn(19, device=device, dtype=dtype)
+    dy = torch.randn_like(x)
+    w = 1 + 0.1 * torch.randn(19, device=device, dtype=dtype)
+    _, mean, rstd = layernorm.forward(x, (19,), w, b)
+    return (
+        lambda: bias_act.backward(dy, x, b, "silu"),
+        lambda: layernorm.backward(dy, x, (19,), w, b, mean, rstd),
+        lambda: bias_act.backward(dy, x, b, "relu"),
+    )
+
+
+@pytest.fixture
+def many_programs():
+    """Configs with hundreds of programs, so the atomics spread over several accumulator copies
+    (slots) and, for bias_act, two column blocks."""
+    _common.CONFIG_OVERRIDES["bias_act_bwd"] = lambda *_: TileConfig(
+        1, 16, 1, progs_per_sm=100, prefetch=False
+    )
+    _common.CONFIG_OVERRIDES["layer_norm_bwd"] = lambda *_: TileConfig(
+        1, 32, 1, progs_per_sm=100, prefetch=False
+    )
+    yield
+    _common.CONFIG_OVERRIDES.pop("bias_act_bwd")
+    _common.CONFIG_OVERRIDES.pop("layer_norm_bwd")
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_backward_leaves_workspace_zero(device, dtype, many_programs):
+    assert _common.atomic_slots(200) > 1
+    runs = _problems(device, dtype)
+    first = []
+    for fn in runs:
+        first.append(fn())
+        assert workspace.all_zero(), "a backward left its accumulators non-zero"
+    for _ in range(2):  # repeated and interleaved launches reuse the one workspace
+        for fn, want in zip(runs, first, strict=True):
+            got = fn()
+            assert workspace.all_zero()
+            for g, w in zip(got, want, strict=True):
+                if w is not None:
+                    torch.testing.assert_close(g, w, rtol=1e-3, atol=ATOL[dtype])
+
+
+def test_failed_launch_discards_the_workspace():
+    cpu = torch.device("cpu")
+    (acc,) = workspace.zeroed(cpu, (64,))
+    with pytest.raises(RuntimeError, match="launch failed"), workspace.guarded(cpu):
+        acc.fill_(1.0)  # a launch that dies halfway through its atomics
+        raise RuntimeError("launch failed")
+    (again,) = workspace.zeroed(cpu, (64,))
+    assert not again.any()
+    assert again.data_ptr() != acc.data_ptr()
+
+
+def test_larger_request_grows_a_zeroed_buffer():
+    cpu = torch.device("cpu")
+    small = workspace.zeroed(cpu, (8, 8))
+    big = workspace.zeroed(cpu, (1 << 15, 3))
+    assert [v.numel() for v in big] == [1 << 15, 3]
+    assert not any(v.any() for v in (*small, *big))
+
+
+@pytest.mark.gpu
+def test_graph_capture_takes_its_own_workspace():
+    dtype = torch.float16
+    x = torch.randn(4096, 1024, device="cuda", dtype=dtype)
+    b = torch.randn(1024, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    want_dx, want_db = bias_act.backward(dy, x, b, "relu")
+    before = {k: buf.data_ptr() for k, (buf, _) in workspace._WORKSPACES.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        bias_act.backward(dy, x, b, "relu")  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dx, db = bias_act.backward(dy, x, b, "relu")
+    for _ in range(3):
+        dx.fill_(float("nan"))
+        graph.replay()
+        eager_dx, eager_db = bias_act.backward(dy, x, b, "relu")  # shares nothing with the graph
+        torch.cuda.synchronize()
+        torch.testing.assert_close(dx, want_dx)
+        torch.testing.assert_close(db, want_db, rtol=1e-3, atol=1e-2)
+        torch.testing.assert_close(eager_db, want_db, rtol=1e-3, atol=1e-2)
+    assert all(workspace._WORKSPACES[k][0].data_ptr() == p for k, p in before.items())
+    assert workspace.all_zero()
