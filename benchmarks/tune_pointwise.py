@@ -76,10 +76,11 @@ def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     out: list[TileConfig | None] = [None]  # None = the heuristic default
     if kernel.startswith("bias_act"):
         bwd = kernel.endswith("bwd")
-        for bn, tile, warps in itertools.product(
-            (256, 512, 1024, 2048, 4096), (2048, 4096, 8192), (4, 8, 16)
-        ):
-            if bn > n or tile < bn or (bwd and (tile > 4096 or bn > 1024 or warps > 8)):
+        widths = (64, 128, 256, 512, 1024, 2048, 4096)
+        for bn, tile, warps in itertools.product(widths, (1024, 2048, 4096, 8192), (2, 4, 8, 16)):
+            if bn > _common.next_pow2(n) or bn < min(n, 1024) or tile < max(bn, 128 * warps):
+                continue  # rows of >= 1024 values (or whole rows), >= 4 values per thread
+            if bwd and (tile > 4096 or bn > 1024 or warps > 8):
                 continue
             for pps in (4, 8, 16) if bwd else (8,):
                 out.append(TileConfig(max(1, tile // bn), bn, warps, pps))
@@ -94,15 +95,15 @@ def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     return out
 
 
-def _problem(kernel: str, m: int, n: int, dtype: torch.dtype):
+def _problem(kernel: str, m: int, n: int, dtype: torch.dtype, act: str = "relu"):
     dev = "cuda"
     x = torch.randn(m, n, device=dev, dtype=dtype)
     if kernel.startswith("bias_act"):
         b = torch.randn(n, device=dev, dtype=dtype)
         if kernel.endswith("fwd"):
-            return (lambda: ba.forward(x, b, "relu")), 2 * x.nbytes, (x, b)
+            return (lambda: ba.forward(x, b, act)), 2 * x.nbytes, (x, b)
         dy = torch.randn_like(x)
-        return (lambda: ba.backward(dy, x, b, "relu")), 3 * x.nbytes, (x, b)
+        return (lambda: ba.backward(dy, x, b, act)), 3 * x.nbytes, (x, b)
     w = 1 + 0.1 * torch.randn(n, device=dev, dtype=dtype)
     b = 0.1 * torch.randn(n, device=dev, dtype=dtype)
     if kernel.endswith("fwd"):
@@ -131,6 +132,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
+    ap.add_argument("--act", default="relu", help="bias_act's activation (relu, gelu, silu)")
     args = ap.parse_args()
     copy_bw = measure_copy_bandwidth()
     dtype = torch.float16
@@ -149,7 +151,7 @@ def main() -> None:
     results = []
     for (kernel, n), mb in itertools.product(jobs, args.mb):
         m = mb * 2**20 // (n * 2)
-        fn, nbytes, _keep = _problem(kernel, m, n, dtype)
+        fn, nbytes, _keep = _problem(kernel, m, n, dtype, args.act)
         ref = fn()
         rows = []
         if args.stages:
@@ -190,12 +192,12 @@ def main() -> None:
         default = next(r for r in rows if r["config"] is None and not r["deterministic"])
         det = [r for r in rows if r["config"] is None and r["deterministic"]]
         print(
-            f"{kernel:15s} n={n:5d} {mb:4d} MB  default {default['frac_copy']:.3f}"
+            f"{kernel:15s} {args.act} n={n:5d} {mb:4d} MB  default {default['frac_copy']:.3f}"
             + (f" (deterministic {det[0]['frac_copy']:.3f})" if det else "")
             + f"  best {rows[0]['frac_copy']:.3f} det={rows[0]['deterministic']}"
             + f" {rows[0]['config']}"
         )
-        results.append({"kernel": kernel, "n": n, "m": m, "mb": mb, "rows": rows})
+        results.append({"kernel": kernel, "act": args.act, "n": n, "m": m, "mb": mb, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("tune_pointwise-stages.json" if args.stages else "tune_pointwise.json")
     path.write_text(

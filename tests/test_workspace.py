@@ -58,6 +58,33 @@ def test_backward_leaves_workspace_zero(device, dtype, many_programs):
                     torch.testing.assert_close(g, w, rtol=1e-3, atol=ATOL[dtype])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(8192, 1024), (2048, 4096), (65536, 64)])
+def test_default_configs_stay_right_over_repeated_launches(m, n):
+    """The shipped multi-warp configs, whose reduced rows live in several threads at once: the
+    last program's sums must be read by every replica before the accumulators are zeroed (a
+    session-10 defect left the layer_norm weight gradient wrong on the next launch)."""
+    dtype = torch.float16
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    w = 1 + 0.1 * torch.randn(n, device="cuda", dtype=dtype)
+    _, mean, rstd = layernorm.forward(x, (n,), w, b)
+    ref_ln = layernorm.reference_backward(
+        dy.float(), x.float(), (n,), w.float(), b.float(), mean, rstd, False
+    )
+    ref_db = bias_act.reference_backward(dy.float(), x.float(), b.float(), "silu")[1]
+    for _ in range(3):
+        for act in ("relu", "silu"):
+            _, db = bias_act.backward(dy, x, b, act)
+            assert workspace.all_zero()
+        torch.testing.assert_close(db.float(), ref_db, rtol=2e-2, atol=0.5)
+        _, dw, dbias = layernorm.backward(dy, x, (n,), w, b, mean, rstd)
+        assert workspace.all_zero()
+        torch.testing.assert_close(dw.float(), ref_ln[1], rtol=2e-2, atol=0.5)
+        torch.testing.assert_close(dbias.float(), ref_ln[2], rtol=2e-2, atol=0.5)
+
+
 def test_failed_launch_discards_the_workspace():
     cpu = torch.device("cpu")
     (acc,) = workspace.zeroed(cpu, (64,))

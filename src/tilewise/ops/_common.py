@@ -165,16 +165,23 @@ def atomic_row_sum(
                 tot_a += tl.load(
                     acc_a_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
                 )
-                tl.store(acc_a_ptr + k * stride + offs, tl.zeros_like(part_a), mask=mask)
-            tl.store(out_a_ptr + offs, tot_a.to(out_a_ptr.dtype.element_ty), mask=mask)
         if HAS_B:
             tot_b = tl.zeros_like(part_b)
             for k in tl.static_range(SLOTS):
                 tot_b += tl.load(
                     acc_b_ptr + k * stride + offs, mask=mask, other=0.0, cache_modifier=".cg"
                 )
-                tl.store(acc_b_ptr + k * stride + offs, tl.zeros_like(part_b), mask=mask)
+        # a reduced row can be held by several threads (replicas); every replica must have read
+        # the sums before any of them zeroes the accumulators
+        tl.debug_barrier()
+        if HAS_A:
+            tl.store(out_a_ptr + offs, tot_a.to(out_a_ptr.dtype.element_ty), mask=mask)
+            for k in tl.static_range(SLOTS):
+                tl.store(acc_a_ptr + k * stride + offs, tl.zeros_like(part_a), mask=mask)
+        if HAS_B:
             tl.store(out_b_ptr + offs, tot_b.to(out_b_ptr.dtype.element_ty), mask=mask)
+            for k in tl.static_range(SLOTS):
+                tl.store(acc_b_ptr + k * stride + offs, tl.zeros_like(part_b), mask=mask)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed")
 
 
