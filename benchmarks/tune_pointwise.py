@@ -72,6 +72,19 @@ def _stage_variants(
     return list(dict.fromkeys(out))  # 0.5x of a one-row tile is the 1x one
 
 
+def _narrow_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+    """layer_norm backward with few warps per row (1-4), so the two row reductions need fewer
+    or no cross-warp exchanges (each a shared-memory round trip and a barrier), and more
+    programs per SM in their place; rows pipelined 2-4 deep."""
+    out: list[TileConfig | None] = [None]
+    bn = _common.next_pow2(n)
+    for warps, bm, pps, stages in itertools.product((1, 2, 4), (1, 2), (4, 8, 12, 16), (2, 3, 4)):
+        per_thread = bm * bn // (32 * warps)
+        if 8 <= per_thread <= 64 and pps * warps <= 32:
+            out.append(TileConfig(bm, bn, warps, pps, prefetch=False, stages=stages))
+    return out
+
+
 def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     out: list[TileConfig | None] = [None]  # None = the heuristic default
     if kernel.startswith("bias_act"):
@@ -130,6 +143,7 @@ def main() -> None:
     ap.add_argument(
         "--quick", action="store_true", help="with --stages: 2-4 stages, 2-4 programs per SM"
     )
+    ap.add_argument("--narrow", action="store_true", help="layer_norm_bwd with 1-4 warps per row")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")
     ap.add_argument("--act", default="relu", help="bias_act's activation (relu, gelu, silu)")
@@ -154,7 +168,9 @@ def main() -> None:
         fn, nbytes, _keep = _problem(kernel, m, n, dtype, args.act)
         ref = fn()
         rows = []
-        if args.stages:
+        if args.narrow:
+            cands = [(v, False) for v in _narrow_variants(kernel, m, n, 2)]
+        elif args.stages:
             cands = [(v, False) for v in _stage_variants(kernel, m, n, 2, args.quick)]
         elif args.variants:
             modes = (False, True) if kernel.endswith("bwd") else (False,)
@@ -199,7 +215,8 @@ def main() -> None:
         )
         results.append({"kernel": kernel, "act": args.act, "n": n, "m": m, "mb": mb, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("tune_pointwise-stages.json" if args.stages else "tune_pointwise.json")
+    name = "narrow" if args.narrow else "stages" if args.stages else None
+    path = args.out / (f"tune_pointwise-{name}.json" if name else "tune_pointwise.json")
     path.write_text(
         json.dumps(
             {"environment": environment(), "copy_bytes_per_s": copy_bw, "results": results},

@@ -7,7 +7,7 @@
 Targets (fp16): ``gconv-fprop`` and ``gconv-wgrad`` (NVRTC kernels, C=64 64x64 N=128 3x3; fprop
 takes the tap kernel's default tile or ``--tile i`` of ``gconv_cuda.TILES``, where 0 is the
 row-pair 16x16 tile, kernel ``tw_gconv_fprop_rp``), ``ln-bwd`` (LayerNorm backward, 64 MB,
-n=1024, the default config), ``bias-act-bwd`` (64 MB, n=4096).
+n=1024, the default config), ``bias-act-bwd`` and ``bias-act-fwd`` (64 MB, n=4096, ``--act``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tilewise.ops import bias_act, gconv_cuda, layernorm
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("target", choices=["gconv-fprop", "gconv-wgrad", "ln-bwd", "bias-act-bwd"])
+    targets = ["gconv-fprop", "gconv-wgrad", "ln-bwd", "bias-act-bwd", "bias-act-fwd"]
+    ap.add_argument("target", choices=targets)
     ap.add_argument("--c", type=int, default=64)
     ap.add_argument("--hw", type=int, default=64)
     ap.add_argument("--n", type=int, default=128)
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument(
         "--tma-tile", type=int, default=-1, help="gconv-fprop: index into gconv_cuda.TMA_TILES"
     )
+    ap.add_argument("--act", default="relu", help="bias-act targets: relu, gelu, silu")
     args = ap.parse_args()
     dt = torch.float16
     if args.target.startswith("gconv"):
@@ -57,8 +59,10 @@ def main() -> None:
             w = torch.randn(n, device="cuda", dtype=dt)
             _, mean, rstd = layernorm.forward(x, (n,), w, b)
             fn = lambda: layernorm.backward(dy, x, (n,), w, b, mean, rstd)  # noqa: E731
+        elif args.target == "bias-act-fwd":
+            fn = lambda: bias_act.forward(x, b, args.act)  # noqa: E731
         else:
-            fn = lambda: bias_act.backward(dy, x, b, "relu")  # noqa: E731
+            fn = lambda: bias_act.backward(dy, x, b, args.act)  # noqa: E731
     for _ in range(args.reps):
         fn()
     torch.cuda.synchronize()

@@ -221,7 +221,11 @@ def _config(
         stages = min(3, pipeline_smem_budget(device) // (2 * block_m * block_n * elem_bytes))
         pipelined_bwd = stages >= 2  # dy and x tiles staged at least twice
     if pipelined_bwd:
-        default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=stages)
+        # Session 10 (tune_pointwise --stages --quick, 64 MB fp16): short rows (n = 64, a
+        # 128 x 64 tile) want 8 warps: 4 warps spilled 0.6-3.4 KB per thread (triton_regs.py);
+        # SiLU 0.844 -> 0.876, ReLU 0.877 -> 0.876-0.878. 16 x 512 tiles stay at 4 (8: 0.77-0.79).
+        warps = 8 if block_n <= 128 else 4
+        default = TileConfig(block_m, block_n, warps, progs_per_sm=4, prefetch=False, stages=stages)
     elif kernel.endswith("bwd"):
         block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)
         block_m = max(1, min(next_pow2(m), 4096 // block_n))
