@@ -112,3 +112,29 @@ def test_batched_grads_through_the_eager_route(case):
     for i in range(3):
         (gi,) = torch.autograd.grad(out, leaves[0], basis[i], retain_graph=True)
         torch.testing.assert_close(g[i], gi, msg=name)
+
+
+def test_backward_does_not_zero_fill_the_extra_outputs_grads():
+    """LayerNorm's mean/rstd and Linear's pre-activation never get a gradient: the eager route
+    must not materialize zeros for them (a fill launch per backward, a full-size one for
+    Linear's saved pre-activation)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = leaf(torch.randn(6, 16))
+    w, b = leaf(torch.randn(16)), leaf(torch.randn(16))
+    lw, lb = leaf(torch.randn(8, 16)), leaf(torch.randn(8))
+    for y in (tilewise.layer_norm(x, 16, w, b), tilewise.linear(x, lw, lb, "gelu")):
+        log = Log()
+        with log:
+            y.backward(torch.ones_like(y))
+        fills = [op for op in log.ops if "zero" in op or "fill" in op]
+        assert not fills, fills
