@@ -5,10 +5,10 @@ how many of the ``progs_per_sm`` programs the grid assumes can actually be resid
 
     python scripts/triton_regs.py [--ptxas /usr/local/cuda/bin/ptxas]
 
-Session 9 (Triton 3.6, the GPU image's version, and 3.9 agree): bias_act bwd at n = 4096
-(16 x 512 tile, 4 warps) uses 246-255 registers, so 2 of its 4 programs per SM fit; at n = 64
-(128 x 64) it spills 0.6-3.4 KB per thread; layer_norm bwd at n = 4096 (16 warps) uses 128, so
-1 of 2 programs per SM fits.
+Every pointer and integer argument is compiled as a multiple of 16, as the JIT specializes them
+at the study shapes. Session 9's figures (246-255 registers for bias_act bwd, spills at n = 64)
+were taken without that hint, i.e. for a kernel with 2-byte loads that the GPU never runs;
+session 10 added it (see docs/PERF_NOTES.md for the corrected figures).
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ def ptxas_report(jit, types: dict, consts: dict, warps: int, ptxas: str) -> str:
             sig[name], const_idx[(i,)] = "constexpr", consts[name]
         else:
             sig[name] = types.get(name, "i32")
-    src = ASTSource(fn=jit, signature=sig, constexprs=const_idx)
+    # the JIT specializes pointers and integers that are multiples of 16 (every study shape's
+    # are): without that hint Triton cannot prove contiguity and emits 2-byte loads, and the
+    # register counts read here are not the GPU's (session 9's were taken that way)
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(jit.arg_names)
+        if name not in consts and not sig[name].startswith("fp")
+    }
+    src = ASTSource(fn=jit, signature=sig, constexprs=const_idx, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = re.sub(r"\.version \d+\.\d+", ".version 8.4", kernel.asm["ptx"])
     with tempfile.TemporaryDirectory() as tmp:
