@@ -85,6 +85,17 @@ class TileConfig:
     stages: int = 1
 
 
+def backward_launch_args(cfg: TileConfig) -> dict:
+    """The tile and loop keywords every pointwise backward kernel takes from its config."""
+    return dict(
+        PREFETCH=cfg.prefetch and cfg.stages <= 1,
+        STAGES=cfg.stages,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
+    )
+
+
 def persistent_rows(m: int, cfg: TileConfig, col_blocks: int, device: torch.device) -> int:
     """Rows per program of a forward kernel: one tile (``block_m`` rows) per program, or, when
     ``cfg.stages > 1``, a persistent grid of ``progs_per_sm`` programs per SM (over all column

@@ -24,6 +24,7 @@ from tilewise.ops._common import (
     activation_code,
     atomic_row_sum,
     atomic_slots,
+    backward_launch_args,
     cdiv,
     next_pow2,
     num_sms,
@@ -348,11 +349,7 @@ def backward(
             FAST_ACT=x.dtype != torch.float32 and (db is None or db.dtype != torch.float32),
             ATOMIC=atomic,
             SLOTS=slots,
-            PREFETCH=cfg.prefetch and cfg.stages <= 1,
-            STAGES=cfg.stages,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps,
+            **backward_launch_args(cfg),
         )
     if db is not None and not atomic:
         db.copy_(partial.sum(0))  # torch's reduction of the partial rows, in a fixed order

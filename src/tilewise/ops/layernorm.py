@@ -21,6 +21,7 @@ from tilewise.ops._common import (
     TileConfig,
     atomic_row_sum,
     atomic_slots,
+    backward_launch_args,
     cdiv,
     next_pow2,
     num_sms,
@@ -524,11 +525,7 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
             **flags,
             ATOMIC=atomic,
             SLOTS=slots,
-            PREFETCH=cfg.prefetch and cfg.stages <= 1,
-            STAGES=cfg.stages,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            num_warps=cfg.num_warps,
+            **backward_launch_args(cfg),
         )
     if not atomic:
         if dw is not None:
