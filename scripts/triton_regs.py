@@ -95,7 +95,8 @@ def main() -> None:
         cfg = bias_act._config("bias_act_fwd", m, n, 2, None)
         types = dict(x_ptr=half, b_ptr=half, y_ptr=half)
         for act in ("relu", "gelu", "silu"):
-            consts = dict(HAS_BIAS=True, ACT=activation_code(act), FAST_ACT=True, STAGES=cfg.stages,
+            consts = dict(HAS_BIAS=True, ACT=activation_code(act), FAST_ACT=True, STREAM=False,
+                          STAGES=cfg.stages,
                           BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)  # fmt: skip
             report = ptxas_report(
                 bias_act._bias_act_fwd_kernel, types, consts, cfg.num_warps, args.ptxas

@@ -94,6 +94,7 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         ("bias_act_bwd", dict(stages=2, num_warps=8)),
         ("bias_act_fwd", dict(stages=2, progs_per_sm=1)),
         ("bias_act_fwd", dict(stages=4, block_m=2)),
+        ("bias_act_fwd", dict(streaming=True)),
     ],
     ids=[
         "bwd-plain",
@@ -102,6 +103,7 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         "bwd-stages2-8warps",
         "fwd-persistent2",
         "fwd-persistent4",
+        "fwd-streaming",
     ],
 )
 def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):

@@ -161,8 +161,16 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         ("layer_norm_bwd", dict(stages=4, block_m=2, num_warps=8)),
         ("layer_norm_fwd", dict(stages=2, progs_per_sm=1)),
         ("layer_norm_fwd", dict(stages=3, block_m=2)),
+        ("layer_norm_fwd", dict(streaming=True)),
     ],
-    ids=["bwd-prefetch", "bwd-stages2", "bwd-stages4-2rows", "fwd-persistent2", "fwd-persistent3"],
+    ids=[
+        "bwd-prefetch",
+        "bwd-stages2",
+        "bwd-stages4-2rows",
+        "fwd-persistent2",
+        "fwd-persistent3",
+        "fwd-streaming",
+    ],
 )
 def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
     """Configs that tuning sweeps pick among give the same outputs, mean/rstd and gradients: the

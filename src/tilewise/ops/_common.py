@@ -83,6 +83,9 @@ class TileConfig:
     # backward kernels: software-pipeline depth of the row loop (``tl.range(num_stages=)``: the
     # next steps' tiles are copied into shared memory asynchronously); 1 = not pipelined
     stages: int = 1
+    # forward kernels: read the input with an evict-first policy and write the output with
+    # streaming (.cs) stores, data touched once (a tuning option; off by default until measured)
+    streaming: bool = False
 
 
 def backward_launch_args(cfg: TileConfig) -> dict:

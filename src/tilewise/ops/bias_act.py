@@ -50,6 +50,7 @@ def _bias_act_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     FAST_ACT: tl.constexpr,
+    STREAM: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -66,11 +67,18 @@ def _bias_act_fwd_kernel(
         rows = r + tl.arange(0, BLOCK_M)
         mask = (rows[:, None] < row_end) & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if STREAM:
+            z = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+        else:
+            z = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        z = z.to(tl.float32)
         if HAS_BIAS:
             z = z + b[None, :]
-        y = act_fwd(z, ACT, FAST_ACT)
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = act_fwd(z, ACT, FAST_ACT).to(y_ptr.dtype.element_ty)
+        if STREAM:
+            tl.store(y_ptr + offs, y, mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
@@ -280,6 +288,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
         FAST_ACT=x.dtype != torch.float32,  # the approximate GELU CDF for half outputs
+        STREAM=cfg.streaming,
         STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,

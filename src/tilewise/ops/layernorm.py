@@ -53,6 +53,7 @@ def _ln_fwd_kernel(
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
+    STREAM: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -72,7 +73,11 @@ def _ln_fwd_kernel(
         rmask = rows < row_end
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if STREAM:
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        x = x.to(tl.float32)
         mean = tl.sum(x, axis=1) / N
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
@@ -83,7 +88,10 @@ def _ln_fwd_kernel(
             y = y + b[None, :]
         if RELU:  # max.NaN: one instruction; tl.where spilled the 64-value rows (ptxas, sm_90)
             y = tl.maximum(y, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if STREAM:
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(mean_ptr + rows, mean, mask=rmask)
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
@@ -452,6 +460,7 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
             eps,
             rows_per_prog,
             **flags,
+            STREAM=cfg.streaming,
             STAGES=cfg.stages,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
