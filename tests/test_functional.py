@@ -138,3 +138,24 @@ def test_backward_does_not_zero_fill_the_extra_outputs_grads():
             y.backward(torch.ones_like(y))
         fills = [op for op in log.ops if "zero" in op or "fill" in op]
         assert not fills, fills
+
+
+def test_backward_through_an_op_whose_output_gets_no_gradient():
+    """A downstream Function that returns no gradient for tilewise's output: the eager route's
+    backward runs with an undefined gradient and must give None, not fail."""
+
+    class Drop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, z):
+            return z * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None, grad * 2
+
+    x = leaf(torch.randn(6, 16))
+    w, b = leaf(torch.randn(16)), leaf(torch.randn(16))
+    z = leaf(torch.randn(3))
+    for y in (tilewise.layer_norm(x, 16, w, b), tilewise.bias_act(x, b, "gelu")):
+        Drop.apply(y, z).sum().backward()
+        assert x.grad is None and b.grad is None and z.grad is not None

@@ -98,10 +98,15 @@ def test_failed_launch_discards_the_workspace():
 
 def test_larger_request_grows_a_zeroed_buffer():
     cpu = torch.device("cpu")
-    small = workspace.zeroed(cpu, (8, 8))
-    big = workspace.zeroed(cpu, (1 << 15, 3))
-    assert [v.numel() for v in big] == [1 << 15, 3]
-    assert not any(v.any() for v in (*small, *big))
+    workspace.zeroed(cpu, (8, 8))
+    (buf_small, _) = workspace._WORKSPACES[workspace._key(cpu)]
+    small_size = buf_small.numel()
+    big = workspace.zeroed(cpu, (small_size, 3))  # more than the buffer holds
+    (buf_big, _) = workspace._WORKSPACES[workspace._key(cpu)]
+    assert buf_big.data_ptr() != buf_small.data_ptr() and buf_big.numel() >= small_size + 3
+    assert [v.numel() for v in big] == [small_size, 3]
+    assert not any(v.any() for v in big)
+    assert workspace.zeroed(cpu, (8, 8))[0].data_ptr() == buf_big.data_ptr()  # smaller: reused
 
 
 @pytest.mark.gpu
@@ -111,15 +116,13 @@ def test_graph_capture_takes_its_own_workspace():
     b = torch.randn(1024, device="cuda", dtype=dtype)
     dy = torch.randn_like(x)
     want_dx, want_db = bias_act.backward(dy, x, b, "relu")
-    before = {k: buf.data_ptr() for k, (buf, _) in workspace._WORKSPACES.items()}
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        bias_act.backward(dy, x, b, "relu")  # warm-up on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    before = {k: buf.data_ptr() for k, (buf, _) in workspace._WORKSPACES.items()}
     with torch.cuda.graph(graph):
         dx, db = bias_act.backward(dy, x, b, "relu")
+    # the capture took a fresh buffer: no workspace was cached for the capture stream, and the
+    # eager ones were left alone
+    assert {k: buf.data_ptr() for k, (buf, _) in workspace._WORKSPACES.items()} == before
     for _ in range(3):
         dx.fill_(float("nan"))
         graph.replay()
@@ -128,5 +131,4 @@ def test_graph_capture_takes_its_own_workspace():
         torch.testing.assert_close(dx, want_dx)
         torch.testing.assert_close(db, want_db, rtol=1e-3, atol=1e-2)
         torch.testing.assert_close(eager_db, want_db, rtol=1e-3, atol=1e-2)
-    assert all(workspace._WORKSPACES[k][0].data_ptr() == p for k, p in before.items())
     assert workspace.all_zero()

@@ -75,7 +75,7 @@ def _eager_function(name: str, forward, setup, backward, backward_impl):
         return out
 
     def bwd(ctx, *grads):
-        if grads[0] is None:  # only a non-differentiable output was used
+        if grads[0] is None:  # no gradient reached the main output
             return (None,) * ctx.n_inputs
         # the backward op's body only for plain grads; batched grads (is_grads_batched, vmapped
         # jacobians) need the dispatcher's batching fallback, i.e. the backward custom op

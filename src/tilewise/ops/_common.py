@@ -204,7 +204,8 @@ def normal_cdf_given_density_exp(z, e):
     """The normal CDF at z given e = exp(-z^2 / 2), for the GELU backward, which needs e for the
     density anyway: Abramowitz & Stegun 7.1.26, absolute error <= 7.4e-8 (<= 3e-7 evaluated in
     fp32), one approximate division and a polynomial instead of erf's branches. The error is
-    absolute: far in the negative tail (z < -5) the tiny CDF is off by up to ~3% relative."""
+    absolute: in the negative tail the tiny CDF's relative error grows (0.16% at z = -5, where
+    the CDF is 3e-7; 2% at -10 and 3% at -12, where it is below 1e-23; more beyond)."""
     t = tl.math.fdiv(1.0, 1.0 + 0.23164189750 * tl.abs(z))  # 0.3275911 / sqrt(2)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
         -1.453152027 + t * 1.061405429))))  # fmt: skip

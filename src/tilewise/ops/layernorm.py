@@ -420,9 +420,11 @@ def _config(
         else:  # rows too long to stage twice: one row per step, 8 programs per SM (session 4)
             default = TileConfig(1, block_n, warps, progs_per_sm=8, prefetch=False)
     else:
-        # session 10 (tune_pointwise --only layer_norm_fwd, 64 MB fp16): rows of >= 1024 values
-        # two per program (n = 1024: 0.902 of copy against 0.891 for 8 rows; n = 4096 unchanged)
-        block_m = max(1, min(next_pow2(m), 8192 // block_n if block_n < 1024 else 2))
+        # session 10 (tune_pointwise --only layer_norm_fwd, 64 MB fp16): rows of 1024-4096 values
+        # two per program (n = 1024: 0.902 of copy against 0.891 for 8 rows; n = 4096 unchanged);
+        # longer rows one per program, as before (not measured with two)
+        rows = 8192 // block_n if block_n < 1024 else (2 if block_n <= 4096 else 1)
+        block_m = max(1, min(next_pow2(m), rows))
         warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
         default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
     cfg = pick_config(kernel, m, n, elem_bytes, default)

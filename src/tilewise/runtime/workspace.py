@@ -8,6 +8,10 @@ every launch in stream order, across ops.
 
 Under CUDA-graph capture each call gets a fresh zeroed buffer (a memset the graph records), so
 graphs replayed on other streams never share one with eager launches.
+
+Known limits: a buffer first allocated while a private memory pool is active outside capture
+(torch.compile's "reduce-overhead" warm-up) lives in that pool; buffers of streams that are gone
+are not freed (a few MB per stream at most).
 """
 
 from __future__ import annotations
@@ -17,15 +21,21 @@ from collections.abc import Iterator
 
 import torch
 
-#: (device type, device index, stream) -> (buffer, views by region sizes)
-_WORKSPACES: dict[tuple[str, int, int], tuple[torch.Tensor, dict]] = {}
+#: (device type, device index, stream[, current device, its stream]) -> (buffer, views by sizes)
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, dict]] = {}
 
 
-def _key(device: torch.device) -> tuple[str, int, int]:
+def _key(device: torch.device) -> tuple:
     if device.type != "cuda":
         return (device.type, 0, 0)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return ("cuda", index, torch._C._cuda_getCurrentRawStream(index))
+    current = torch.cuda.current_device()
+    # Triton launches on the current device's stream, the NVRTC launcher on the tensor device's:
+    # both are in the key, so launches on different streams never share a buffer
+    key = ("cuda", index, torch._C._cuda_getCurrentRawStream(index))
+    if current != index:
+        key += (current, torch._C._cuda_getCurrentRawStream(current))
+    return key
 
 
 def _split(buf: torch.Tensor, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
