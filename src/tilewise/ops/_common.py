@@ -200,6 +200,25 @@ def atomic_row_sum(
 
 
 @triton.jit
+def load_once(ptr, mask, STREAM: tl.constexpr):
+    """A masked load (zeros outside ``mask``) of data read once: evict-first with ``STREAM``."""
+    if STREAM:
+        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptr, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def store_once(ptr, value, mask, STREAM: tl.constexpr):
+    """A masked store of data not read again here: streaming (``.cs``) with ``STREAM``."""
+    if STREAM:
+        tl.store(ptr, value, mask=mask, cache_modifier=".cs")
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
 def normal_cdf_given_density_exp(z, e):
     """The normal CDF at z given e = exp(-z^2 / 2), for the GELU backward, which needs e for the
     density anyway: Abramowitz & Stegun 7.1.26, absolute error <= 7.4e-8 (<= 3e-7 evaluated in

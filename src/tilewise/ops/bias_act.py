@@ -26,11 +26,13 @@ from tilewise.ops._common import (
     atomic_slots,
     backward_launch_args,
     cdiv,
+    load_once,
     next_pow2,
     num_sms,
     persistent_rows,
     pick_config,
     pipeline_smem_budget,
+    store_once,
     use_atomics,
     zeroed_accumulators,
 )
@@ -67,18 +69,11 @@ def _bias_act_fwd_kernel(
         rows = r + tl.arange(0, BLOCK_M)
         mask = (rows[:, None] < row_end) & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        if STREAM:
-            z = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-        else:
-            z = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        z = z.to(tl.float32)
+        z = load_once(x_ptr + offs, mask, STREAM).to(tl.float32)
         if HAS_BIAS:
             z = z + b[None, :]
-        y = act_fwd(z, ACT, FAST_ACT).to(y_ptr.dtype.element_ty)
-        if STREAM:
-            tl.store(y_ptr + offs, y, mask=mask, cache_modifier=".cs")
-        else:
-            tl.store(y_ptr + offs, y, mask=mask)
+        y = act_fwd(z, ACT, FAST_ACT)
+        store_once(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask, STREAM)
 
 
 @triton.jit
@@ -232,8 +227,9 @@ def _config(
         pipelined_bwd = stages >= 2  # dy and x tiles staged at least twice
     if pipelined_bwd:
         # Session 10 (tune_pointwise --stages --quick, 64 MB fp16): short rows (n = 64, a
-        # 128 x 64 tile) want 8 warps: 4 warps spilled 0.6-3.4 KB per thread (triton_regs.py);
-        # SiLU 0.844 -> 0.876, ReLU 0.877 -> 0.876-0.878. 16 x 512 tiles stay at 4 (8: 0.77-0.79).
+        # 128 x 64 tile) want 8 warps (108-128 registers per thread against 182-255 at 4 warps,
+        # triton_regs.py): SiLU 0.844 -> 0.876, ReLU 0.877 -> 0.876-0.878. 16 x 512 tiles stay
+        # at 4 warps (8: 0.77-0.79).
         warps = 8 if block_n <= 128 else 4
         default = TileConfig(block_m, block_n, warps, progs_per_sm=4, prefetch=False, stages=stages)
     elif kernel.endswith("bwd"):

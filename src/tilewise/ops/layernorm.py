@@ -23,11 +23,13 @@ from tilewise.ops._common import (
     atomic_slots,
     backward_launch_args,
     cdiv,
+    load_once,
     next_pow2,
     num_sms,
     persistent_rows,
     pick_config,
     pipeline_smem_budget,
+    store_once,
     use_atomics,
     zeroed_accumulators,
 )
@@ -73,11 +75,7 @@ def _ln_fwd_kernel(
         rmask = rows < row_end
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        if STREAM:
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-        else:
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        x = load_once(x_ptr + offs, mask, STREAM).to(tl.float32)
         mean = tl.sum(x, axis=1) / N
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
@@ -88,10 +86,7 @@ def _ln_fwd_kernel(
             y = y + b[None, :]
         if RELU:  # max.NaN: one instruction; tl.where spilled the 64-value rows (ptxas, sm_90)
             y = tl.maximum(y, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        if STREAM:
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, cache_modifier=".cs")
-        else:
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_once(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask, STREAM)
         tl.store(mean_ptr + rows, mean, mask=rmask)
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
