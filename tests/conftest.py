@@ -31,7 +31,9 @@ def _poisoned_outputs():
 
 @pytest.fixture(autouse=True)
 def rng_seed():
-    """A fresh seed per test, so every run draws new inputs; failures print it."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A fresh seed per test, so every run draws new inputs; failures print it
+    (``TILEWISE_TEST_SEED=<seed>`` replays one)."""
+    replay = os.environ.get("TILEWISE_TEST_SEED")
+    seed = int(replay) if replay else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     return seed

@@ -7,10 +7,13 @@ block of ``block_c`` channels and ``tap_block`` taps. It walks its chunk ``block
 time: it loads ``dy`` [block_m, block_c] once, gathers the shifted inputs of all its taps into one
 [block_m, tap_block * block_c] operand, and accumulates ``tl.dot(x_taps^T, dy)`` ->
 [tap_block * block_c, block_c] in fp32, of which it keeps the 8x8 diagonal blocks (same group).
-Deterministic mode stores per-chunk partials [chunks, R, S, C, 8] that a PyTorch sum reduces; fast
-mode adds them with fp32 atomics into a zeroed [R, S, C, 8] buffer. The bias gradient is fused:
-the programs of the first tap block also sum the ``dy`` they load into per-chunk fp32 partials
-[chunks, C] (reduced by a PyTorch sum in both modes).
+A single chunk stores the final [C, 8, R, S] gradient in x's dtype. Otherwise, deterministic mode
+stores per-chunk partials [chunks, R, S, C, 8] that a PyTorch sum reduces; fast mode finishes in
+its one launch: the chunks add fp32 partials with atomics into the stream's self-cleaning
+workspace (``runtime.workspace``), and the last chunk of each (channel block, tap block) writes
+the final gradient and re-zeroes what it used (``_common.atomic_row_sum``), so there is no memset
+before the kernel and no reduction or cast after it. The bias gradient is fused: the programs of
+the first tap block also sum the ``dy`` they load, reduced the same way.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import gconv_cuda
-from tilewise.ops._common import cdiv, num_sms
+from tilewise.ops._common import atomic_row_sum, cdiv, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     GConvProblem,
     WgradConfig,
     candidate_tuple,
 )
-from tilewise.runtime import alloc, autotune
+from tilewise.runtime import alloc, autotune, workspace
 
 OP = "grouped_conv2d_backward.wgrad"
 
@@ -40,6 +43,9 @@ def _gconv_wgrad_kernel(
     dy_ptr,
     dw_ptr,
     db_ptr,
+    out_w_ptr,
+    out_b_ptr,
+    count_ptr,
     M,
     C,
     H,
@@ -60,8 +66,7 @@ def _gconv_wgrad_kernel(
     R: tl.constexpr,
     S: tl.constexpr,
     HAS_DB: tl.constexpr,
-    ATOMIC: tl.constexpr,
-    DIRECT: tl.constexpr,
+    MODE: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -115,17 +120,34 @@ def _gconv_wgrad_kernel(
             acc = tl.dot(tl.trans(xs), dy, acc)
     # keep the diagonal 8x8 blocks (same group); the rest paired channels of different groups
     keep = (ck[:, None] // 8 == c[None, :] // 8) & k_ok[:, None] & cmask[None, :]
-    out_offs = tap[:, None] * C * 8 + c[None, :] * 8 + (ck % 8)[:, None]  # [R*S, C, 8] slab
-    if DIRECT:  # one chunk: the final [C, 8, R, S] weight gradient in its own dtype
-        direct_offs = c[None, :] * 8 * R * S + (ck % 8)[:, None] * R * S + tap[:, None]
+    # offsets in the final [C, 8, R, S] weight gradient
+    direct_offs = c[None, :] * 8 * R * S + (ck % 8)[:, None] * R * S + tap[:, None]
+    if MODE == 0:  # one chunk: the final gradient in its own dtype
         tl.store(dw_ptr + direct_offs, acc.to(dw_ptr.dtype.element_ty), mask=keep)
-    elif ATOMIC:
-        tl.atomic_add(dw_ptr + out_offs, acc, mask=keep)
-    else:
+        if HAS_DB:
+            if tap0 == 0:
+                tl.store(db_ptr + c, tl.sum(db, axis=0), mask=cmask)
+    elif MODE == 1:  # one launch: atomics into the workspace, the last chunk finishes
+        chunks = tl.num_programs(0)
+        tile = tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)
+        atomic_row_sum(
+            dw_ptr, dw_ptr, acc, acc, out_w_ptr, out_w_ptr, count_ptr + tile, chunks, 0, 0,
+            direct_offs, keep, HAS_A=True, HAS_B=False, SLOTS=1,
+        )  # fmt: skip
+        if HAS_DB:
+            if tap0 == 0:
+                part = tl.sum(db, axis=0)
+                counter = count_ptr + tl.num_programs(1) * tl.num_programs(2) + tl.program_id(1)
+                atomic_row_sum(
+                    db_ptr, db_ptr, part, part, out_b_ptr, out_b_ptr, counter, chunks, 0, 0,
+                    c, cmask, HAS_A=True, HAS_B=False, SLOTS=1,
+                )  # fmt: skip
+    else:  # deterministic: per-chunk partials that the host sums in a fixed order
+        out_offs = tap[:, None] * C * 8 + c[None, :] * 8 + (ck % 8)[:, None]  # [R*S, C, 8] slab
         tl.store(dw_ptr + chunk.to(tl.int64) * R * S * C * 8 + out_offs, acc, mask=keep)
-    if HAS_DB:
-        if tap0 == 0:
-            tl.store(db_ptr + chunk * C + c, tl.sum(db, axis=0), mask=cmask)
+        if HAS_DB:
+            if tap0 == 0:
+                tl.store(db_ptr + chunk * C + c, tl.sum(db, axis=0), mask=cmask)
 
 
 def launch_wgrad(
@@ -135,61 +157,69 @@ def launch_wgrad(
     cfg: WgradConfig,
     need_db: bool,
     deterministic: bool,
-    direct: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One wgrad run with ``cfg``: (fp32 [R, S, C, 8] weight gradient, fp32 [C] bias gradient).
+    """One wgrad run with ``cfg``: (weight gradient [C, 8, R, S] contiguous in x's dtype, fp32
+    [C] bias gradient or None).
 
-    ``direct`` (only where ``cfg`` covers every pixel in one chunk): the weight gradient comes out
-    final, [C, 8, R, S] in x's dtype, with no zeroed buffer, reduction or permute after it (at
-    batch 1 those extra launches cost more than the kernel)."""
+    One launch unless ``deterministic`` with more than one chunk (then a PyTorch sum of the
+    per-chunk partials and a cast follow): at batch 1 extra launches cost more than the kernel."""
     n, c, h, w = x.shape
     p, q, r, s = problem.p, problem.q, problem.r, problem.s
     m = n * p * q
     chunks = cdiv(m, cfg.block_m * cfg.chunk_steps)
-    dev = x.device
-    if direct and chunks != 1:
-        raise ValueError(f"argument 'direct' needs one chunk; {cfg} makes {chunks}")
-    if direct:
-        dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype)
-    elif deterministic:
-        dw = alloc.empty(chunks, r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
-    else:
-        dw = torch.zeros(r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
-    dbp = alloc.empty(chunks, c, device=dev, dtype=torch.float32) if need_db else dw
     grid = (chunks, cdiv(c, cfg.block_c), cdiv(r * s, cfg.tap_block))
-    _gconv_wgrad_kernel[grid](
-        x,
-        grad,
-        dw,
-        dbp,
-        m,
-        c,
-        h,
-        w,
-        p,
-        q,
-        problem.pad_h,
-        problem.pad_w,
-        cfg.chunk_steps,
-        *x.stride(),
-        *grad.stride(),
-        R=r,
-        S=s,
-        HAS_DB=need_db,
-        ATOMIC=not deterministic and not direct,
-        DIRECT=direct,
-        IEEE=x.dtype == torch.float32,
-        BLOCK_M=cfg.block_m,
-        BLOCK_C=cfg.block_c,
-        TAP_BLOCK=cfg.tap_block,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    if direct:
-        return dw, (dbp.view(c) if need_db else None)
-    if deterministic:
-        dw = dw.sum(0)
-    return dw, (dbp.sum(0) if need_db else None)
+    dev = x.device
+    dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype)
+    db = alloc.empty(c, device=dev, dtype=torch.float32) if need_db else None
+    sums, db_sums, counters = dw, db if need_db else dw, dw
+    if chunks == 1:
+        mode = 0
+    elif not deterministic:
+        mode = 1
+        sums, db_sums, counters = workspace.zeroed(
+            dev, (r * s * c * GROUP_WIDTH, c, grid[1] * grid[2] + grid[1])
+        )
+        counters = counters.view(torch.int32)
+    else:
+        mode = 2
+        sums = alloc.empty(chunks, r, s, c, GROUP_WIDTH, device=dev, dtype=torch.float32)
+        db_sums = alloc.empty(chunks, c, device=dev, dtype=torch.float32) if need_db else sums
+    with workspace.guarded(dev):  # a failed launch must not leave a dirty workspace
+        _gconv_wgrad_kernel[grid](
+            x,
+            grad,
+            sums,
+            db_sums,
+            dw,
+            db if need_db else dw,
+            counters,
+            m,
+            c,
+            h,
+            w,
+            p,
+            q,
+            problem.pad_h,
+            problem.pad_w,
+            cfg.chunk_steps,
+            *x.stride(),
+            *grad.stride(),
+            R=r,
+            S=s,
+            HAS_DB=need_db,
+            MODE=mode,
+            IEEE=x.dtype == torch.float32,
+            BLOCK_M=cfg.block_m,
+            BLOCK_C=cfg.block_c,
+            TAP_BLOCK=cfg.tap_block,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    if mode == 2:
+        dw.copy_(sums.sum(0).permute(2, 3, 0, 1))
+        if need_db:
+            torch.sum(db_sums, 0, out=db)
+    return dw, db
 
 
 @functools.lru_cache(maxsize=4096)
@@ -222,7 +252,7 @@ def wgrad(
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     candidates = _candidates(problem, sms, with_cuda)
     cfg = autotune.choose_config(
-        f"{OP}.{'det' if deterministic else 'atomic'}@{gconv_cuda.SOURCE_DIGEST}",
+        f"{OP}.{'det' if deterministic else 'one-launch'}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         candidates,
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
@@ -246,17 +276,12 @@ def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
 def _launch(
     grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool, db_dtype=torch.float32
 ):
-    """(dweight [C, 8, R, S] in x's dtype, dbias or None) with ``cfg``; the permute and cast
-    after a reduction buffer are part of what the autotuner times. The NVRTC kernel finishes
-    in its one launch (dbias in ``db_dtype``, fp32 or x's dtype as ``validate`` allows)."""
+    """(dweight [C, 8, R, S] in x's dtype, dbias or None) with ``cfg``; whatever follows the
+    kernel (the deterministic mode's sum and cast) is part of what the autotuner times. The NVRTC
+    kernel finishes in its one launch (dbias in ``db_dtype``, fp32 or x's dtype as ``validate``
+    allows)."""
     if isinstance(cfg, gconv_cuda.CudaTile):
         return gconv_cuda.wgrad(
             grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype
         )
-    m = problem.n * problem.p * problem.q
-    if cdiv(m, cfg.block_m * cfg.chunk_steps) == 1:
-        return launch_wgrad(grad, x, problem, cfg, need_db, deterministic, direct=True)
-    dw32, db = launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
-    dw = alloc.empty(problem.c, GROUP_WIDTH, problem.r, problem.s, device=x.device, dtype=x.dtype)
-    dw.copy_(dw32.permute(2, 3, 0, 1))
-    return dw, db
+    return launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
