@@ -309,3 +309,20 @@ def test_host_us_per_call_counts_every_call():
     calls = []
     us = host_us_per_call(lambda: calls.append(1), iters=30, warmup=5)
     assert len(calls) == 35 and 0 < us < 1e5
+
+
+def test_merge_joins_parts_of_one_device(tmp_path, capsys):
+    """A study run in parts (one process per batch) becomes one file; parts of different
+    devices are refused."""
+    rec = {"record": "pass", "block": "mbconv", "impl": "tilewise", "pass": "fprop", "batch": 32}
+    env = {"device_name": "GPU A"}
+    a = save_results("gconv-insitu-a", [rec], {"copy": 3e12}, tmp_path, env)
+    b = save_results("gconv-insitu-b", [{**rec, "batch": 64}], {"copy": 3.1e12}, tmp_path, env)
+    out = tmp_path / "merged"
+    assert cli.main(["bench", "merge", "gconv-insitu-ab", str(a), str(b), "--out", str(out)]) == 0
+    merged = load_results(out / "gconv-insitu-ab__gpu-a.json")
+    assert [r["batch"] for r in merged["records"]] == [32, 64]
+    assert [c["copy"] for c in merged["ceilings"]["parts"]] == [3e12, 3.1e12]
+    c = save_results("gconv-insitu-c", [rec], {"copy": 3e12}, tmp_path, {"device_name": "GPU B"})
+    with pytest.raises(ValueError, match="files"):
+        cli.main(["bench", "merge", "x", str(a), str(c), "--out", str(out)])

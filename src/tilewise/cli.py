@@ -548,6 +548,34 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    """``tilewise bench merge STUDY FILE...``: one result file (and its table, and with
+    ``--plot`` its figure) from studies run in parts, e.g. one process per batch size under a
+    time limit. The parts must come from one device; each record keeps the fractions of the
+    ceilings measured in its own run, and the merged file lists every part's ceilings."""
+    from tilewise.bench.gconv import plot_gconv
+    from tilewise.bench.gconv_insitu import plot_insitu
+    from tilewise.bench.results import load_results, save_results
+
+    parts = [load_results(p) for p in args.files]
+    devices = {d["environment"].get("device_name") for d in parts}
+    if len(devices) != 1:
+        raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
+    records = [r for d in parts for r in d["records"]]
+    names = [Path(p).name for p in args.files]
+    ceilings = {"parts": [d["ceilings"] for d in parts], "files": names}
+    path = save_results(args.study, records, ceilings, args.out, parts[0]["environment"])
+    print(f"wrote {path} ({len(records)} records from {len(parts)} files)")
+    kinds = {"gconv-insitu": (_report_insitu, plot_insitu), "gconv": (_report_gconv, plot_gconv)}
+    prefix = next((k for k in kinds if args.study.startswith(k)), None)
+    if prefix is not None:
+        report, plot_fn = kinds[prefix]
+        report(records, f"{args.study} ({devices.pop()})")
+        if args.plot:
+            print(f"wrote {plot_fn(load_results(path), path.with_suffix('.png'))}")
+    return 0
+
+
 def _cmd_tour(args: argparse.Namespace) -> int:
     return _tour_gpu(args) if torch.cuda.is_available() else _tour_cpu(args)
 
@@ -575,6 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep = studies.add_parser("report", help="summary tables of saved results in a directory")
     rep.add_argument("dir", type=Path)
     rep.set_defaults(func=_cmd_report)
+    merge = studies.add_parser("merge", help="join result files of a study run in parts")
+    merge.add_argument("study", help="name of the merged study (its prefix picks table and plot)")
+    merge.add_argument("files", nargs="+", type=Path)
+    merge.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
+    merge.add_argument("--plot", action="store_true", help="also write a PNG figure")
+    merge.set_defaults(func=_cmd_merge)
     alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
     alias.set_defaults(func=run_mlp_command)
     tour = sub.add_parser("tour", help="ceilings + tilewise vs eager vs torch.compile")
