@@ -209,7 +209,12 @@ def validate(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: i
 
 
 def _config(
-    kernel: str, m: int, n: int, elem_bytes: int, device: torch.device | None = None
+    kernel: str,
+    m: int,
+    n: int,
+    elem_bytes: int,
+    device: torch.device | None = None,
+    activation: str = "relu",
 ) -> TileConfig:
     # H100 sweep (benchmarks/tune_pointwise.py): the backward likes [8 x 512] fp16 tiles, 4 warps;
     # the forward is fastest when a program's tile is one contiguous run of memory (whole rows),
@@ -231,7 +236,16 @@ def _config(
         # triton_regs.py): SiLU 0.844 -> 0.876, ReLU 0.877 -> 0.876-0.878. 16 x 512 tiles stay
         # at 4 warps (8: 0.77-0.79).
         warps = 8 if block_n <= 128 else 4
-        default = TileConfig(block_m, block_n, warps, progs_per_sm=4, prefetch=False, stages=stages)
+        progs = 4
+        if activation in ("gelu", "silu"):
+            # Session 11 (tune_pointwise --stages --quick --act gelu, 64 MB fp16, 3 input sets):
+            # the transcendental derivatives want half the rows per step at 2 programs per SM:
+            # n = 4096 8 x 512 0.842 of copy (16 x 512 at 4 per SM 0.814), n = 64 64 x 64 0.868
+            # (128 x 64: 0.846)
+            block_m, progs = max(1, block_m // 2), 2
+        default = TileConfig(
+            block_m, block_n, warps, progs_per_sm=progs, prefetch=False, stages=stages
+        )
     elif kernel.endswith("bwd"):
         block_n = min(next_pow2(n), 256 if elem_bytes >= 4 else 512)
         block_m = max(1, min(next_pow2(m), 4096 // block_n))
@@ -320,7 +334,7 @@ def backward(
     dx = alloc.empty_like(x)
     dxv = _rows_view(dx, dim)
     m, n = xv.shape
-    cfg = _config("bias_act_bwd", m, n, x.element_size(), x.device)
+    cfg = _config("bias_act_bwd", m, n, x.element_size(), x.device, activation)
     n_blocks = cdiv(n, cfg.block_n)
     progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
