@@ -276,10 +276,30 @@ def _insitu_records():
                             kernels=(("k", 4.0, 4 * t),),
                         )
                     )
-            for impl, t in (("tilewise", 1e-3), ("eager", 2e-3), ("compile", 1.5e-3)):
+            steps = (("tilewise", 1e-3), ("eager", 2e-3), ("compile", 1.5e-3))
+            for impl, t in (*steps, ("tilewise-compile", 1.2e-3)):
                 recs.append(ins.StepRecord(block, impl, batch, 4, 2, step_s=t, device_s=t))
     recs.append(ins.StepRecord("mbconv", "compile", 96, 4, 2, error="boom"))
     return recs
+
+
+def test_insitu_prepare_impls():
+    """tilewise-compile transforms first (tilewise's grouped convs inside the compiled graph)."""
+    base = block_stack("mbconv", 8, depth=1, expansion=2, extra=0)
+    for impl, swapped, compiled in (
+        ("eager", False, False),
+        ("tilewise", True, False),
+        ("compile", False, True),
+        ("tilewise-compile", True, True),
+    ):
+        model = ins.prepare(base, impl)
+        assert hasattr(model, "_orig_mod") == compiled, impl
+        inner = model._orig_mod if compiled else model
+        assert bool(list(ins.grouped_convs(inner))) and any(
+            isinstance(m, tilewise.nn.GroupedConv2d) for m in inner.modules()
+        ) == swapped, impl
+    with pytest.raises(ValueError, match="impl"):
+        ins.prepare(base, "cudnn")
 
 
 def test_insitu_records_round_trip_tables_and_plot(tmp_path):
@@ -290,6 +310,7 @@ def test_insitu_records_round_trip_tables_and_plot(tmp_path):
     (ph, prow), (sh, srow) = ins.summary_tables(doc["records"])
     assert len(prow) == 2 * 2 * 3 and all(r[ph.index("x eager")] == "2.00x" for r in prow)
     assert len(srow) == 2 * 2 + 1 and srow[0][sh.index("x compile")] == "1.50x"
+    assert srow[0][sh.index("tw+compile x compile")] == "1.25x"
     assert ins.errors(doc["records"]) == ["mbconv batch 96 compile step: boom"]
     png = ins.plot_insitu(doc, tmp_path / "insitu.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -256,7 +256,9 @@ def add_insitu_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="both blocks at batch 32 and 64")
     p.add_argument("--blocks", nargs="+", choices=["convfirst", "mbconv"])
     p.add_argument("--batches", nargs="+", type=int, help="default: 32 64 ... 256")
-    p.add_argument("--impls", nargs="+", choices=["tilewise", "eager", "compile"])
+    p.add_argument(
+        "--impls", nargs="+", choices=["tilewise", "eager", "compile", "tilewise-compile"]
+    )
     p.add_argument("--depth", type=int, help="blocks in the stack (default 4, plus 2 extra)")
     p.add_argument("--iters", type=int, help="profiled forward + backward iterations")
     p.add_argument("--reps", type=int, help="timed training steps")

@@ -73,7 +73,9 @@ from tilewise.models.convnets import block_stack, grouped_channels, grouped_conv
 from tilewise.nn.transform import transform
 from tilewise.ops.gconv_config import PASSES, GConvProblem
 
-IMPLS = ("tilewise", "eager", "compile")
+IMPLS = ("tilewise", "eager", "compile", "tilewise-compile")
+#: impls timed only as a whole training step (torch.compile's kernels are not attributed per pass)
+STEP_ONLY = ("compile", "tilewise-compile")
 CHECK_RTOL = 2e-2
 
 
@@ -270,15 +272,17 @@ def pass_signatures(impl: str, problem: GConvProblem, device: torch.device, iter
 
 
 def prepare(base: nn.Module, impl: str) -> nn.Module:
-    """A copy of ``base`` for ``impl``: as is (eager), transformed (tilewise) or compiled."""
+    """A copy of ``base`` for ``impl``: as is (eager), transformed (tilewise), compiled, or
+    transformed and then compiled (tilewise's grouped convs inside torch.compile's graph, which
+    fuses the pointwise ops around them)."""
     model = copy.deepcopy(base)
-    if impl == "tilewise":
+    if impl not in IMPLS:
+        raise ValueError(f"argument 'impl' must be one of {IMPLS}, got {impl!r}")
+    if impl.startswith("tilewise"):
         transform(model)
-    elif impl == "compile":
+    if impl.endswith("compile"):
         torch.compiler.reset()
         model = torch.compile(model)
-    elif impl != "eager":
-        raise ValueError(f"argument 'impl' must be one of {IMPLS}, got {impl!r}")
     return model
 
 
@@ -415,7 +419,7 @@ def measure_block(
                 try:
                     if impl == "tilewise" and not ok:
                         raise RuntimeError(f"check failed: {note}")
-                    if impl != "compile":
+                    if impl not in STEP_ONLY:
                         tw_note = note if impl == "tilewise" else None
                         records += _pass_records(model, impl, case, config, ceilings, tw_note)
                 except Exception as exc:
@@ -439,7 +443,7 @@ def measure_block(
                 records.append(StepRecord(**case["step_ident"], impl=impl, error=msg).to_dict())
             finally:
                 del model
-                if impl == "compile":
+                if impl in STEP_ONLY:
                     torch.compiler.reset()
                 free_memory(dev)
     return records
@@ -473,7 +477,7 @@ def summary_tables(records: Iterable[Mapping[str, Any]]) -> list[tuple[list[str]
         by.setdefault(key, {})[r["impl"]] = r
     passes, steps = [], []
     for (kind, block, batch, pass_), d in by.items():
-        tw, ea, co = (d.get(i) for i in IMPLS)
+        tw, ea, co, twc = (d.get(i) for i in IMPLS)
         if kind == "pass":
             bws = [fmt(r, "eff_bw", ".0f", 1e-9) for r in (tw, ea)]
             fracs = [fmt(r, "frac_copy", ".3f") for r in (tw, ea)]
@@ -481,13 +485,15 @@ def summary_tables(records: Iterable[Mapping[str, Any]]) -> list[tuple[list[str]
             passes.append([block, batch, pass_, *bws, *fracs, ratio, name_us])
         else:
             tg = d.get("tilewise-graph")
-            ms = [fmt(r, "step_s", ".2f", 1e3) for r in (tw, tg, ea, co)]
+            ms = [fmt(r, "step_s", ".2f", 1e3) for r in (tw, tg, ea, co, twc)]
             ratios = [ratio_of(ea, tw, "step_s"), ratio_of(co, tw, "step_s")]
             ratios += [ratio_of(ea, tg, "step_s"), ratio_of(co, tg, "step_s")]
+            ratios += [ratio_of(co, twc, "step_s")]
             steps.append([block, batch, *ms, *ratios])
     heads = ["block", "batch", "pass", "tw GB/s", "eager GB/s", "tw frac", "eager frac", "x eager"]
     step_heads = ["block", "batch", "tilewise ms", "tw graph ms", "eager ms", "compile ms"]
-    step_heads += ["x eager", "x compile", "graph x eager", "graph x compile"]
+    step_heads += ["tw+compile ms", "x eager", "x compile", "graph x eager", "graph x compile"]
+    step_heads += ["tw+compile x compile"]
     return [(heads + ["tw gconv us"], passes), (step_heads, steps)]
 
 
