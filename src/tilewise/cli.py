@@ -72,9 +72,7 @@ def add_pointwise_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--passes", nargs="+", choices=["fwd", "bwd"])
     p.add_argument("--warmup", type=int, help="untimed calls per measurement")
     p.add_argument("--reps", type=int, help="timed calls per measurement")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
-    p.add_argument("--plot", action="store_true", help="also write a PNG figure")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _common_study_args(p, "pointwise")
     return p
 
 
@@ -174,7 +172,7 @@ def run_pointwise_command(args: argparse.Namespace) -> int:
         lambda ceilings: run_pointwise(config, ceilings, "cuda", progress=not args.no_progress),
         _report,
         "pointwise study",
-        "pointwise",
+        getattr(args, "study", "pointwise"),
     )
 
 
