@@ -48,6 +48,8 @@ IMPL_STYLE: dict[str, tuple[str, str]] = {  # impl -> (colour, marker); shared w
     "cudnn": ("tab:orange", "s"),
     "eager": ("tab:orange", "s"),
     "compile": ("tab:green", "^"),
+    "tilewise-graph": ("tab:cyan", "v"),
+    "tilewise-compile": ("tab:purple", "D"),
 }
 KernelRow = tuple[str, float, float]  # (kernel name, launches per call, seconds per call)
 

@@ -19,7 +19,6 @@ IMPL_STYLE: dict[str, tuple[str, str]] = {  # impl -> (colour, marker)
     "tilewise": ("tab:blue", "o"),
     "eager": ("tab:orange", "s"),
     "compile": ("tab:green", "^"),
-    "tilewise-compile": ("tab:purple", "D"),
 }
 _LINESTYLES = ("-", "--", ":", "-.")
 
