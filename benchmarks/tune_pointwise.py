@@ -26,10 +26,16 @@ from tilewise.ops import layernorm as ln
 from tilewise.ops._common import TileConfig
 
 
-def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+def _base(kernel: str, m: int, n: int, elem: int, act: str = "relu") -> TileConfig:
+    """The shipped default for ``kernel`` (bias_act's depends on the activation)."""
+    if kernel.startswith("bias_act"):
+        return ba._config(kernel, m, n, elem, None, act)
+    return ln._config(kernel, m, n, elem)
+
+
+def _variants(kernel: str, m: int, n: int, elem: int, act: str = "relu") -> list[TileConfig | None]:
     """The heuristic default with prefetch on/off, 4/8/16 programs per SM and 1x/2x its warps."""
-    mod = ba if kernel.startswith("bias_act") else ln
-    base = mod._config(kernel, m, n, elem)
+    base = _base(kernel, m, n, elem, act)
     out: list[TileConfig | None] = [None]
     for prefetch, pps, wmul in itertools.product((True, False), (4, 8, 16), (1, 2)):
         cfg = replace(base, prefetch=prefetch, progs_per_sm=pps, num_warps=base.num_warps * wmul)
@@ -39,15 +45,14 @@ def _variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]
 
 
 def _stage_variants(
-    kernel: str, m: int, n: int, elem: int, quick: bool = False
+    kernel: str, m: int, n: int, elem: int, quick: bool = False, act: str = "relu"
 ) -> list[TileConfig | None]:
     """The default config with its row loop software-pipelined 1-4 deep: backward kernels at
     2/3/4/8 programs per SM, 1x/2x warps and 0.5x/1x/2x rows per step (half the rows: half the
     2-D accumulator's registers, so more programs fit; ``scripts/triton_regs.py``); forward
     kernels as a persistent grid of 1/2/4/8 programs per SM (stages 1 = one tile per program, the
     shipped forward)."""
-    mod = ba if kernel.startswith("bias_act") else ln
-    base = mod._config(kernel, m, n, elem)
+    base = _base(kernel, m, n, elem, act)
     out: list[TileConfig | None] = [None]
     if kernel.endswith("fwd"):
         for stages, pps, wmul in itertools.product((2, 3, 4), (1, 2, 4, 8), (1,)):
@@ -112,11 +117,12 @@ def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
 ROTATION = 3
 
 
-def _streaming_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+def _streaming_variants(
+    kernel: str, m: int, n: int, elem: int, act: str = "relu"
+) -> list[TileConfig | None]:
     """The default forward config with and without evict-first loads and streaming stores,
     three times each, interleaved (the difference to find is ~1%)."""
-    mod = ba if kernel.startswith("bias_act") else ln
-    base = mod._config(kernel, m, n, elem)
+    base = _base(kernel, m, n, elem, act)
     return [None, replace(base, streaming=True)] * 3
 
 
@@ -190,14 +196,14 @@ def main() -> None:
         ref = fn()
         rows = []
         if args.streaming:
-            cands = [(v, False) for v in _streaming_variants(kernel, m, n, 2)]
+            cands = [(v, False) for v in _streaming_variants(kernel, m, n, 2, args.act)]
         elif args.narrow:
             cands = [(v, False) for v in _narrow_variants(kernel, m, n, 2)]
         elif args.stages:
-            cands = [(v, False) for v in _stage_variants(kernel, m, n, 2, args.quick)]
+            cands = [(v, False) for v in _stage_variants(kernel, m, n, 2, args.quick, args.act)]
         elif args.variants:
             modes = (False, True) if kernel.endswith("bwd") else (False,)
-            cands = [(v, d) for v in _variants(kernel, m, n, 2) for d in modes]
+            cands = [(v, d) for v in _variants(kernel, m, n, 2, args.act) for d in modes]
         else:
             cands = [(v, False) for v in _candidates(kernel, n, 2)]
         for cfg, det in cands:

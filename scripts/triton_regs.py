@@ -80,10 +80,10 @@ def main() -> None:
             report = ptxas_report(kern, types, consts, cfg.num_warps, args.ptxas)
             print(f"layer_norm bwd n={n} relu={relu} {cfg}: {report}", flush=True)
     for m, n in ((8192, 4096), (524288, 64)):
-        cfg = bias_act._config("bias_act_bwd", m, n, 2, None)
         types = dict(dy_ptr=half, x_ptr=half, b_ptr=half, dx_ptr=half, db_ptr=half)
         types.update(dbp_ptr="*fp32", count_ptr="*i32")
         for act in ("relu", "gelu", "silu"):
+            cfg = bias_act._config("bias_act_bwd", m, n, 2, None, act)  # GELU/SiLU: own tiles
             consts = dict(HAS_BIAS=True, ADD_BIAS=True, ACT=activation_code(act), FAST_ACT=True,
                           ATOMIC=True, SLOTS=8, PREFETCH=False, STAGES=cfg.stages,
                           BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)  # fmt: skip

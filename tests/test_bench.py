@@ -316,13 +316,17 @@ def test_merge_joins_parts_of_one_device(tmp_path, capsys):
     devices are refused."""
     rec = {"record": "pass", "block": "mbconv", "impl": "tilewise", "pass": "fprop", "batch": 32}
     env = {"device_name": "GPU A"}
-    a = save_results("gconv-insitu-a", [rec], {"copy": 3e12}, tmp_path, env)
-    b = save_results("gconv-insitu-b", [{**rec, "batch": 64}], {"copy": 3.1e12}, tmp_path, env)
+    a = save_results("gconv-insitu-a", [rec], {"copy_bytes_per_s": 3e12}, tmp_path, env)
+    part_b = [{**rec, "batch": 64}]
+    b = save_results("gconv-insitu-b", part_b, {"copy_bytes_per_s": 3.1e12}, tmp_path, env)
     out = tmp_path / "merged"
     assert cli.main(["bench", "merge", "gconv-insitu-ab", str(a), str(b), "--out", str(out)]) == 0
     merged = load_results(out / "gconv-insitu-ab__gpu-a.json")
     assert [r["batch"] for r in merged["records"]] == [32, 64]
-    assert [c["copy"] for c in merged["ceilings"]["parts"]] == [3e12, 3.1e12]
+    assert [c["copy_bytes_per_s"] for c in merged["ceilings"]["parts"]] == [3e12, 3.1e12]
+    assert merged["ceilings"]["copy_bytes_per_s"] == 3.1e12  # the plots' line: the median
+    with pytest.raises(ValueError, match="study"):  # never overwrite a part
+        cli.main(["bench", "merge", "gconv-insitu-a", str(a), str(b), "--out", str(tmp_path)])
     c = save_results("gconv-insitu-c", [rec], {"copy": 3e12}, tmp_path, {"device_name": "GPU B"})
     with pytest.raises(ValueError, match="files"):
         cli.main(["bench", "merge", "x", str(a), str(c), "--out", str(out)])

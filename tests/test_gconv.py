@@ -170,6 +170,7 @@ def test_every_wgrad_config_half_with_bias_grad(k, dtype, rng_seed):
             dw, db = gconv_wgrad.launch_wgrad(dy, x, problem, cfg, True, det)
             tag = f"wgrad {cfg.name} det={det}"
             assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            assert workspace.all_zero(), f"{tag} left its workspace dirty"
             assert_three_way(db, dy.float().sum((0, 2, 3)), db_ref, 1e-3, f"db {tag}", rng_seed)
 
 

@@ -295,9 +295,10 @@ def test_insitu_prepare_impls():
         model = ins.prepare(base, impl)
         assert hasattr(model, "_orig_mod") == compiled, impl
         inner = model._orig_mod if compiled else model
-        assert bool(list(ins.grouped_convs(inner))) and any(
-            isinstance(m, tilewise.nn.GroupedConv2d) for m in inner.modules()
-        ) == swapped, impl
+        assert (
+            bool(list(ins.grouped_convs(inner)))
+            and any(isinstance(m, tilewise.nn.GroupedConv2d) for m in inner.modules()) == swapped
+        ), impl
     with pytest.raises(ValueError, match="impl"):
         ins.prepare(base, "cudnn")
 
@@ -451,3 +452,18 @@ def test_graphed_tilewise_step_record_wiring():
     assert rec["impl"] == "tilewise-graph" and rec["error"] is None and rec["step_s"] > 0
     ((sh, srow),) = ins.summary_tables([rec])[1:]
     assert "tw graph ms" in sh and srow[0][sh.index("tw graph ms")] != "-"
+
+
+def test_insitu_does_not_time_a_model_that_failed_its_check():
+    """tilewise and tilewise-compile are checked against eager first; a failed check is recorded
+    as an error and nothing of that model is timed."""
+    cfg = ins.InSituConfig(impls=("tilewise", "tilewise-compile"), depth=1, extra=0, rotating=1)
+    with mock.patch.object(ins, "forward_check", return_value=(False, "bad")) as check:
+        recs = ins.measure_block(ins.BLOCKS["mbconv"], 1, cfg, device="cpu")
+    check.assert_called_once()
+    assert {(r["impl"], r["record"]) for r in recs} == {
+        ("tilewise", "pass"),
+        ("tilewise", "step"),
+        ("tilewise-compile", "step"),
+    }
+    assert all(r["error"] == "check failed: bad" for r in recs)

@@ -8,8 +8,9 @@ import pytest
 import torch
 from checks import ATOL, DEVICE_DTYPES
 
-from tilewise.ops import _common, bias_act, layernorm
+from tilewise.ops import _common, bias_act, gconv_wgrad, layernorm
 from tilewise.ops._common import TileConfig
+from tilewise.ops.gconv_config import GConvProblem, WgradConfig
 from tilewise.runtime import workspace
 
 
@@ -19,8 +20,16 @@ def _problems(device: str, dtype: torch.dtype):
     dy = torch.randn_like(x)
     w = 1 + 0.1 * torch.randn(19, device=device, dtype=dtype)
     _, mean, rstd = layernorm.forward(x, (19,), w, b)
+    # the grouped conv's one-launch wgrad: 60 pixels in 16-pixel chunks, 3 tap blocks
+    cl = torch.channels_last
+    xc = torch.randn(2, 16, 5, 6, device=device, dtype=dtype).contiguous(memory_format=cl)
+    dyc = torch.randn_like(xc)
+    wc = torch.randn(16, 8, 3, 3, device=device, dtype=dtype)
+    prob = GConvProblem.from_tensors(xc, wc, torch.zeros(16, device=device, dtype=dtype), 1, 1)
+    chunks = WgradConfig(16, 16, 1, 4, 1, 4)
     return (
         lambda: bias_act.backward(dy, x, b, "silu"),
+        lambda: gconv_wgrad.launch_wgrad(dyc, xc, prob, chunks, True, False),
         lambda: layernorm.backward(dy, x, (19,), w, b, mean, rstd),
         lambda: bias_act.backward(dy, x, b, "relu"),
     )

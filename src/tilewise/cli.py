@@ -555,7 +555,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     ceilings measured in its own run, and the merged file lists every part's ceilings."""
     from tilewise.bench.gconv import plot_gconv
     from tilewise.bench.gconv_insitu import plot_insitu
-    from tilewise.bench.results import load_results, save_results
+    from tilewise.bench.results import device_slug, load_results, save_results
 
     parts = [load_results(p) for p in args.files]
     devices = {d["environment"].get("device_name") for d in parts}
@@ -563,8 +563,15 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
     records = [r for d in parts for r in d["records"]]
     names = [Path(p).name for p in args.files]
+    copies = sorted(c for d in parts if (c := (d["ceilings"] or {}).get("copy_bytes_per_s")))
     ceilings = {"parts": [d["ceilings"] for d in parts], "files": names}
-    path = save_results(args.study, records, ceilings, args.out, parts[0]["environment"])
+    if copies:  # the plots' ceiling line: the median of the parts' measurements
+        ceilings["copy_bytes_per_s"] = copies[len(copies) // 2]
+    env = parts[0]["environment"]
+    target = Path(args.out) / f"{args.study}__{device_slug(str(env.get('device_name')))}.json"
+    if any(target.resolve() == Path(p).resolve() for p in args.files):
+        raise ValueError(f"argument 'study': {target} is one of the files to merge")
+    path = save_results(args.study, records, ceilings, args.out, env)
     print(f"wrote {path} ({len(records)} records from {len(parts)} files)")
     kinds = {"gconv-insitu": (_report_insitu, plot_insitu), "gconv": (_report_gconv, plot_gconv)}
     prefix = next((k for k in kinds if args.study.startswith(k)), None)

@@ -411,14 +411,21 @@ def measure_block(
     }
     records: list[dict[str, Any]] = []
     with cudnn_benchmark(True):
-        ok, note = forward_check(base, args[0][0]) if "tilewise" in config.impls else (True, "")
+        checked = any(i.startswith("tilewise") for i in config.impls)
+        ok, note = forward_check(base, args[0][0]) if checked else (True, "")
         for impl in config.impls:
+            if impl.startswith("tilewise") and not ok:  # a wrong model is not timed
+                msg = f"check failed: {note}"
+                if impl not in STEP_ONLY:
+                    err = dict(pass_="fprop", bytes=p.bytes("fprop"), layers=config.depth)
+                    rec = PassRecord(**case["ident"], impl=impl, **err, error=msg)
+                    records.append(rec.to_dict())
+                records.append(StepRecord(**case["step_ident"], impl=impl, error=msg).to_dict())
+                continue
             model = None
             try:
                 model = prepare(base, impl)
                 try:
-                    if impl == "tilewise" and not ok:
-                        raise RuntimeError(f"check failed: {note}")
                     if impl not in STEP_ONLY:
                         tw_note = note if impl == "tilewise" else None
                         records += _pass_records(model, impl, case, config, ceilings, tw_note)
