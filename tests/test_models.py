@@ -348,13 +348,16 @@ def test_attribution_on_a_cpu_profile_of_the_tilewise_stack():
     depth, iters = 2, 1
     model = ins.prepare(block_stack("mbconv", 8, depth=depth, expansion=2, extra=1), "tilewise")
     mods = [m for _, m in grouped_convs(model)]
-    events = ins.profile_window(ins.fwd_bwd_step(model, amp=None), [(_x(2, 8),)], mods, iters, 0)
+    # one warm-up step: the wgrad's workspace is allocated (zero-filled) once, before the window
+    events = ins.profile_window(ins.fwd_bwd_step(model, amp=None), [(_x(2, 8),)], mods, iters, 1)
     sigs = {"dgrad": {"aten::flip": 1.0}, "wgrad": {"aten::zero_": 1.0}}
     att = ins.attribute(events, sigs, _leaf_kernels)
     # dgrad reads the weights flipped in-kernel: no aten op (no flip, no copy) runs for it
     assert not any("aten::flip" in k for k in att.kernels.get("dgrad", {}))
-    # the atomic wgrad's zeros (batch 2: more than one pixel chunk, so not the direct store)
-    assert att.kernels["wgrad"]["aten::zero_"][0] == depth * iters
+    # the atomic wgrad is one launch (batch 2: several pixel chunks, summed in the self-cleaning
+    # workspace): no zero fill before it, no permute-and-cast copy after it
+    assert not any(k in ("aten::zero_", "aten::copy_") for k in att.kernels.get("wgrad", {}))
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in mods)
     assert att.launches["fprop"] > 0 and att.launches["cast"] == 0  # no autocast here
 
 
