@@ -220,6 +220,24 @@ def test_export_import_roundtrip(tuner, monkeypatch, tmp_path_factory):
         autotune.import_cache(elsewhere / "missing.json")
 
 
+def test_cache_cli_ships_choices(tuner, monkeypatch, tmp_path_factory, capsys):
+    """``tilewise cache export`` / ``import``: the same round trip from the command line."""
+    from tilewise import cli
+
+    autotune.choose_config("op", Prob(3), CANDS, run, device=DEV)
+    shipped = tmp_path_factory.mktemp("ship") / "cache.json"
+    assert cli.main(["cache", "export", str(shipped)]) == 0
+    assert "exported 1 choices" in capsys.readouterr().out
+    elsewhere = tmp_path_factory.mktemp("other")
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(elsewhere))
+    autotune.clear_memory_cache()
+    assert cli.main(["cache", "import", str(shipped)]) == 0
+    monkeypatch.setattr(autotune, "_bench", _no_timing)  # a re-timing would fail the test
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV) == Cfg(32)
+    with pytest.raises(ValueError, match="'path'"):
+        cli.main(["cache", "import", str(elsewhere / "missing.json")])
+
+
 def test_a_corrupt_or_unwritable_cache_is_tolerated(tuner, monkeypatch, tmp_path):
     tuner.path.write_text("{not json")
     assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)

@@ -583,6 +583,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(args: argparse.Namespace) -> int:
+    """``tilewise cache export PATH`` / ``tilewise cache import PATH``: ship kernel-config choices
+    (the autotune cache, keyed by device, problem, dtype and versions) to another machine, so its
+    first run times nothing it already knows."""
+    from tilewise.runtime import autotune
+
+    if args.action == "export":
+        count = autotune.export_cache(args.path)
+        print(f"exported {count} choices from {autotune.cache_path()} to {args.path}")
+    else:
+        count = autotune.import_cache(args.path)
+        print(f"imported {count} choices from {args.path} into {autotune.cache_path()}")
+    return 0
+
+
 def _cmd_tour(args: argparse.Namespace) -> int:
     return _tour_gpu(args) if torch.cuda.is_available() else _tour_cpu(args)
 
@@ -618,6 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=_cmd_merge)
     alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
     alias.set_defaults(func=run_mlp_command)
+    cache = sub.add_parser("cache", help="export or import the kernel-config (autotune) cache")
+    cache.add_argument("action", choices=["export", "import"])
+    cache.add_argument("path", type=Path, help="the shipped cache file")
+    cache.set_defaults(func=_cmd_cache)
     tour = sub.add_parser("tour", help="ceilings + tilewise vs eager vs torch.compile")
     tour.add_argument("--out", type=Path, default=None, help="also write JSON/PNG here")
     tour.add_argument("--no-progress", action="store_true", help="no progress bar")
