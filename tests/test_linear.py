@@ -82,6 +82,27 @@ def _relu_ref_at_kinks(x0, w0, b0, grad, y_tw, kink_tol):
     return (y, (dz @ w).reshape(x0.shape), dz.t() @ x, db)
 
 
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_relu_reference_matches_autograd(has_bias):
+    """The fp64 reference the ReLU cases are judged by is PyTorch's fp64 autograd away from the
+    kinks (the three-way rule cannot catch a reference that is wrong for tilewise and PyTorch
+    alike; the LayerNorm test's once was)."""
+    x0, w0 = torch.randn(3, 5, 24), torch.randn(17, 24)
+    b0 = torch.randn(17) if has_bias else None
+    grad = torch.randn(3, 5, 17)
+    x, w = leaf(x0, torch.float64), leaf(w0, torch.float64)
+    b = leaf(b0, torch.float64) if has_bias else None
+    y = torch.relu(torch.nn.functional.linear(x, w, b))
+    y.backward(grad.double())
+    ref = _relu_ref_at_kinks(x0, w0, b0, grad, y.detach(), kink_tol=0.0)
+    exact = (y, x.grad, w.grad, b.grad if has_bias else None)
+    for got, exp in zip(ref, exact, strict=True):
+        if exp is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, exp.detach(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("has_bias", [True, False])
