@@ -172,7 +172,7 @@ def run_pointwise_command(args: argparse.Namespace) -> int:
         lambda ceilings: run_pointwise(config, ceilings, "cuda", progress=not args.no_progress),
         _report,
         "pointwise study",
-        getattr(args, "study", "pointwise"),
+        args.study,
     )
 
 

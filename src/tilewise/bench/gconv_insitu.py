@@ -414,12 +414,16 @@ def measure_block(
         checked = any(i.startswith("tilewise") for i in config.impls)
         ok, note = forward_check(base, args[0][0]) if checked else (True, "")
         for impl in config.impls:
+
+            def pass_error(msg: str, impl: str = impl) -> dict:
+                """The record of a pass that was not timed, with why."""
+                err = dict(pass_="fprop", bytes=p.bytes("fprop"), layers=config.depth)
+                return PassRecord(**case["ident"], impl=impl, **err, error=msg).to_dict()
+
             if impl.startswith("tilewise") and not ok:  # a wrong model is not timed
                 msg = f"check failed: {note}"
                 if impl not in STEP_ONLY:
-                    err = dict(pass_="fprop", bytes=p.bytes("fprop"), layers=config.depth)
-                    rec = PassRecord(**case["ident"], impl=impl, **err, error=msg)
-                    records.append(rec.to_dict())
+                    records.append(pass_error(msg))
                 records.append(StepRecord(**case["step_ident"], impl=impl, error=msg).to_dict())
                 continue
             model = None
@@ -430,11 +434,7 @@ def measure_block(
                         tw_note = note if impl == "tilewise" else None
                         records += _pass_records(model, impl, case, config, ceilings, tw_note)
                 except Exception as exc:
-                    err = dict(pass_="fprop", bytes=p.bytes("fprop"), layers=config.depth)
-                    msg = f"{type(exc).__name__}: {exc}"
-                    records.append(
-                        PassRecord(**case["ident"], impl=impl, **err, error=msg).to_dict()
-                    )
+                    records.append(pass_error(f"{type(exc).__name__}: {exc}"))
                 records.append(_step_record(model, impl, case, config))
                 if impl == "tilewise":
                     try:
