@@ -32,12 +32,40 @@ def test_source_template_formats_for_every_kernel_size():
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
                 assert f"#define TMA {int(tile.tma)}" in src
             extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
-            for tile in gconv_cuda.WGRAD_TILES + extra:
+            for tile in gconv_cuda.WGRAD_TILES + gconv_cuda.ROW_WGRAD_TILES + extra:
                 for bias in (0, 1, 2):
                     src, entry = gconv_cuda.source(r, s, tile, True, bias, False, "tw_gconv_wgrad")
                     assert src.count("{") == src.count("}") and f"{entry}(" in src
                     assert f"#define DB_HALF {int(bias == 2)}" in src
                     assert f"#define TMA {tile.tma}" in src
+                    rows = tile.tap_rows or r  # a row-split CTA's kernel: its rows of taps
+                    assert f"#define R {rows}\n#define R_FULL {r}\n" in src
+                    assert f"#define ROWSPLIT {int(rows != r)}" in src
+
+
+def test_row_split_wgrad_tiles_legality_and_grid():
+    """``tap_rows`` divides R, takes neither TMA nor the row-pair kernel nor fprop; a row-split
+    tile's shared memory holds the halo of its rows only; the candidates for small problems
+    include the row tiles and those for large ones do not."""
+    row = CudaTile(8, 16, 16, 2, 4, 2, cluster=8, tap_rows=1)
+    assert row.name.endswith("k8r1")
+    assert all(gconv_cuda.wgrad_tile_ok(64, k, k, row) for k in range(1, 8))
+    assert gconv_cuda.wgrad_tile_ok(64, 6, 6, CudaTile(tap_rows=2))
+    assert not gconv_cuda.wgrad_tile_ok(64, 5, 5, CudaTile(tap_rows=2))  # 2 does not divide 5
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(tap_rows=4))
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(tap_rows=1, tma=1))
+    assert not gconv_cuda.wgrad_tile_ok(64, 4, 3, CudaTile(rowpair=True, tap_rows=2))
+    assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(tap_rows=1))  # fprop/dgrad: no row split
+    whole = CudaTile(8, 16, 16, 2, 4, 2)
+    assert gconv_cuda.wgrad_smem_bytes(7, 7, CudaTile(8, 16, 16, 2, 4, 2, tap_rows=1)) < (
+        gconv_cuda.wgrad_smem_bytes(7, 7, whole)
+    )
+    assert gconv_cuda.wgrad_smem_bytes(7, 7, CudaTile(8, 16, 16, 2, 4, 2, tap_rows=7)) == (
+        gconv_cuda.wgrad_smem_bytes(7, 7, whole)
+    )
+    small = gconv_cuda.wgrad_candidates(128, 5, 5, small=True)
+    large = gconv_cuda.wgrad_candidates(128, 5, 5, small=False)
+    assert any(t.tap_rows for t in small) and not any(t.tap_rows for t in large)
 
 
 def test_candidates_fit_the_channels_and_shared_memory():
@@ -473,6 +501,25 @@ def test_experimental_wgrad_tiles(dtype, rng_seed):
 
     def tiles_for(c, r, s):
         fitted = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES)
-        return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t) and (tma or not t.tma)]
+        return [
+            t
+            for t in fitted
+            if gconv_cuda.wgrad_tile_ok(c, r, s, t) and (tma or not t.tma) and not t.tap_rows
+        ]
+
+    assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_row_split_wgrad_tiles(dtype, rng_seed):
+    """Every row-split tile (``tap_rows``: the candidates' and the experimental ones) on the odd
+    shapes, among them a 3 x 5 and a 2 x 4 kernel and padding larger than the kernel, where
+    the shifted padding of the lower row blocks is negative."""
+    tiles = gconv_cuda.ROW_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
+
+    def tiles_for(c, r, s):
+        fitted = (gconv_cuda._fitted(t, c, True) for t in tiles if t.tap_rows)
+        return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0

@@ -50,7 +50,10 @@ class CudaTile:
     that many CTAs per channel block, summing through distributed shared memory (0: persistent
     CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad only): 1, the halo tiles arrive by
     Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense buffer)
-    instead of per-chunk ``cp.async``; 2, the output tiles leave by it too."""
+    instead of per-chunk ``cp.async``; 2, the output tiles leave by it too. ``tap_rows`` (wgrad,
+    tap kernel, no TMA): each CTA takes that many of the kernel's rows of taps (a divisor of R;
+    0: all), so R / tap_rows times the CTAs share the work of a small problem and each reduces
+    fewer sums; the input is read once per row block."""
 
     th: int = 8
     tw: int = 16
@@ -61,13 +64,15 @@ class CudaTile:
     rowpair: bool = False
     cluster: int = 0
     tma: int = 0
+    tap_rows: int = 0
 
     @property
     def name(self) -> str:
         kind = "cudarp" if self.rowpair else "cuda"
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
-        return f"{kind}_{shape}{cluster}{f'_tma{self.tma}' if self.tma else ''}"
+        rows = f"r{self.tap_rows}" if self.tap_rows else ""
+        return f"{kind}_{shape}{cluster}{rows}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -105,7 +110,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
-    if tile.tma not in (0, 1, 2):
+    if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
         return False
     box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
     if tile.tma and (not tile.rowpair or tile.cb not in (8, 16, 32, 64) or box_too_big):
@@ -208,7 +213,8 @@ _NON_PORTABLE_CLUSTER_ATTRIBUTE = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_S
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` x (input halo + dy tile) and one zero pixel (row-pair: halo rows of whole
     pairs, no zero pixel; TMA: dense stages on the swizzle period, the alignment slack and the
-    mbarriers)."""
+    mbarriers). ``tap_rows``: the halo and the sums of that many kernel rows."""
+    r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
         halo = _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
@@ -235,8 +241,11 @@ def source(
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
     elif entry == "tw_gconv_wgrad" and tile.rowpair:
         template, entry = _SOURCE_WRP, "tw_gconv_wgrad_rp"
+    rows = tile.tap_rows if entry == "tw_gconv_wgrad" and tile.tap_rows else r
     src = template.format(
-        R=r,
+        R=rows,  # the kernel rows one CTA takes (wgrad with tap_rows) of R_FULL
+        R_FULL=r,
+        ROWSPLIT=int(rows != r),
         S=s,
         TH=tile.th,
         TW=tile.tw,
@@ -397,6 +406,18 @@ CLUSTER_WGRAD_TILES = (
     CudaTile(8, 16, 16, 2, 4, 2, cluster=8),
     CudaTile(8, 16, 8, 1, 8, 2, cluster=8),
 )
+#: row-split wgrad tiles (``tap_rows``), candidates for small problems beside the cluster tiles.
+#: At batch 1 with 5x5 and 7x7 kernels every tile above left each CTA all R x S taps of its
+#: pixels and a cluster reduction of all their sums, and stayed at 0.52-0.61x cuDNN's device time
+#: at C=128 32x32. One row of taps per CTA (session 12, ``scripts/wgrad_n1_probe.py``, graph
+#: replay, fp16/bf16): C=128 5x5 9.4 -> 6.0 us (cuDNN 5.8), C=128 7x7 12.5 -> 7.5 us (cuDNN
+#: 8.3), C=64 64x64 5x5 12.7 -> 10.0 us (cuDNN 12.6 / 10.8; the experimental 16-CTA 8x8 tile:
+#: 9.4), C=128 3x3 5.7 -> 5.1 us.
+ROW_WGRAD_TILES = (
+    CudaTile(8, 16, 16, 2, 4, 2, cluster=8, tap_rows=1),
+    CudaTile(8, 16, 8, 1, 8, 2, cluster=8, tap_rows=1),
+    CudaTile(8, 16, 16, 2, 4, 2, tap_rows=1),
+)
 #: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
 #: channel block leave SMs idle against the persistent grid of the other tiles
 CLUSTER_MAX_PIXELS = 16384
@@ -421,6 +442,17 @@ EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
     CudaTile(16, 16, 32, 4, 3, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 3, tma=1),
+    # more row-split shapes (session 12; never the fastest in its first probe: 8x8 one-warp
+    # CTAs in 8-CTA clusters, 8x16 with two warps per group): fewer, larger CTAs per cluster for
+    # the 16x16 images of C=256 and to halve the cluster's reduction at C=128 32x32
+    CudaTile(16, 16, 16, 2, 4, 2, cluster=4, tap_rows=1),
+    CudaTile(16, 16, 16, 4, 4, 2, cluster=4, tap_rows=1),
+    CudaTile(8, 8, 16, 2, 8, 2, cluster=4, tap_rows=1),
+    CudaTile(8, 8, 8, 1, 8, 2, cluster=4, tap_rows=1),
+    CudaTile(8, 16, 16, 2, 4, 2, cluster=2, tap_rows=1),
+    # the fastest at C=64 64x64 5x5 batch 1 (9.4 us against 10.0 for the best candidate), but a
+    # non-portable cluster, like the 16-CTA tiles above
+    CudaTile(8, 8, 8, 1, 8, 2, cluster=16, tap_rows=1),
 )
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
@@ -437,7 +469,16 @@ SOURCE_DIGEST = hashlib.sha1(
         _SOURCE
         + _SOURCE_RP
         + _SOURCE_WRP
-        + repr((TILES, TMA_TILES, WGRAD_TILES, CLUSTER_WGRAD_TILES, EXPERIMENTAL_WGRAD_TILES))
+        + repr(
+            (
+                TILES,
+                TMA_TILES,
+                WGRAD_TILES,
+                CLUSTER_WGRAD_TILES,
+                ROW_WGRAD_TILES,
+                EXPERIMENTAL_WGRAD_TILES,
+            )
+        )
     ).encode()
 ).hexdigest()[:10]
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
@@ -457,6 +498,8 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return False
     if not 0 <= tile.cluster <= NON_PORTABLE_MAX_CLUSTER or (tile.cluster and tile.rowpair):
         return False
+    if tile.tap_rows and (tile.rowpair or tile.tma or r % tile.tap_rows or tile.tap_rows > r):
+        return False
     if tile.tma and (
         tile.tma != 1
         or tile.rowpair
@@ -473,7 +516,8 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
 
 def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTile, ...]:
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), and the
-    ``CLUSTER_WGRAD_TILES`` for a ``small`` problem (at most ``CLUSTER_MAX_PIXELS``).
+    ``CLUSTER_WGRAD_TILES`` and ``ROW_WGRAD_TILES`` for a ``small`` problem (at most
+    ``CLUSTER_MAX_PIXELS``).
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
     choice already cached on disk is not timed again; its TMA tiles only on a GPU with TMA)."""
     experimental = os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1"
@@ -485,7 +529,7 @@ def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTi
 def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False
 ) -> tuple:
-    tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES if small else ())
+    tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
@@ -515,7 +559,7 @@ def wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
-    cblocks = c // tile.cb
+    cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
@@ -523,8 +567,11 @@ def wgrad(
     if tile.cluster:  # one cluster per channel block; it writes dw and db itself
         grid_x, dw_sums, db_sums, counters = tile.cluster, dw, dw, dw
     else:
-        grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-        dw_sums, db_sums, counters = workspace.zeroed(x.device, (r * s * c * 8, c, cblocks))
+        ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
+        grid_x = max(1, min(n_tiles, ctas))
+        dw_sums, db_sums, counters = workspace.zeroed(
+            x.device, (r * s * c * 8, c, cblocks * rblocks)
+        )
         counters = counters.view(torch.int32)
     args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
     args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
@@ -534,7 +581,7 @@ def wgrad(
             raise RuntimeError("tilewise gconv_cuda: a TMA wgrad tile needs the lean launcher")
         args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
         args.append(_tensor_map(dy, tile.cb, tile.tw, tile.th))
-    grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
+    grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     with workspace.guarded(x.device):
         _launch(kernel, signature, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
     return dw, db

@@ -10,6 +10,8 @@ the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row
 
 SOURCE = r"""
 #define R {R}
+#define R_FULL {R_FULL}
+#define ROWSPLIT {ROWSPLIT}
 #define S {S}
 #define TH {TH}
 #define TW {TW}
@@ -304,30 +306,36 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                                              int tid, volatile unsigned* flag) {{
     __threadfence();  // this thread's atomics are visible before the CTA is counted
     __syncthreads();
-    if (tid == 0) *flag = atomicAdd(counters + blockIdx.y, 1u) == gridDim.x - 1;
+    unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
+    if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!*flag) return;
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call)
+    // this CTA's taps start at kernel row r0 (ROWSPLIT: R rows of R_FULL per blockIdx.z)
     constexpr int FB = 8, NW = CB * 8 * TAPS;
+    const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
         float v[FB];
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;
-            v[j] = i < NW ? ld_cg(dw + (long long)(i % TAPS) * C * 8 + c0 * 8 + i / TAPS) : 0.f;
+            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + i % TAPS) * C * 8 + c0 * 8 + i / TAPS)
+                          : 0.f;
         }}
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;  // i / TAPS = (co - c0) * 8 + ci
             if (i < NW) {{
-                dw_out[(long long)c0 * 8 * TAPS + i] = to_u16(v[j]);
-                st_cg(dw + (long long)(i % TAPS) * C * 8 + c0 * 8 + i / TAPS, 0.f);
+                dw_out[((long long)c0 * 8 + i / TAPS) * (R_FULL * S) + tap0 + i % TAPS] =
+                    to_u16(v[j]);
+                st_cg(dw + (long long)(tap0 + i % TAPS) * C * 8 + c0 * 8 + i / TAPS, 0.f);
             }}
         }}
     }}
 #if HAS_BIAS
+    if (blockIdx.z == 0)
     for (int i = tid; i < CB; i += WARPS * 32) {{
         const float v = ld_cg(db + c0 + i);
 #if DB_HALF
@@ -338,7 +346,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
         st_cg(db + c0 + i, 0.f);
     }}
 #endif
-    if (tid == 0) counters[blockIdx.y] = 0u;
+    if (tid == 0) *counter = 0u;
 }}
 
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
@@ -518,6 +526,11 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     // runtime one made the one-warp-per-group cluster tiles 28% slower at batch 1)
     const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
+#if ROWSPLIT
+    // kernel rows [r0, r0 + R) of R_FULL: the wgrad of an R-row kernel whose input starts r0
+    // rows lower, i.e. with r0 less padding on top (negative padding reads inside the image)
+    pad_h -= blockIdx.z * R;
+#endif
 #if TMA
     const u32 sbase = (smem_u32(smem) + TALIGN - 1) & ~(u32)(TALIGN - 1);  // host: TALIGN slack
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
@@ -659,10 +672,10 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         float v = 0.f;
 #pragma unroll
         for (int k = 0; k < CLUSTER; ++k) v += ld_dsmem(local, k);
-        dw_out[(long long)c0 * 8 * TAPS + i] = to_u16(v);
+        dw_out[((long long)c0 * 8 + oi) * (R_FULL * S) + blockIdx.z * TAPS + tap] = to_u16(v);
     }}
 #if HAS_BIAS
-    if (rank == CLUSTER - 1)
+    if (rank == CLUSTER - 1 && blockIdx.z == 0)
         for (int i = tid; i < CB; i += WARPS * 32) {{
             const u32 local = sbase + (TAPS * CB * 8 + i) * 4;
             float v = 0.f;
@@ -683,12 +696,13 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         for (int half = 0; half < 2; ++half) {{
             const int tap = 2 * tp + half;
             if (tap < TAPS) {{
-                red_add(dw + ((long long)tap * C + co) * 8 + ci, acc[tp][half * 2]);
-                red_add(dw + ((long long)tap * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+                const long long tg = blockIdx.z * TAPS + tap;  // the tap in the R_FULL x S kernel
+                red_add(dw + (tg * C + co) * 8 + ci, acc[tp][half * 2]);
+                red_add(dw + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
             }}
         }}
 #if HAS_BIAS
-    red_add(db + c0 + tid % CB, dbs);
+    if (blockIdx.z == 0) red_add(db + c0 + tid % CB, dbs);
 #endif
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 #endif
