@@ -412,10 +412,12 @@ CLUSTER_WGRAD_TILES = (
 #: at C=128 32x32. One row of taps per CTA (session 12, ``scripts/wgrad_n1_probe.py``, graph
 #: replay, fp16/bf16): C=128 5x5 9.4 -> 6.0 us (cuDNN 5.8), C=128 7x7 12.5 -> 7.5 us (cuDNN
 #: 8.3), C=64 64x64 5x5 12.7 -> 10.0 us (cuDNN 12.6 / 10.8; the experimental 16-CTA 8x8 tile:
-#: 9.4), C=128 3x3 5.7 -> 5.1 us.
+#: 9.4), C=128 3x3 5.7 -> 5.1 us. For C=256's 16x16 images (two 8x16 tiles: an 8-CTA cluster
+#: idles) the 4-CTA 8x8 tile: 7x7 6.9 -> 6.1 us (cuDNN 6.4), 5x5 5.3 -> 5.2 us (cuDNN 4.8-5.4).
 ROW_WGRAD_TILES = (
     CudaTile(8, 16, 16, 2, 4, 2, cluster=8, tap_rows=1),
     CudaTile(8, 16, 8, 1, 8, 2, cluster=8, tap_rows=1),
+    CudaTile(8, 8, 16, 2, 8, 2, cluster=4, tap_rows=1),
     CudaTile(8, 16, 16, 2, 4, 2, tap_rows=1),
 )
 #: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
@@ -442,16 +444,11 @@ EXPERIMENTAL_WGRAD_TILES = (
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
     CudaTile(16, 16, 32, 4, 3, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 3, tma=1),
-    # more row-split shapes (session 12; never the fastest in its first probe: 8x8 one-warp
-    # CTAs in 8-CTA clusters, 8x16 with two warps per group): fewer, larger CTAs per cluster for
-    # the 16x16 images of C=256 and to halve the cluster's reduction at C=128 32x32
-    CudaTile(16, 16, 16, 2, 4, 2, cluster=4, tap_rows=1),
-    CudaTile(16, 16, 16, 4, 4, 2, cluster=4, tap_rows=1),
-    CudaTile(8, 8, 16, 2, 8, 2, cluster=4, tap_rows=1),
-    CudaTile(8, 8, 8, 1, 8, 2, cluster=4, tap_rows=1),
-    CudaTile(8, 16, 16, 2, 4, 2, cluster=2, tap_rows=1),
     # the fastest at C=64 64x64 5x5 batch 1 (9.4 us against 10.0 for the best candidate), but a
-    # non-portable cluster, like the 16-CTA tiles above
+    # non-portable cluster, like the 16-CTA tiles above. Row-split tiles timed in session 12 and
+    # left out, never the fastest at any batch-1 shape: 8x8 one-warp CTAs in 8- and 4-CTA
+    # clusters, 8x16 with two warps per group, 16x16 in 4-CTA clusters (C=128 5x5 6.9 us against
+    # 6.0-6.2 for the candidates), the 2-CTA 8x16 (C=256 7x7 within 1% of the 4-CTA 8x8)
     CudaTile(8, 8, 8, 1, 8, 2, cluster=16, tap_rows=1),
 )
 #: the largest portable thread-block cluster
