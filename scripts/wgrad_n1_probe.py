@@ -39,10 +39,12 @@ def _nvrtc_tiles(c: int, k: int) -> list:
     return list(dict.fromkeys(t for t in fitted if gconv_cuda.wgrad_tile_ok(c, k, k, t)))
 
 
-def probe(c: int, hw: int, k: int, dname: str, sets: int = 4, triton: bool = True) -> list[dict]:
+def probe(
+    c: int, hw: int, k: int, dname: str, sets: int = 4, triton: bool = True, n: int = 1
+) -> list[dict]:
     dt = DTYPES[dname]
     pad = k // 2
-    xs = [(_cl(torch.randn(1, c, hw, hw, device="cuda", dtype=dt)),) for _ in range(sets)]
+    xs = [(_cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt)),) for _ in range(sets)]
     args = [(x, _cl(torch.randn_like(x))) for (x,) in xs]
     w_shape = (c, 8, k, k)
     prob = GConvProblem.from_tensors(args[0][0], torch.empty(w_shape), None, pad, pad)
@@ -69,7 +71,7 @@ def probe(c: int, hw: int, k: int, dname: str, sets: int = 4, triton: bool = Tru
     same = impls["cudnn"](x0, dy0).double()
     rows = []
     for name, fn in impls.items():
-        row = dict(c=c, hw=hw, k=k, n=1, dtype=dname, impl=name)
+        row = dict(c=c, hw=hw, k=k, n=n, dtype=dname, impl=name)
         try:
             out = fn(x0, dy0).double()
             err = (out - ref).abs()
@@ -92,6 +94,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="C:HW:K")
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES))
     ap.add_argument("--no-triton", action="store_true", help="skip timing each Triton config")
+    ap.add_argument("--n", type=int, default=1, help="batch size (default 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -99,10 +102,10 @@ def main() -> None:
     for shape in args.shapes:
         c, hw, k = (int(v) for v in shape.split(":"))
         for dname in args.dtypes:
-            got = probe(c, hw, k, dname, triton=not args.no_triton)
+            got = probe(c, hw, k, dname, triton=not args.no_triton, n=args.n)
             rows += got
             timed = sorted((r for r in got if "median_s" in r), key=lambda r: r["median_s"])
-            print(f"--- C={c} {hw}x{hw} {k}x{k} N=1 {dname}")
+            print(f"--- C={c} {hw}x{hw} {k}x{k} N={args.n} {dname}")
             for r in timed[:8] + [r for r in timed[8:] if r["impl"] in ("tilewise", "cudnn")]:
                 print(
                     f"  {r['impl']:34s} {r['median_s'] * 1e6:7.2f} us  {r['x_cudnn']:.2f}x cuDNN"
