@@ -54,7 +54,9 @@ def test_row_split_wgrad_tiles_legality_and_grid():
     assert not gconv_cuda.wgrad_tile_ok(64, 5, 5, CudaTile(tap_rows=2))  # 2 does not divide 5
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(tap_rows=4))
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(tap_rows=1, tma=1))
-    assert not gconv_cuda.wgrad_tile_ok(64, 4, 3, CudaTile(rowpair=True, tap_rows=2))
+    rowpair = CudaTile(8, 16, 32, 4, 4, 2, rowpair=True)
+    assert gconv_cuda.wgrad_tile_ok(64, 3, 3, rowpair)
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, dataclasses.replace(rowpair, tap_rows=1))
     assert not gconv_cuda.tile_ok(64, 3, 3, CudaTile(tap_rows=1))  # fprop/dgrad: no row split
     whole = CudaTile(8, 16, 16, 2, 4, 2)
     assert gconv_cuda.wgrad_smem_bytes(7, 7, CudaTile(8, 16, 16, 2, 4, 2, tap_rows=1)) < (
@@ -344,6 +346,49 @@ def test_every_wgrad_tile(dtype, rng_seed):
 
 
 @pytest.mark.gpu
+def test_wgrad_rejects_an_illegal_tile():
+    x = _cl(torch.randn(1, 64, 8, 8, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="argument 'tile'"):  # 2 rows do not divide 5
+        gconv_cuda.wgrad(x, x, 5, 5, 2, 2, True, CudaTile(8, 16, 16, 2, 4, 2, tap_rows=2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_multi_row_blocks(dtype, rng_seed):
+    """Row blocks of several kernel rows (``tap_rows`` 2 and 3 of 4- and 6-row kernels; no
+    candidate uses them yet), clustered and with atomics, against fp64 by the three-way rule."""
+    shapes = ((2, 64, 13, 11, 6, 6, 2, 3, True), (1, 32, 9, 9, 4, 4, 1, 1, True))
+    tiles = (
+        CudaTile(8, 16, 16, 2, 4, 2, cluster=8, tap_rows=2),
+        CudaTile(8, 16, 16, 2, 4, 2, tap_rows=2),
+        CudaTile(8, 16, 16, 2, 4, 2, cluster=8, tap_rows=3),
+        CudaTile(8, 16, 16, 2, 4, 2, tap_rows=3),
+    )
+    ran = 0
+    for n, c, h, w, r, s, ph, pw, has_b in shapes:
+        x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+        wshape, pad = (c, 8, r, s), (ph, pw)
+        ho, wo = h + 2 * ph - r + 1, w + 2 * pw - s + 1
+        dy = _cl(torch.randn(n, c, ho, wo, device="cuda", dtype=dtype))
+        ref = torch.nn.grad.conv2d_weight(
+            x.double(), wshape, dy.double(), padding=pad, groups=c // 8
+        )
+        same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
+        atol = ATOL[dtype] * (n * h * w) ** 0.5
+        for tile in tiles:
+            if not gconv_cuda.wgrad_tile_ok(c, r, s, tile):
+                continue
+            tag = f"wgrad n{n} c{c} k{r}x{s} {tile.name} {dtype}"
+            dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile)
+            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            db_same = dy.float().sum((0, 2, 3))
+            assert_three_way(db, db_same, dy.double().sum((0, 2, 3)), 1e-3, f"db {tag}", rng_seed)
+            assert workspace.all_zero(), tag
+            ran += 1
+    assert ran == 6  # 6x6 takes 2- and 3-row blocks, 4x4 only 2-row ones
+
+
+@pytest.mark.gpu
 def test_wgrad_workspace_is_left_zero_and_graphs_replay():
     """The single-launch wgrad leaves its shared workspace zero (the next launch relies on it)
     across problem sizes, tiles and streams, and replays right inside a CUDA graph."""
@@ -513,9 +558,9 @@ def test_experimental_wgrad_tiles(dtype, rng_seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_row_split_wgrad_tiles(dtype, rng_seed):
-    """Every row-split tile (``tap_rows``: the candidates' and the experimental ones) on the odd
-    shapes, among them a 3 x 5 and a 2 x 4 kernel and padding larger than the kernel, where
-    the shifted padding of the lower row blocks is negative."""
+    """Every row-split tile (``tap_rows``: the candidates' and the experimental ones, all one
+    row per CTA) on the odd shapes, among them a 3 x 5 and a 2 x 4 kernel, padding 0 (the lower
+    row blocks' shifted padding is negative) and padding as large as the kernel."""
     tiles = gconv_cuda.ROW_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
 
     def tiles_for(c, r, s):

@@ -482,6 +482,7 @@ SOURCE_DIGEST = hashlib.sha1(
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every wgrad launch
 def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     """Warps per group dividing the tile's 16-pixel chunks (the row-pair kernel: one), channel
     block dividing C, shared memory within the H100's limit, clusters of at most
@@ -551,6 +552,8 @@ def wgrad(
     channel block writes the results and zeroes it again."""
     n, c, hi, wi = x.shape
     ho, wo = dy.shape[2], dy.shape[3]
+    if not wgrad_tile_ok(c, r, s, tile):  # e.g. a row split of the row-pair or TMA kernel
+        raise ValueError(f"argument 'tile': {tile.name} is no legal wgrad tile for C={c}, {r}x{s}")
     if db_dtype not in (torch.float32, x.dtype):
         raise ValueError(f"argument 'db_dtype' must be torch.float32 or {x.dtype}, not {db_dtype}")
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0

@@ -287,9 +287,10 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
         sum += to_f32(dys[(i / CB) * (PIX / 2) + (i - (i / CB) * CB)]);
 }}
 
-// the wgrad kernels' common signature: dw [R, S, C, 8] and db [C] are fp32 sums in a workspace
-// that is zero on entry and left zero on exit, counters [C / CB] likewise; dw_out [C, 8, R, S]
-// in the input dtype, db_out [C] in the input dtype (DB_HALF) or fp32
+// the wgrad kernels' common signature: dw [R_FULL, S, C, 8] and db [C] are fp32 sums in a
+// workspace that is zero on entry and left zero on exit, counters [row blocks x C / CB]
+// likewise; dw_out [C, 8, R_FULL, S] in the input dtype, db_out [C] in the input dtype
+// (DB_HALF) or fp32
 #define WGRAD_PARAMS                                                                             \
     const u16 *__restrict__ x, const u16 *__restrict__ dy, float *__restrict__ dw,              \
         float *__restrict__ db, u16 *__restrict__ dw_out, void *__restrict__ db_out,           \
@@ -619,7 +620,8 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             }}
         }}
 #else
-        add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE + HALO), tid);
+        if (!ROWSPLIT || blockIdx.z == 0)  // row block 0 alone sums the bias gradient
+            add_dbias_tile(dbs, (const u16*)(smem + buf * WSTAGE + HALO), tid);
 #endif
 #endif
         __syncthreads();  // this stage's buffers are refilled next iteration
