@@ -314,7 +314,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call)
-    // this CTA's taps start at kernel row r0 (ROWSPLIT: R rows of R_FULL per blockIdx.z)
+    // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
     constexpr int FB = 8, NW = CB * 8 * TAPS;
     const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
