@@ -120,8 +120,8 @@ ROTATION = 3
 def _streaming_variants(
     kernel: str, m: int, n: int, elem: int, act: str = "relu"
 ) -> list[TileConfig | None]:
-    """The default forward config with and without evict-first loads and streaming stores,
-    three times each, interleaved (the difference to find is ~1%)."""
+    """The default config with and without evict-first loads and streaming stores, three times
+    each, interleaved (the difference to find is ~1%)."""
     base = _base(kernel, m, n, elem, act)
     return [None, replace(base, streaming=True)] * 3
 
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument(
         "--streaming",
         action="store_true",
-        help="forward kernels: the default with and without evict-first loads / .cs stores",
+        help="the default with and without evict-first loads / .cs stores (every kernel)",
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--only", nargs="+", help="kernels to sweep, e.g. bias_act_fwd")

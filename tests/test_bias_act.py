@@ -95,6 +95,8 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         ("bias_act_fwd", dict(stages=2, progs_per_sm=1)),
         ("bias_act_fwd", dict(stages=4, block_m=2)),
         ("bias_act_fwd", dict(streaming=True)),
+        ("bias_act_bwd", dict(prefetch=True, streaming=True)),
+        ("bias_act_bwd", dict(stages=3, streaming=True)),
     ],
     ids=[
         "bwd-plain",
@@ -104,13 +106,16 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         "fwd-persistent2",
         "fwd-persistent4",
         "fwd-streaming",
+        "bwd-prefetch-streaming",
+        "bwd-stages3-streaming",
     ],
 )
 def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
     """Configs that tuning sweeps pick among give the same outputs and gradients: the backward's
     plain, register-prefetched (the fp32 default) and software-pipelined (the half-precision
     default) row loops; a persistent forward
-    grid walking several row blocks per program through a pipelined loop."""
+    grid walking several row blocks per program through a pipelined loop; evict-first loads and
+    streaming stores in either pass."""
 
     def override(m, n, elem, variant=variant):
         return replace(_common.TileConfig(4, 32, 4, progs_per_sm=2), **variant)

@@ -186,6 +186,8 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         ("layer_norm_fwd", dict(stages=2, progs_per_sm=1)),
         ("layer_norm_fwd", dict(stages=3, block_m=2)),
         ("layer_norm_fwd", dict(streaming=True)),
+        ("layer_norm_bwd", dict(prefetch=True, streaming=True)),
+        ("layer_norm_bwd", dict(stages=2, streaming=True)),
     ],
     ids=[
         "bwd-prefetch",
@@ -194,12 +196,15 @@ def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed
         "fwd-persistent2",
         "fwd-persistent3",
         "fwd-streaming",
+        "bwd-prefetch-streaming",
+        "bwd-stages2-streaming",
     ],
 )
 def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
     """Configs that tuning sweeps pick among give the same outputs, mean/rstd and gradients: the
     backward's register-prefetched and software-pipelined row loops; a persistent forward grid
-    walking several row blocks per program through a pipelined loop."""
+    walking several row blocks per program through a pipelined loop; evict-first loads and
+    streaming stores in either pass."""
 
     def override(m, n, elem, variant=variant):
         base = ops.TileConfig(1, ops.next_pow2(n), 4, progs_per_sm=2, prefetch=False)

@@ -342,20 +342,50 @@ def test_transform_leaves_pairs_with_hooks_alone():
 
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("has_bias", [True, False])
-@pytest.mark.parametrize("split", [False, True], ids=["cublas", "cublas+epilogue"])
-def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, split, rng_seed):
-    """The cuBLAS backends (torch GEMM + tilewise or PyTorch epilogue) are only legal on CUDA;
-    forced here on the CPU so their host logic (bias cast, in-place ReLU, saved pre-activation,
-    the fp32 product + epilogue kernel where the forward offers it) is tested everywhere."""
+@pytest.mark.parametrize("backend", ["cublas", "cublas+epilogue", "cublaslt-relu"])
+def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, backend, rng_seed):
+    """The cuBLAS backends (torch GEMM + tilewise or PyTorch epilogue, cuBLASLt's bias + ReLU
+    epilogue) are only legal on CUDA; forced here on the CPU so their host logic (bias cast,
+    in-place ReLU, saved pre-activation, the fp32 product + epilogue kernel or the fused
+    bias + ReLU where the forward offers them) is tested everywhere."""
 
     def choose(*args, **kwargs):
-        offered = args[5] if len(args) > 5 else kwargs.get("epilogue_split", False)
-        return ops.CUBLAS_EPILOGUE if split and offered else ops.CUBLAS
+        return _offered_or_cublas(ops.Backend(backend), args, kwargs)
 
     monkeypatch.setattr(ops, "_choose", choose)
     for x_shape, n in SHAPES:
         x, w, b = _inputs(x_shape, n, "cpu", has_bias)
         _run_case(x, w, b, activation, torch.float32, rng_seed)
+
+
+def _offered_or_cublas(choice, args, kwargs):
+    """``choice``, or plain cuBLAS where the GEMM being chosen does not offer it (the split
+    epilogue: fp32 forward; the fused bias + ReLU: forward with a bias and ReLU)."""
+    split = args[5] if len(args) > 5 else kwargs.get("epilogue_split", False)
+    lt = kwargs.get("lt_relu", False)
+    if choice == ops.CUBLAS_EPILOGUE and not split or choice == ops.CUBLAS_LT_RELU and not lt:
+        return ops.CUBLAS
+    return choice
+
+
+def test_fused_relu_backend_is_offered_only_for_bias_and_relu(monkeypatch):
+    """The cuBLASLt bias + ReLU candidate reaches the chooser exactly for forwards with a bias
+    and ReLU (a forward without bias, or with another activation, cannot use it)."""
+    seen = []
+
+    def choose(*args, **kwargs):
+        seen.append(kwargs.get("lt_relu", False))
+        return ops.CUBLAS
+
+    monkeypatch.setattr(ops, "_choose", choose)
+    for act, has_bias in (("relu", True), ("relu", False), ("gelu", True), ("none", True)):
+        seen.clear()
+        x, w, b = _inputs((5, 8), 6, "cpu", has_bias)
+        ops.forward(x, w, b, act)
+        assert seen == [act == "relu" and has_bias], (act, has_bias, seen)
+    cands = ops._candidates(64, 64, 64, 2, False, True, 0, False, True)
+    assert cands[-1] == ops.CUBLAS_LT_RELU and ops.CUBLAS in cands
+    assert ops.CUBLAS_LT_RELU not in ops._candidates(64, 64, 64, 2, False, True, 0, False)
 
 
 @pytest.mark.gpu
@@ -366,12 +396,12 @@ def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng
     (the backward's derivative prologue and bias-gradient sum included), on odd shapes."""
     for x_shape, n in (((65, 130), 97), ((8, 1024), 1000)):
         m, k = x_shape
-        cands = ops._candidates(m, n, k, dtype.itemsize, dtype == torch.float32, True, 132, True)
+        fp32 = dtype == torch.float32
+        cands = ops._candidates(m, n, k, dtype.itemsize, fp32, True, 132, True, True)
         for cfg in cands:
 
-            def choose(*args, cfg=cfg, **kwargs):  # cuBLAS + epilogue only where it is offered
-                offered = args[5] if len(args) > 5 else kwargs.get("epilogue_split", False)
-                return ops.CUBLAS if cfg == ops.CUBLAS_EPILOGUE and not offered else cfg
+            def choose(*args, cfg=cfg, **kwargs):  # the cuBLAS variants only where offered
+                return _offered_or_cublas(cfg, args, kwargs)
 
             monkeypatch.setattr(ops, "_choose", choose)
             x, w, b = _inputs(x_shape, n, "cuda", True)

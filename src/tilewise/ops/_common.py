@@ -83,8 +83,8 @@ class TileConfig:
     # backward kernels: software-pipeline depth of the row loop (``tl.range(num_stages=)``: the
     # next steps' tiles are copied into shared memory asynchronously); 1 = not pipelined
     stages: int = 1
-    # forward kernels: read the input with an evict-first policy and write the output with
-    # streaming (.cs) stores, data touched once (a tuning option; off by default until measured)
+    # read the inputs with an evict-first policy and write the outputs with streaming (.cs)
+    # stores, data touched once (a tuning option; off by default until measured)
     streaming: bool = False
 
 
@@ -95,6 +95,7 @@ def backward_launch_args(cfg: TileConfig) -> dict:
         STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
+        STREAM=cfg.streaming,
         num_warps=cfg.num_warps,
     )
 

@@ -98,6 +98,7 @@ def _bias_act_bwd_kernel(
     STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     """dx for a column block of this program's rows; the bias gradient summed over those rows is
     stored as a partial row (deterministic) or added with atomics, the last program of the column
@@ -114,8 +115,8 @@ def _bias_act_bwd_kernel(
     if PREFETCH:  # the next step's tile is loaded before this step's math and store
         offs = (row0 + tl.arange(0, BLOCK_M))[:, None].to(tl.int64) * N + cols[None, :]
         nmask = ((row0 + tl.arange(0, BLOCK_M)) < row_end)[:, None] & cmask[None, :]
-        dy_n = tl.load(dy_ptr + offs, mask=nmask, other=0.0)
-        x_n = tl.load(x_ptr + offs, mask=nmask, other=0.0)
+        dy_n = load_once(dy_ptr + offs, nmask, STREAM)
+        x_n = load_once(x_ptr + offs, nmask, STREAM)
     for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
         rows = r + tl.arange(0, BLOCK_M)
         mask = (rows[:, None] < row_end) & cmask[None, :]
@@ -123,17 +124,17 @@ def _bias_act_bwd_kernel(
         if PREFETCH:
             dy_c, x_c = dy_n, x_n
             nmask = ((rows + BLOCK_M) < row_end)[:, None] & cmask[None, :]
-            dy_n = tl.load(dy_ptr + offs + BLOCK_M * N, mask=nmask, other=0.0)
-            x_n = tl.load(x_ptr + offs + BLOCK_M * N, mask=nmask, other=0.0)
+            dy_n = load_once(dy_ptr + offs + BLOCK_M * N, nmask, STREAM)
+            x_n = load_once(x_ptr + offs + BLOCK_M * N, nmask, STREAM)
         else:
-            dy_c = tl.load(dy_ptr + offs, mask=mask, other=0.0)
-            x_c = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            dy_c = load_once(dy_ptr + offs, mask, STREAM)
+            x_c = load_once(x_ptr + offs, mask, STREAM)
         z = x_c.to(tl.float32)
         if ADD_BIAS:
             z = z + b[None, :]
         dz = act_bwd(dy_c.to(tl.float32), z, ACT, FAST_ACT)
         dz = tl.where(mask, dz, 0.0)
-        tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
+        store_once(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask, STREAM)
         acc += dz
     if HAS_BIAS:
         part = tl.sum(acc, axis=0)

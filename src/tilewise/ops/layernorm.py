@@ -199,6 +199,7 @@ def _ln_bwd_kernel(
     STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     """dx per row; dw/db summed over this program's rows, then either stored as one fp32 partial
     row per program (deterministic) or added into fp32 accumulators with atomics, the last program
@@ -218,8 +219,8 @@ def _ln_bwd_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-        dy_n = tl.load(dy_ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
-        x_n = tl.load(x_ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
+        dy_n = load_once(dy_ptr + offs, rmask[:, None] & cmask[None, :], STREAM)
+        x_n = load_once(x_ptr + offs, rmask[:, None] & cmask[None, :], STREAM)
         mean_n = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
         rstd_n = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
     for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
@@ -232,13 +233,13 @@ def _ln_bwd_kernel(
             nrows = rows + BLOCK_M
             nmask = nrows < row_end
             noffs = offs + BLOCK_M * N
-            dy_n = tl.load(dy_ptr + noffs, mask=nmask[:, None] & cmask[None, :], other=0.0)
-            x_n = tl.load(x_ptr + noffs, mask=nmask[:, None] & cmask[None, :], other=0.0)
+            dy_n = load_once(dy_ptr + noffs, nmask[:, None] & cmask[None, :], STREAM)
+            x_n = load_once(x_ptr + noffs, nmask[:, None] & cmask[None, :], STREAM)
             mean_n = tl.load(mean_ptr + nrows, mask=nmask, other=0.0)
             rstd_n = tl.load(rstd_ptr + nrows, mask=nmask, other=0.0)
         else:
-            dy_c = tl.load(dy_ptr + offs, mask=mask, other=0.0)
-            x_c = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            dy_c = load_once(dy_ptr + offs, mask, STREAM)
+            x_c = load_once(x_ptr + offs, mask, STREAM)
             mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         dy, xhat, g = _ln_grad_tile(
@@ -256,7 +257,7 @@ def _ln_bwd_kernel(
         )
         s1, s2 = tl.reduce((xhat * g, g), 1, _add_pairs)  # one cross-warp exchange, not two
         dx = (g - xhat * (s1 / N)[:, None] - (s2 / N)[:, None]) * rstd[:, None]
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        store_once(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
         if HAS_W:
             dw_acc += dy * xhat
         if HAS_B:

@@ -17,7 +17,8 @@ The backward is two launches of the same kernel with a constexpr prologue: ``dx 
 the second also summing ``db = colsum(dz)`` (the programs of its first column block store it).
 
 Every GEMM also has a cuBLAS candidate (``torch.mm``, with bias_act's one-pass kernel for what
-cannot be fused into it). ``_choose`` times cuBLAS against a list of tile configs on first use per
+cannot be fused into it); the forward of bias + ReLU also cuBLASLt's fused bias + ReLU epilogue
+(one kernel). ``_choose`` times cuBLAS against a list of tile configs on first use per
 shape and fused work and caches the winner like any kernel config. True fp32 defaults to cuBLAS
 untimed: the kernel's IEEE path runs on CUDA cores.
 
@@ -237,10 +238,12 @@ def _candidates(
     cublas: bool,
     sms: int,
     epilogue_split: bool = False,
+    lt_relu: bool = False,
 ):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
-    to the problem, then cuBLAS (and, with ``epilogue_split``, cuBLAS's plain product followed by
-    bias_act's epilogue kernel); one tuple object per shape (the autotuner's memo keys on it)."""
+    to the problem, then cuBLAS (with ``epilogue_split`` also cuBLAS's plain product followed by
+    bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue); one
+    tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     if CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None:
@@ -256,6 +259,8 @@ def _candidates(
     if not cublas:
         return tuple(tiles)
     libs = (CUBLAS, CUBLAS_EPILOGUE) if epilogue_split else (CUBLAS,)
+    if lt_relu:
+        libs = (*libs, CUBLAS_LT_RELU)
     return (*libs, *tiles) if ieee else (*tiles, *libs)
 
 
@@ -284,6 +289,11 @@ CUBLAS = Backend("cublas")
 #: with a broadcast bias runs a scaling pass and a slower kernel (batch 64, hidden 1024 on an
 #: H100: ~27 us against ~13 + 2); in fp32 storing the product before the bias add rounds nothing.
 CUBLAS_EPILOGUE = Backend("cublas+epilogue")
+#: forward of bias + ReLU only: ``torch._addmm_activation``, cuBLASLt's RELU_BIAS epilogue, one
+#: kernel where ``CUBLAS`` runs ``addmm`` and then a ReLU launch. The bias is added to the fp32
+#: sum before rounding, as in ``addmm``, so the ReLU mask is ``F.linear``'s element for element.
+#: (PyTorch falls back to ``addmm`` + ReLU itself for shapes cuBLASLt does not take.)
+CUBLAS_LT_RELU = Backend("cublaslt-relu")
 Choice = Backend | GemmConfig
 
 
@@ -302,6 +312,7 @@ def _choose(
     epilogue: str,
     run: Callable[[Choice], Any],
     epilogue_split: bool = False,
+    lt_relu: bool = False,
 ) -> Choice:
     """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
     and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
@@ -313,10 +324,11 @@ def _choose(
     ieee = a.dtype == torch.float32 and not allow_tf32
     sms = num_sms(a.device)
     cublas = _cublas_legal(a, allow_tf32)
-    cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split)
+    cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split, lt_relu)
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
-    return autotune.choose_config(OP + ".gemm", prob, cands, run, device=a.device, cold_l2=cold)
+    op = OP + (".gemm.lt" if lt_relu and cublas else ".gemm")  # choices cached before it: re-timed
+    return autotune.choose_config(op, prob, cands, run, device=a.device, cold_l2=cold)
 
 
 def _launch(
@@ -483,6 +495,8 @@ def forward(
                 if bias is None and activation == "none":
                     return z, None
                 return _bias_act.forward(z, bias, activation, -1), None
+            if ch == CUBLAS_LT_RELU:  # offered for bias + ReLU only
+                return torch._addmm_activation(bias.to(x.dtype), x2, wt), None
             if ch == CUBLAS:
                 if activation in ("none", "relu"):
                     # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
@@ -498,7 +512,10 @@ def forward(
 
         epilogue = f"{activation}{'+bias' if bias is not None else ''}"
         split = x.dtype == torch.float32 and activation in ("none", "relu")
-        y2, g2 = run(_choose(x2, wt, allow_tf32, epilogue, run, split and epilogue != "none"))
+        lt = activation == "relu" and bias is not None
+        y2, g2 = run(
+            _choose(x2, wt, allow_tf32, epilogue, run, split and epilogue != "none", lt_relu=lt)
+        )
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)
     return y, (y if activation == "relu" else pre)
 
