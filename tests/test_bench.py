@@ -330,3 +330,24 @@ def test_merge_joins_parts_of_one_device(tmp_path, capsys):
     c = save_results("gconv-insitu-c", [rec], {"copy": 3e12}, tmp_path, {"device_name": "GPU B"})
     with pytest.raises(ValueError, match="files"):
         cli.main(["bench", "merge", "x", str(a), str(c), "--out", str(out)])
+
+
+def test_merge_prints_and_plots_mlp_parts(tmp_path, capsys):
+    """MLP grids run in parts (one process per dtype or layer count) merge into one table and
+    one heatmap pair, as a study run whole writes."""
+    env = {"device_name": "GPU A"}
+
+    def recs(layers):
+        base = {"dtype": "fp32", "layers": layers, "batch": 2, "hidden": 256, "flops": 1}
+        return [
+            {**base, "impl": impl, "median_s": s, "error": None, "checked": True}
+            for impl, s in (("eager", 6e-5), ("graph", 6e-6), ("tilewise", 5e-6))
+        ]
+
+    a = save_results("mlp-a", recs(1), {"copy_bytes_per_s": 3e12}, tmp_path, env)
+    b = save_results("mlp-b", recs(8), {"copy_bytes_per_s": 3e12}, tmp_path, env)
+    out = tmp_path / "merged"
+    assert cli.main(["bench", "merge", "mlp-ab", str(a), str(b), "--out", str(out), "--plot"]) == 0
+    text = capsys.readouterr().out
+    assert "1.20x" in text  # graph 6 us / tilewise 5 us, in the merged table
+    assert (out / "mlp-ab__gpu-a.png").exists() and (out / "mlp-ab__gpu-a-vs-graph.png").exists()

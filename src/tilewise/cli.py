@@ -555,6 +555,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     ceilings measured in its own run, and the merged file lists every part's ceilings."""
     from tilewise.bench.gconv import plot_gconv
     from tilewise.bench.gconv_insitu import plot_insitu
+    from tilewise.bench.mlp import plot_mlp
     from tilewise.bench.results import device_slug, load_results, save_results
 
     parts = [load_results(p) for p in args.files]
@@ -573,7 +574,11 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise ValueError(f"argument 'study': {target} is one of the files to merge")
     path = save_results(args.study, records, ceilings, args.out, env)
     print(f"wrote {path} ({len(records)} records from {len(parts)} files)")
-    kinds = {"gconv-insitu": (_report_insitu, plot_insitu), "gconv": (_report_gconv, plot_gconv)}
+    kinds = {
+        "gconv-insitu": (_report_insitu, plot_insitu),
+        "gconv": (_report_gconv, plot_gconv),
+        "mlp": (_report_mlp, plot_mlp),
+    }
     prefix = next((k for k in kinds if args.study.startswith(k)), None)
     if prefix is not None:
         report, plot_fn = kinds[prefix]
