@@ -215,7 +215,7 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype):
     for tile in gconv_cuda.candidates(64, 3, 3, tma=True):
         if not tile.tma:
             continue
-        twin = dataclasses.replace(tile, tma=0)
+        twin = gconv_cuda.non_tma_twin(tile, 64, 3, 3)
         n_tiles = 64 * -(-33 // tile.th) * -(-35 // tile.tw)
         ctas_per_block = -(-tile.min_ctas * gconv_cuda.num_sms(x.device) // (64 // tile.cb))
         assert n_tiles > 2 * min(n_tiles, ctas_per_block)  # several tiles per CTA
@@ -247,6 +247,19 @@ def test_tma_tiles_fall_back_without_the_lean_launcher(monkeypatch, caplog):
             out = _cl(torch.full_like(x, float("nan")))
             assert torch.equal(gconv_cuda.fprop(x, w, None, out, 1, 1, tile), want)
     assert sum("runs without TMA" in r.message for r in caplog.records) == 2
+
+
+def test_every_tma_tile_has_a_legal_twin():
+    """Without the lean launcher a TMA tile runs as a non-TMA twin: same kernel and channel
+    block, fewer rows where the per-chunk staging needs more shared memory (the 32x32 tile)."""
+    for c in (8, 64, 256):
+        for r in range(1, 8):
+            for tile in gconv_cuda.candidates(c, r, r, tma=True):
+                twin = gconv_cuda.non_tma_twin(tile, c, r, r)
+                assert gconv_cuda.tile_ok(c, r, r, twin) and not twin.tma, (c, r, tile)
+                assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
+    big = gconv_cuda.CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2)
+    assert gconv_cuda.non_tma_twin(big, 64, 3, 3).th == 16
 
 
 def test_tma_needs_the_row_pair_kernel():
