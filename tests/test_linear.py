@@ -409,3 +409,43 @@ def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng
                 _run_case(x, w, b, activation, dtype, rng_seed)
             except AssertionError as exc:
                 raise AssertionError(f"{cfg}: {exc}") from None
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k_forward(monkeypatch, device, dtype, activation, split, rng_seed):
+    """Split-K forwards (each tile's K in slices summed by its last program, then the fused
+    epilogue), forced on every forward, with slices left empty where K is short; the stream's
+    ticket counters are left zero."""
+    from dataclasses import replace
+
+    from tilewise.runtime import workspace
+
+    def choose(a, b, *args, **kwargs):
+        m, k = a.shape
+        cfg = ops.gemm_config(m, b.shape[1], k, a.element_size(), a.device)
+        return replace(cfg, split_k=split) if kwargs.get("split_k") else cfg
+
+    monkeypatch.setattr(ops, "_choose", choose)
+    shapes = SHAPES if device == "cpu" else [((64, 1024), 1024), ((3, 100, 257), 97)]
+    for x_shape, n in shapes:
+        x, w, b = _inputs(x_shape, n, device, True)
+        _run_case(x, w, b, activation, dtype, rng_seed)
+    assert workspace.all_zero()
+
+
+def test_split_k_configs_only_where_tiles_are_few():
+    """Split-K candidates appear for forwards whose output tiles cannot fill the SMs, each
+    slice at least two K steps; never for large outputs, and the backward refuses them."""
+    few = ops._split_configs(64, 1024, 1024, True, 132)
+    assert few and all(c.split_k >= 2 for c in few)
+    for c in few:
+        tiles = -(-64 // c.block_m) * -(-1024 // c.block_n)
+        assert tiles < 132 and 1024 >= 2 * c.split_k * c.block_k
+    assert not ops._split_configs(4096, 4096, 4096, False, 132)
+    assert not ops._split_configs(64, 1024, 32, True, 132)  # K too short to split
+    x, w = torch.randn(8, 16), torch.randn(16, 12)
+    with pytest.raises(ValueError, match="'cfg'"):
+        ops._launch(x, w, torch.float32, False, cfg=ops.GemmConfig(16, 16, 16, split_k=2),
+                    db=torch.empty(8))  # fmt: skip

@@ -49,7 +49,7 @@ from tilewise.ops._common import (
     next_pow2,
     num_sms,
 )
-from tilewise.runtime import alloc, autotune, dispatch
+from tilewise.runtime import alloc, autotune, dispatch, workspace
 
 OP = "linear"
 #: GEMMs whose operands reach this size choose their config with L2 flushed before each timed run:
@@ -73,6 +73,8 @@ def _gemm_kernel(
     s_ptr,
     sb_ptr,
     db_ptr,
+    ws_ptr,
+    cnt_ptr,
     M,
     N,
     K,
@@ -95,13 +97,17 @@ def _gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     """``C = epilogue(prologue(A) @ B)``. The prologue (backward GEMMs) turns the incoming
     gradient A into ``dz = act'(s + bias) * A`` as it is loaded (``s``: the forward's saved tensor
     with strides ``s_sm, s_sk``; ``DACT_BIAS`` 1 adds a bias along K, 2 along M) and with
     ``STORE_DB`` sums dz over K into ``db_ptr[M]`` (the bias gradient; programs of column block 0
     store it). The epilogue (forward) adds the bias along N, applies ``ACT`` and may store the
-    pre-bias product into ``g_ptr``."""
+    pre-bias product into ``g_ptr``. With ``SPLIT_K`` > 1 (forward only: no prologue, no db),
+    program (tile, j) sums the j-th slice of K into fp32 slot j of ``ws_ptr`` [SPLIT_K, M, N] and
+    takes a ticket from the tile's counter in ``cnt_ptr``; the last one adds the slots in order
+    (deterministic), runs the epilogue and re-zeroes the counter (a self-cleaning workspace)."""
     # Grouped ordering: GROUP_M row-blocks share each column block of B while it is in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -114,11 +120,16 @@ def _gemm_kernel(
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # this program's slice of K: all of it, or with SPLIT_K the (program_id(1))-th of whole
+    # BLOCK_K steps
+    k_step = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_step
+    k_hi = tl.minimum(K, k_lo + k_step)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
-    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * s_am + rk[None, :].to(tl.int64) * s_ak
-    b_ptrs = b_ptr + rk[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * s_am + (k_lo + rk)[None, :].to(tl.int64) * s_ak
+    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn
     if DACT != 0:
         s_ptrs = s_ptr + rm[:, None].to(tl.int64) * s_sm + rk[None, :].to(tl.int64) * s_sk
     if DACT_BIAS == 2:
@@ -126,8 +137,8 @@ def _gemm_kernel(
     if STORE_DB:
         db_acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = (k0 + rk) < k_hi
         a_mask = m_ok[:, None] & k_ok[None, :]
         # masked lanes load exact zeros, so padding never adds (or NaN-poisons) a product
         a = tl.load(a_ptrs, mask=a_mask, other=0.0)
@@ -155,6 +166,39 @@ def _gemm_kernel(
             tl.store(db_ptr + rm, db_acc.to(db_ptr.dtype.element_ty), mask=m_ok)
     mask = m_ok[:, None] & n_ok[None, :]
     c_offs = rm[:, None].to(tl.int64) * s_cm + rn[None, :].to(tl.int64) * s_cn
+    if SPLIT_K == 1:
+        _gemm_epilogue(acc, bias_ptr, c_ptr, g_ptr, c_offs, rn, n_ok, mask, HAS_BIAS, ACT, STORE_G)
+    else:
+        w_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(ws_ptr + w_offs + tl.program_id(1) * (M * N), acc, mask=mask)
+        tl.debug_barrier()  # every thread's slice of the partial is stored
+        ticket = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:  # the others' partials are in: sum them in a fixed order
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(SPLIT_K):  # .cg: from L2, where the other SMs wrote
+                part = ws_ptr + w_offs + j * (M * N)  # SPLIT_K * M * N < 2**31 (host)
+                tot += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+            _gemm_epilogue(
+                tot, bias_ptr, c_ptr, g_ptr, c_offs, rn, n_ok, mask, HAS_BIAS, ACT, STORE_G
+            )
+            tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed")
+
+
+@triton.jit
+def _gemm_epilogue(
+    acc,
+    bias_ptr,
+    c_ptr,
+    g_ptr,
+    c_offs,
+    rn,
+    n_ok,
+    mask,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    STORE_G: tl.constexpr,
+):
+    """Store ``act(acc + bias)`` (and, with ``STORE_G``, the pre-bias ``acc``) at ``c_offs``."""
     if STORE_G:  # g has c's strides
         tl.store(g_ptr + c_offs, acc.to(g_ptr.dtype.element_ty), mask=mask)
     if HAS_BIAS:
@@ -173,6 +217,7 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # forward only: K in this many slices, summed by the tile's last program
 
 
 #: Pipeline the half-precision backward GEMMs as their configs say (``_launch``: off, after a
@@ -204,6 +249,29 @@ _TILES_IEEE = (
 )
 #: tiles with fewer rows than this are candidates only for problems of at most 4x their rows
 _SMALL_TILE_ROWS = 64
+#: split-K bases (block_m, block_n, block_k, warps, stages) for forwards whose output tiles
+#: cannot fill the SMs (an fp32 8-layer MLP at batch 64, hidden 1024: cuBLAS's SGEMM took 13 us of
+#: a 2.6 us compute floor per layer, session 13): each tile's K is split until the programs cover
+#: the SMs about once
+_SPLIT_TILES_IEEE = ((64, 64, 32, 4, 3), (32, 64, 32, 4, 3), (16, 64, 64, 4, 3))
+_SPLIT_TILES_TC = ((64, 64, 64, 4, 3), (32, 64, 64, 4, 4), (16, 64, 128, 4, 4))
+_SPLIT_MAX = 16
+
+
+def _split_configs(m: int, n: int, k: int, ieee: bool, sms: int) -> list[GemmConfig]:
+    """Split-K configs for a forward GEMM of too few output tiles: per base tile the split that
+    about fills the SMs and half of it, each slice at least two K steps."""
+    out = []
+    for bm, bn, bk, w, st in _SPLIT_TILES_IEEE if ieee else _SPLIT_TILES_TC:
+        cfg = _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
+        tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+        split = min(_SPLIT_MAX, next_pow2(cdiv(sms, tiles)))
+        while split > 1 and k < 2 * split * cfg.block_k:
+            split //= 2
+        if tiles >= sms or split * m * n >= 2**31:
+            continue
+        out += [replace(cfg, split_k=sp) for sp in (split, split // 2) if sp > 1]
+    return out
 
 
 def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -> GemmConfig:
@@ -239,10 +307,12 @@ def _candidates(
     sms: int,
     epilogue_split: bool = False,
     lt_relu: bool = False,
+    split_k: bool = False,
 ):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
     to the problem, then cuBLAS (with ``epilogue_split`` also cuBLAS's plain product followed by
-    bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue); one
+    bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue); with
+    ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than the SMs; one
     tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
@@ -255,6 +325,8 @@ def _candidates(
             if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
             if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
         ]
+    if split_k and sms:
+        tiles += _split_configs(m, n, k, ieee, sms)
     tiles = list(dict.fromkeys(tiles))
     if not cublas:
         return tuple(tiles)
@@ -313,6 +385,7 @@ def _choose(
     run: Callable[[Choice], Any],
     epilogue_split: bool = False,
     lt_relu: bool = False,
+    split_k: bool = False,
 ) -> Choice:
     """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
     and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
@@ -324,10 +397,14 @@ def _choose(
     ieee = a.dtype == torch.float32 and not allow_tf32
     sms = num_sms(a.device)
     cublas = _cublas_legal(a, allow_tf32)
-    cands = _candidates(m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split, lt_relu)
+    cands = _candidates(
+        m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split, lt_relu, split_k
+    )
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
-    op = OP + (".gemm.lt" if lt_relu and cublas else ".gemm")  # choices cached before it: re-timed
+    # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K) under their
+    # own key, so choices cached before are timed again
+    op = OP + (".gemm.fwd2" if split_k else ".gemm")
     return autotune.choose_config(op, prob, cands, run, device=a.device, cold_l2=cold)
 
 
@@ -369,7 +446,25 @@ def _launch(
         # cuBLAS candidate is what runs there.
         stages = 1
     d_act, s, sb, s_axis = dact if dact is not None else ("none", a, None, 0)
-    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    ws = counters = c
+    if cfg.split_k > 1:
+        if dact is not None or db is not None:
+            raise ValueError(f"argument 'cfg': split_k={cfg.split_k} is for forward GEMMs only")
+        ws = alloc.empty((cfg.split_k, m, n), device=a.device, dtype=torch.float32)
+        counters = workspace.zeroed(a.device, (tiles,))[0].view(torch.int32)
+    with workspace.guarded(a.device):
+        _launch_gemm(a, b, c, g, s, sb, ws, counters, bias, activation, store_g, d_act, s_axis,
+                     db, allow_tf32, cfg, stages, (tiles, cfg.split_k))  # fmt: skip
+    return c, g
+
+
+def _launch_gemm(
+    a, b, c, g, s, sb, ws, counters, bias, activation, store_g, d_act, s_axis, db, allow_tf32,
+    cfg, stages, grid,
+) -> None:  # fmt: skip
+    m, k = a.shape
+    n = b.shape[1]
     _gemm_kernel[grid](
         a,
         b,
@@ -379,6 +474,8 @@ def _launch(
         s,
         c if sb is None else sb,
         c if db is None else db,
+        ws,
+        counters,
         m,
         n,
         k,
@@ -401,10 +498,10 @@ def _launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m,
+        SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps,
         num_stages=stages,
     )
-    return c, g
 
 
 def matmul(
@@ -514,7 +611,16 @@ def forward(
         split = x.dtype == torch.float32 and activation in ("none", "relu")
         lt = activation == "relu" and bias is not None
         y2, g2 = run(
-            _choose(x2, wt, allow_tf32, epilogue, run, split and epilogue != "none", lt_relu=lt)
+            _choose(
+                x2,
+                wt,
+                allow_tf32,
+                epilogue,
+                run,
+                split and epilogue != "none",
+                lt_relu=lt,
+                split_k=True,
+            )
         )
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)
     return y, (y if activation == "relu" else pre)
