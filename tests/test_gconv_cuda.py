@@ -205,13 +205,15 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
 def test_tma_pipeline_over_many_tiles_per_cta(dtype):
     """The odd shapes give every CTA one tile; here each CTA walks many (the TMA stages' reuse,
     the mbarrier parity flips, the staging tile's reuse after its TMA store), with NaN/Inf in
-    the input: every TMA tile is bitwise equal to the same tile without TMA, fprop and dgrad."""
+    the input and without: every TMA tile is bitwise equal to the same tile without TMA (the
+    32x32 tile: to its 16-row twin, whose shared memory fits), fprop and dgrad."""
     if not gconv_cuda._tma.supported(torch.cuda.current_device()):
         pytest.skip("no TMA on this GPU")
     x = _cl(torch.randn(64, 64, 33, 35, device="cuda", dtype=dtype))
     x[3, 5, 7, 9], x[40, 60, 32, 34], x[63, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
     w = torch.randn(64, 8, 3, 3, device="cuda", dtype=dtype) * 0.1
     b = torch.randn(64, device="cuda", dtype=dtype)
+    finite = x.nan_to_num(posinf=0.0, neginf=0.0)
     for tile in gconv_cuda.candidates(64, 3, 3, tma=True):
         if not tile.tma:
             continue
@@ -220,12 +222,20 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype):
         ctas_per_block = -(-tile.min_ctas * gconv_cuda.num_sms(x.device) // (64 // tile.cb))
         assert n_tiles > 2 * min(n_tiles, ctas_per_block)  # several tiles per CTA
         for dgrad, bias in ((False, b), (True, None)):
-            outs = []
-            for t in (tile, twin):
-                out = _cl(torch.full_like(x, float("nan")))
-                outs.append(gconv_cuda.fprop(x, w, bias, out, 1, 1, t, dgrad))
-            assert torch.equal(outs[0].isnan(), outs[1].isnan()), (tile.name, dgrad)
-            assert torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num()), (tile.name, dgrad)
+            for inp in (x, finite):
+                outs = []
+                for t in (tile, twin):
+                    out = _cl(torch.full_like(x, float("nan")))
+                    outs.append(gconv_cuda.fprop(inp, w, bias, out, 1, 1, t, dgrad))
+                assert torch.equal(outs[0].isnan(), outs[1].isnan()), (tile.name, dgrad)
+                if inp is x and twin.th != tile.th:
+                    # a warp with a non-finite sum recomputes its block exactly, and blocks of
+                    # tiles of other heights differ: finite outputs near the NaN/Inf may then
+                    # differ in their last bits; the finite input below is compared bitwise
+                    torch.testing.assert_close(outs[0], outs[1], equal_nan=True)
+                    continue
+                same = torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
+                assert same, (tile.name, dgrad, inp is x)
 
 
 @pytest.mark.gpu
