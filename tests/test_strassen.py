@@ -386,3 +386,26 @@ def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_p
     assert model.uses_strassen(x)
     assert not model.uses_strassen(x.half())  # half precision: the rule alone decides
     autotune.clear_memory_cache()
+
+
+def test_products_plans_agree():
+    """One bmm or seven mm launches: the same 7 products (``ops.run_products``)."""
+    p, blocks = torch.randn(7, 5, 6), torch.randn(7, 3, 6)
+    want = torch.bmm(p, blocks.transpose(1, 2))
+    for plan in ops.PLANS:
+        out = torch.full((7, 5, 3), float("nan"))
+        assert ops.run_products(plan, p, blocks, out) is out
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", ops.PLANS, ids=lambda p: f"launches{p.launches}")
+def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
+    """Each products plan the autotuner may pick, forced, through whole chains (fp32 and fp16)."""
+    import types
+
+    monkeypatch.setattr(ops, "autotune", types.SimpleNamespace(choose_config=lambda *a, **k: plan))
+    for dtype in (torch.float32, torch.float16):
+        for x_shape, outs in GPU_SHAPES:
+            x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
+            _judge_chain(x, ws, bs, acts, dtype, rng_seed)

@@ -8,7 +8,8 @@ Strassen's seven products ``M1..M7`` give ``C = A @ B`` from 7 half-size GEMMs i
 * ``_prefix_kernel``: the A-side sums of the first layer's input, [7, M/2, K/2]:
   A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22 (the padding is written as exact zeros).
 * per layer one ``torch.bmm`` (cuBLAS; TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says):
-  ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2].
+  ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]; or, where timing says so per shape, seven ``torch.mm``
+  launches into the same tensor (``ProductsPlan``).
 * ``_suffix_kernel``: C11 = M1+M4-M5+M7, C12 = M3+M5, C21 = M2+M4, C22 = M1-M2+M3+M6, then bias and
   activation, then either the unpadded ``y`` (last layer) or directly the next layer's 7 prefix
   operands: block (r, c) of C is block (r, c) of the next A, so no C tensor is ever stored.
@@ -21,6 +22,7 @@ turn up in its partner row too, and Inf can become NaN (Inf - Inf), unlike a pla
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -35,7 +37,7 @@ from tilewise.ops._common import (
     next_pow2,
     pick_config,
 )
-from tilewise.runtime import alloc, dispatch
+from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "strassen"
 
@@ -190,10 +192,59 @@ def prefix(x2: torch.Tensor) -> torch.Tensor:
     return p
 
 
+@dataclass(frozen=True)
+class ProductsPlan:
+    """How the 7 products run: one batched GEMM (``torch.bmm``) or 7 ``torch.mm`` launches, for
+    which cuBLAS picks other kernels. fp32 on an H100 (``scripts/strassen_wave_probe.py``, session
+    13): at 512 x 8192 the bmm ran at 0.88x the full product's rate and the 7 launches at 0.96x; at
+    512 x 4096 the bmm 0.88x, the launches 0.79x. Chosen per shape by timing."""
+
+    launches: int = 1
+
+
+BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
+PLANS = (BMM, MM7)
+#: products whose operands reach this size are timed with L2 flushed (as linear's GEMMs are)
+COLD_L2_MIN_BYTES = 4 << 20
+
+
+def run_products(
+    plan: ProductsPlan, p: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """``out[i] = p[i] @ blocks[i]^T`` for the 7 products, as ``plan`` says."""
+    if plan.launches == 1:
+        return torch.bmm(p, blocks.transpose(1, 2), out=out)
+    for i in range(7):
+        torch.mm(p[i], blocks[i].t(), out=out[i])
+    return out
+
+
+@dataclass(frozen=True)
+class ProductsProblem:
+    """Autotune key of one layer's products: half sizes, dtype, TF32."""
+
+    mh: int
+    kh: int
+    nh: int
+    dtype: str
+    tf32: bool
+
+
 def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """The 7 Strassen products ``Mi = P[i] @ F[i]^T``: one ``torch.bmm``, [7, M/2, N/2]."""
+    """The 7 Strassen products ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]: one ``torch.bmm`` or seven
+    ``torch.mm`` (``ProductsPlan``, timed per shape on CUDA)."""
     out = alloc.empty((7, p.shape[1], blocks.shape[1]), device=p.device, dtype=p.dtype)
-    return torch.bmm(p, blocks.transpose(1, 2), out=out)
+
+    def run(plan: ProductsPlan) -> torch.Tensor:
+        return run_products(plan, p, blocks, out)
+
+    if p.device.type != "cuda":
+        return run(BMM)
+    mh, kh, nh = p.shape[1], p.shape[2], blocks.shape[1]
+    prob = ProductsProblem(mh, kh, nh, str(p.dtype).removeprefix("torch."), tf32_enabled())
+    cold = 7 * (mh * kh + kh * nh + mh * nh) * p.element_size() >= COLD_L2_MIN_BYTES
+    plan = autotune.choose_config(OP + ".products", prob, PLANS, run, device=p.device, cold_l2=cold)
+    return run(plan)
 
 
 def suffix(
