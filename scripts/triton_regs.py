@@ -75,7 +75,7 @@ def main() -> None:
         for relu in (False, True):
             consts = dict(HAS_W=True, HAS_B=True, RELU=relu, ATOMIC=True, SLOTS=8,
                           PREFETCH=False, STAGES=cfg.stages, BLOCK_M=cfg.block_m,
-                          BLOCK_N=cfg.block_n)  # fmt: skip
+                          BLOCK_N=cfg.block_n, STREAM=cfg.streaming)  # fmt: skip
             kern = layernorm._ln_bwd_kernel
             report = ptxas_report(kern, types, consts, cfg.num_warps, args.ptxas)
             print(f"layer_norm bwd n={n} relu={relu} {cfg}: {report}", flush=True)
@@ -86,7 +86,8 @@ def main() -> None:
             cfg = bias_act._config("bias_act_bwd", m, n, 2, None, act)  # GELU/SiLU: own tiles
             consts = dict(HAS_BIAS=True, ADD_BIAS=True, ACT=activation_code(act), FAST_ACT=True,
                           ATOMIC=True, SLOTS=8, PREFETCH=False, STAGES=cfg.stages,
-                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)  # fmt: skip
+                          BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STREAM=cfg.streaming)  # fmt: skip
             report = ptxas_report(
                 bias_act._bias_act_bwd_kernel, types, consts, cfg.num_warps, args.ptxas
             )

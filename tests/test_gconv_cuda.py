@@ -202,13 +202,15 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_tma_pipeline_over_many_tiles_per_cta(dtype):
+def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
     """The odd shapes give every CTA one tile; here each CTA walks many (the TMA stages' reuse,
     the mbarrier parity flips, the staging tile's reuse after its TMA store), with NaN/Inf in
     the input and without: every TMA tile is bitwise equal to the same tile without TMA (the
     32x32 tile: to its 16-row twin, whose shared memory fits), fprop and dgrad."""
     if not gconv_cuda._tma.supported(torch.cuda.current_device()):
         pytest.skip("no TMA on this GPU")
+    caplog.set_level("WARNING", logger=gconv_cuda.log.name)
+    gconv_cuda._log_once.cache_clear()
     x = _cl(torch.randn(64, 64, 33, 35, device="cuda", dtype=dtype))
     x[3, 5, 7, 9], x[40, 60, 32, 34], x[63, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
     w = torch.randn(64, 8, 3, 3, device="cuda", dtype=dtype) * 0.1
@@ -236,6 +238,9 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype):
                     continue
                 same = torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
                 assert same, (tile.name, dgrad, inp is x)
+    # the TMA tiles ran as such (without the lean launcher they run as their twins, and the
+    # comparisons above would compare a twin with itself)
+    assert not any("runs without TMA" in r.message for r in caplog.records)
 
 
 @pytest.mark.gpu

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
@@ -353,6 +355,7 @@ def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, backend, 
         return _offered_or_cublas(ops.Backend(backend), args, kwargs)
 
     monkeypatch.setattr(ops, "_choose", choose)
+    monkeypatch.setattr(ops, "_lt_relu_offered", lambda a, b: True)  # CUDA-only otherwise
     for x_shape, n in SHAPES:
         x, w, b = _inputs(x_shape, n, "cpu", has_bias)
         _run_case(x, w, b, activation, torch.float32, rng_seed)
@@ -365,12 +368,15 @@ def _offered_or_cublas(choice, args, kwargs):
     lt = kwargs.get("lt_relu", False)
     if choice == ops.CUBLAS_EPILOGUE and not split or choice == ops.CUBLAS_LT_RELU and not lt:
         return ops.CUBLAS
+    if isinstance(choice, ops.GemmConfig) and not kwargs.get("split_k", False):
+        return replace(choice, split_k=1)  # split-K is for forwards only
     return choice
 
 
 def test_fused_relu_backend_is_offered_only_for_bias_and_relu(monkeypatch):
     """The cuBLASLt bias + ReLU candidate reaches the chooser exactly for forwards with a bias
-    and ReLU (a forward without bias, or with another activation, cannot use it)."""
+    and ReLU (a forward without bias, or with another activation, cannot use it), given a shape
+    whose kernel keeps NaN/Inf (``_lt_relu_offered``, CUDA only: forced here)."""
     seen = []
 
     def choose(*args, **kwargs):
@@ -378,6 +384,7 @@ def test_fused_relu_backend_is_offered_only_for_bias_and_relu(monkeypatch):
         return ops.CUBLAS
 
     monkeypatch.setattr(ops, "_choose", choose)
+    monkeypatch.setattr(ops, "_lt_relu_offered", lambda a, b: True)
     for act, has_bias in (("relu", True), ("relu", False), ("gelu", True), ("none", True)):
         seen.clear()
         x, w, b = _inputs((5, 8), 6, "cpu", has_bias)
@@ -397,7 +404,7 @@ def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng
     for x_shape, n in (((65, 130), 97), ((8, 1024), 1000)):
         m, k = x_shape
         fp32 = dtype == torch.float32
-        cands = ops._candidates(m, n, k, dtype.itemsize, fp32, True, 132, True, True)
+        cands = ops._candidates(m, n, k, dtype.itemsize, fp32, True, 132, True, True, True)
         for cfg in cands:
 
             def choose(*args, cfg=cfg, **kwargs):  # the cuBLAS variants only where offered
@@ -413,7 +420,7 @@ def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("split", [2, 3])
+@pytest.mark.parametrize("split", [2, 3, 16])
 def test_split_k_forward(monkeypatch, device, dtype, activation, split, rng_seed):
     """Split-K forwards (each tile's K in slices summed by its last program, then the fused
     epilogue), forced on every forward, with slices left empty where K is short; the stream's
@@ -428,7 +435,8 @@ def test_split_k_forward(monkeypatch, device, dtype, activation, split, rng_seed
         return replace(cfg, split_k=split) if kwargs.get("split_k") else cfg
 
     monkeypatch.setattr(ops, "_choose", choose)
-    shapes = SHAPES if device == "cpu" else [((64, 1024), 1024), ((3, 100, 257), 97)]
+    gpu_shapes = [((64, 1024), 1024), ((3, 100, 257), 97), ((1, 4096), 1), ((7, 2049), 33)]
+    shapes = SHAPES if device == "cpu" else gpu_shapes
     for x_shape, n in shapes:
         x, w, b = _inputs(x_shape, n, device, True)
         _run_case(x, w, b, activation, dtype, rng_seed)
@@ -449,3 +457,35 @@ def test_split_k_configs_only_where_tiles_are_few():
     with pytest.raises(ValueError, match="'cfg'"):
         ops._launch(x, w, torch.float32, False, cfg=ops.GemmConfig(16, 16, 16, split_k=2),
                     db=torch.empty(8))  # fmt: skip
+
+
+def test_fused_relu_backend_needs_cuda_and_alignment():
+    """On the CPU, or with an operand off a 16-byte boundary, cuBLASLt's bias + ReLU is not
+    offered (its kernel choice, and with it NaN handling, depends on alignment)."""
+    x, w = torch.randn(8, 16), torch.randn(16, 12)
+    assert not ops._lt_relu_offered(x, w)
+    assert not ops.lt_relu_keeps_nonfinite(8, 12, 16, torch.float32, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_fused_relu_backend_keeps_nan_and_inf(monkeypatch, dtype):
+    """Forced onto cuBLASLt's bias + ReLU wherever it is offered, on odd and aligned shapes, the
+    forward keeps NaN and Inf exactly where relu(F.linear) has them; where the shape's kernel
+    drops them, the candidate is not offered and plain cuBLAS runs."""
+
+    def choose(*args, **kwargs):
+        return _offered_or_cublas(ops.CUBLAS_LT_RELU, args, kwargs)
+
+    monkeypatch.setattr(ops, "_choose", choose)
+    offered = 0
+    for m, k, n in ((3, 100, 97), (64, 100, 97), (64, 1024, 1024), (4097, 1024, 1000), (2, 8, 8)):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        x[0, 0], x[m - 1, k - 1], x[m // 2, 1] = float("nan"), float("inf"), float("-inf")
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=dtype)
+        y, _ = ops.forward(x, w, b, "relu")
+        want = torch.relu(torch.nn.functional.linear(x, w, b))
+        assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y.isinf(), want.isinf())
+        offered += ops._lt_relu_offered(x, w.t())
+    print(f"cuBLASLt bias + ReLU offered at {offered} of 5 shapes ({dtype})")

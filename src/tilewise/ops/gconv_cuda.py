@@ -187,6 +187,8 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:
     twin = dataclasses.replace(tile, tma=0)
     while not tile_ok(c, r, s, twin) and twin.th > 2:
         twin = dataclasses.replace(twin, th=twin.th // 2)
+    if not tile_ok(c, r, s, twin):
+        raise ValueError(f"argument 'tile' {tile.name}: no non-TMA twin fits C={c}, {r}x{s}")
     return twin
 
 

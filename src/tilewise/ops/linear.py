@@ -224,7 +224,8 @@ class GemmConfig:
 #: suspected Triton race; ``scripts/linear_dw_diag.py`` turns it on to reproduce)
 PIPELINE_HALF_BACKWARD = False
 
-#: A tuning hook: ``(m, n, k, elem_bytes) -> GemmConfig | None`` replaces the candidates when set.
+#: A tuning hook: ``(m, n, k, elem_bytes) -> GemmConfig | None`` replaces the tile candidates
+#: (split-K ones included) when set; the cuBLAS candidates stay.
 CONFIG_OVERRIDE: Callable[[int, int, int, int], GemmConfig | None] | None = None
 
 # Candidate tiles (block_m, block_n, block_k, warps, stages), timed per shape on first use.
@@ -316,7 +317,8 @@ def _candidates(
     tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
-    if CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None:
+    overridden = CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None
+    if overridden:
         tiles: list[GemmConfig] = [default]
     else:
         tiles = [default] + [
@@ -325,7 +327,7 @@ def _candidates(
             if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
             if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
         ]
-    if split_k and sms:
+    if split_k and sms and not overridden:
         tiles += _split_configs(m, n, k, ieee, sms)
     tiles = list(dict.fromkeys(tiles))
     if not cublas:
@@ -363,9 +365,47 @@ CUBLAS = Backend("cublas")
 CUBLAS_EPILOGUE = Backend("cublas+epilogue")
 #: forward of bias + ReLU only: ``torch._addmm_activation``, cuBLASLt's RELU_BIAS epilogue, one
 #: kernel where ``CUBLAS`` runs ``addmm`` and then a ReLU launch. The bias is added to the fp32
-#: sum before rounding, as in ``addmm``, so the ReLU mask is ``F.linear``'s element for element.
-#: (PyTorch falls back to ``addmm`` + ReLU itself for shapes cuBLASLt does not take.)
+#: sum before rounding, as in ``addmm``, so for finite values the ReLU mask is ``F.linear``'s
+#: element for element. NaN is not: some of cuBLASLt's kernels turn relu(NaN) into 0 (fp16/bf16
+#: at K = 100, N = 97 on an H100, session 13's review), so the candidate is offered only for
+#: shapes whose kernel ``lt_relu_keeps_nonfinite`` has checked, and only run on 16-byte aligned
+#: operands (cuBLASLt picks kernels by alignment too).
 CUBLAS_LT_RELU = Backend("cublaslt-relu")
+
+
+def _aligned(*tensors: torch.Tensor) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _lt_relu_offered(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a @ b`` (+ bias, ReLU) may take ``CUBLAS_LT_RELU``: CUDA, aligned operands, a
+    shape whose kernel keeps NaN/Inf."""
+    if not a.is_cuda or not _aligned(a, b):
+        return False
+    dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    return lt_relu_keeps_nonfinite(a.shape[0], b.shape[1], a.shape[1], a.dtype, dev)
+
+
+@functools.lru_cache(maxsize=1024)
+def lt_relu_keeps_nonfinite(m: int, n: int, k: int, dtype: torch.dtype, device: int) -> bool:
+    """Whether cuBLASLt's bias + ReLU kernel for this GEMM shape keeps NaN and Inf where
+    ``relu(F.linear(x, w, b))`` has them: one run on aligned probe operands with NaN and +-Inf
+    planted in ``x``, once per shape and process. False while a CUDA graph is being captured
+    (nothing may run then) and on anything but CUDA."""
+    if device < 0 or torch.cuda.is_current_stream_capturing():
+        return False
+    dev = torch.device("cuda", device)
+    x = torch.randn(m, k, device=dev).to(dtype)
+    w = torch.randn(n, k, device=dev).to(dtype)
+    b = torch.randn(n, device=dev).to(dtype)
+    x[0, 0] = float("nan")
+    x[m - 1, k - 1] = float("inf")
+    x[m // 2, k // 2] = float("-inf")
+    got = torch._addmm_activation(b, x, w.t())
+    want = torch.relu(torch.nn.functional.linear(x, w, b))
+    return bool(torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()))
+
+
 Choice = Backend | GemmConfig
 
 
@@ -403,7 +443,8 @@ def _choose(
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
     # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K) under their
-    # own key, so choices cached before are timed again
+    # own key, so choices cached before are timed again (GemmConfig's new split_k field also
+    # keeps older cached tile choices of the backward GEMMs from matching: those are re-timed too)
     op = OP + (".gemm.fwd2" if split_k else ".gemm")
     return autotune.choose_config(op, prob, cands, run, device=a.device, cold_l2=cold)
 
@@ -451,6 +492,8 @@ def _launch(
     if cfg.split_k > 1:
         if dact is not None or db is not None:
             raise ValueError(f"argument 'cfg': split_k={cfg.split_k} is for forward GEMMs only")
+        if cfg.split_k * m * n >= 2**31:  # the kernel's slot offsets are int32
+            raise ValueError(f"argument 'cfg': split_k={cfg.split_k} x {m} x {n} is too large")
         ws = alloc.empty((cfg.split_k, m, n), device=a.device, dtype=torch.float32)
         counters = workspace.zeroed(a.device, (tiles,))[0].view(torch.int32)
     with workspace.guarded(a.device):
@@ -592,9 +635,9 @@ def forward(
                 if bias is None and activation == "none":
                     return z, None
                 return _bias_act.forward(z, bias, activation, -1), None
-            if ch == CUBLAS_LT_RELU:  # offered for bias + ReLU only
+            if ch == CUBLAS_LT_RELU and _aligned(x2, wt):  # offered for bias + ReLU only
                 return torch._addmm_activation(bias.to(x.dtype), x2, wt), None
-            if ch == CUBLAS:
+            if ch in (CUBLAS, CUBLAS_LT_RELU):  # cuBLASLt's kernel only on aligned operands
                 if activation in ("none", "relu"):
                     # bias added in cuBLAS's fp32 epilogue, before rounding, exactly as F.linear
                     # does: the ReLU mask (y > 0) then matches PyTorch's element for element.
@@ -609,7 +652,7 @@ def forward(
 
         epilogue = f"{activation}{'+bias' if bias is not None else ''}"
         split = x.dtype == torch.float32 and activation in ("none", "relu")
-        lt = activation == "relu" and bias is not None
+        lt = activation == "relu" and bias is not None and _lt_relu_offered(x2, wt)
         y2, g2 = run(
             _choose(
                 x2,
