@@ -451,6 +451,11 @@ def test_split_k_configs_only_where_tiles_are_few():
     for c in few:
         tiles = -(-64 // c.block_m) * -(-1024 // c.block_n)
         assert tiles < 132 and 1024 >= 2 * c.split_k * c.block_k
+    for c in ops._split_configs(7, 33, 2049, True, 132):  # 2049 is not a multiple of a split
+        steps = -(-2049 // c.block_k)
+        per = -(-steps // c.split_k)
+        assert (c.split_k - 1) * per < steps, c  # the last slice has work
+    assert ops._busy_slices(2049, 64, 16) == 11 and ops._busy_slices(1024, 32, 8) == 8
     assert not ops._split_configs(4096, 4096, 4096, False, 132)
     assert not ops._split_configs(64, 1024, 32, True, 132)  # K too short to split
     x, w = torch.randn(8, 16), torch.randn(16, 12)

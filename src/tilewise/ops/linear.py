@@ -261,7 +261,8 @@ _SPLIT_MAX = 16
 
 def _split_configs(m: int, n: int, k: int, ieee: bool, sms: int) -> list[GemmConfig]:
     """Split-K configs for a forward GEMM of too few output tiles: per base tile the split that
-    about fills the SMs and half of it, each slice at least two K steps."""
+    about fills the SMs (up to twice over) and half of it, each slice at least two K steps and
+    none empty."""
     out = []
     for bm, bn, bk, w, st in _SPLIT_TILES_IEEE if ieee else _SPLIT_TILES_TC:
         cfg = _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
@@ -271,8 +272,18 @@ def _split_configs(m: int, n: int, k: int, ieee: bool, sms: int) -> list[GemmCon
             split //= 2
         if tiles >= sms or split * m * n >= 2**31:
             continue
-        out += [replace(cfg, split_k=sp) for sp in (split, split // 2) if sp > 1]
+        for sp in dict.fromkeys(_busy_slices(k, cfg.block_k, v) for v in (split, split // 2)):
+            if sp > 1:
+                out.append(replace(cfg, split_k=sp))
     return out
+
+
+def _busy_slices(k: int, block_k: int, split: int) -> int:
+    """The kernel gives each slice whole ``block_k`` steps (``cdiv(steps, split)`` of them), so
+    a split that does not divide the steps leaves trailing slices empty: the number of slices
+    that get work, the split to launch (no program without work)."""
+    steps = cdiv(k, block_k)
+    return cdiv(steps, cdiv(steps, max(1, split)))
 
 
 def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -> GemmConfig:
