@@ -30,6 +30,7 @@ with a half-precision ``x``; ``x`` and ``weight`` share one dtype.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -507,55 +508,49 @@ def _launch(
             raise ValueError(f"argument 'cfg': split_k={cfg.split_k} x {m} x {n} is too large")
         ws = alloc.empty((cfg.split_k, m, n), device=a.device, dtype=torch.float32)
         counters = workspace.zeroed(a.device, (tiles,))[0].view(torch.int32)
-    with workspace.guarded(a.device):
-        _launch_gemm(a, b, c, g, s, sb, ws, counters, bias, activation, store_g, d_act, s_axis,
-                     db, allow_tf32, cfg, stages, (tiles, cfg.split_k))  # fmt: skip
+    # a launch that raises must not leave a half-used workspace (split-K's counters) behind;
+    # launches without one skip the context manager's cost
+    guard = workspace.guarded(a.device) if cfg.split_k > 1 else contextlib.nullcontext()
+    grid = (tiles, cfg.split_k)
+    with guard:
+        _gemm_kernel[grid](
+            a,
+            b,
+            c if bias is None else bias,
+            c,
+            c if g is None else g,
+            s,
+            c if sb is None else sb,
+            c if db is None else db,
+            ws,
+            counters,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            s.stride(0),
+            s.stride(1),
+            HAS_BIAS=bias is not None,
+            ACT=activation_code(activation),
+            STORE_G=store_g,
+            DACT=activation_code(d_act),
+            DACT_BIAS=s_axis if sb is not None else 0,
+            STORE_DB=db is not None,
+            IEEE=a.dtype == torch.float32 and not allow_tf32,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            SPLIT_K=cfg.split_k,
+            num_warps=cfg.num_warps,
+            num_stages=stages,
+        )
     return c, g
-
-
-def _launch_gemm(
-    a, b, c, g, s, sb, ws, counters, bias, activation, store_g, d_act, s_axis, db, allow_tf32,
-    cfg, stages, grid,
-) -> None:  # fmt: skip
-    m, k = a.shape
-    n = b.shape[1]
-    _gemm_kernel[grid](
-        a,
-        b,
-        c if bias is None else bias,
-        c,
-        c if g is None else g,
-        s,
-        c if sb is None else sb,
-        c if db is None else db,
-        ws,
-        counters,
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        c.stride(0),
-        c.stride(1),
-        s.stride(0),
-        s.stride(1),
-        HAS_BIAS=bias is not None,
-        ACT=activation_code(activation),
-        STORE_G=store_g,
-        DACT=activation_code(d_act),
-        DACT_BIAS=s_axis if sb is not None else 0,
-        STORE_DB=db is not None,
-        IEEE=a.dtype == torch.float32 and not allow_tf32,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        SPLIT_K=cfg.split_k,
-        num_warps=cfg.num_warps,
-        num_stages=stages,
-    )
 
 
 def matmul(

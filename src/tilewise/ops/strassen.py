@@ -37,6 +37,7 @@ from tilewise.ops._common import (
     next_pow2,
     pick_config,
 )
+from tilewise.ops.linear import COLD_L2_MIN_BYTES
 from tilewise.runtime import alloc, autotune, dispatch
 
 OP = "strassen"
@@ -204,8 +205,6 @@ class ProductsPlan:
 
 BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
 PLANS = (BMM, MM7)
-#: products whose operands reach this size are timed with L2 flushed (as linear's GEMMs are)
-COLD_L2_MIN_BYTES = 4 << 20
 
 
 def run_products(
@@ -242,6 +241,7 @@ def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         return run(BMM)
     mh, kh, nh = p.shape[1], p.shape[2], blocks.shape[1]
     prob = ProductsProblem(mh, kh, nh, str(p.dtype).removeprefix("torch."), tf32_enabled())
+    # operands past linear's threshold are timed with L2 flushed, as its GEMMs are
     cold = 7 * (mh * kh + kh * nh + mh * nh) * p.element_size() >= COLD_L2_MIN_BYTES
     plan = autotune.choose_config(OP + ".products", prob, PLANS, run, device=p.device, cold_l2=cold)
     return run(plan)
