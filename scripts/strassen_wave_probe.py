@@ -4,7 +4,11 @@ GEMM rates cuBLAS reaches on Strassen's 7 half-size products against the one ful
 Per shape (fp32, TF32 off, as the MLP study's Strassen column), CUDA-graph replay of:
 * ``full``: ``F.linear(x, W)``, [M, H] x [H, H]^T, the product the fused chain runs;
 * ``bmm7``: ``torch.bmm`` of [7, M/2, H/2] x [7, H/2, H/2], Strassen's products as shipped;
-* ``mm7``: the same 7 products as 7 ``torch.mm`` launches in a row.
+* ``mm7``: the same 7 products as 7 ``torch.mm`` launches in a row;
+* ``mm7s``: the 7 launches spread over 7 streams (``strassen.MM7_STREAMS``), parallel branches of
+  the captured graph;
+* ``bmm7nn``: the bmm with the weight blocks stored [7, H/2, H/2] pre-transposed (another cuBLAS
+  layout).
 Each with its own FLOP count, so ``rate / full rate`` shows what the half-size products lose,
 and ``full / bmm7`` time is the speed-up bound of a Strassen layer whose prefix and suffix cost
 nothing (8/7 = 1.14x when the rates are equal).
@@ -22,6 +26,9 @@ import torch
 from tilewise.bench.ceilings import tf32_off
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_graph
+from tilewise.ops import strassen
+
+VARIANTS = ("bmm7", "mm7", "mm7s", "bmm7nn")
 
 
 def _sets(make, count: int = 2) -> list[tuple]:
@@ -34,25 +41,23 @@ def probe(m: int, h: int, device: str = "cuda") -> dict:
     full = _sets(lambda: (torch.randn(m, h, **f32), torch.randn(h, h, **f32)))
     halves = _sets(lambda: (torch.randn(7, mh, hh, **f32), torch.randn(7, hh, hh, **f32)))
     outs = torch.empty(7, mh, hh, **f32)
+    halves_nn = [(p, f.transpose(1, 2).contiguous()) for p, f in halves]
 
-    def mm7(p, f):
-        for i in range(7):
-            torch.mm(p[i], f[i].t(), out=outs[i])
+    def plan(pl):
+        return lambda p, f: strassen.run_products(pl, p, f, outs)
 
     rows = {}
+    seven = 7 * 2 * mh * hh * hh
     for name, fn, sets, flops in (
         ("full", torch.nn.functional.linear, full, 2 * m * h * h),
-        (
-            "bmm7",
-            lambda p, f: torch.bmm(p, f.transpose(1, 2), out=outs),
-            halves,
-            7 * 2 * mh * hh * hh,
-        ),
-        ("mm7", mm7, halves, 7 * 2 * mh * hh * hh),
+        ("bmm7", plan(strassen.BMM), halves, seven),
+        ("mm7", plan(strassen.MM7), halves, seven),
+        ("mm7s", plan(strassen.MM7_STREAMS), halves, seven),
+        ("bmm7nn", lambda p, f: torch.bmm(p, f, out=outs), halves_nn, seven),
     ):
         t = time_graph(fn, sets, warmup=3, rounds=2, replays=20).median_s
         rows[name] = {"us": t * 1e6, "tflops": flops / t / 1e12}
-    for name in ("bmm7", "mm7"):
+    for name in VARIANTS:
         rows[name]["rate_vs_full"] = rows[name]["tflops"] / rows["full"]["tflops"]
         rows[name]["strassen_bound"] = rows["full"]["us"] / rows[name]["us"]
     return {"m": m, "hidden": h, **rows}
@@ -60,7 +65,9 @@ def probe(m: int, h: int, device: str = "cuda") -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["512:4096", "512:8192", "4096:4096"])
+    ap.add_argument(
+        "--shapes", nargs="+", default=["512:4096", "512:8192", "1024:4096", "4096:4096"]
+    )
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     results = []
@@ -69,14 +76,14 @@ def main() -> None:
             m, h = (int(v) for v in spec.split(":"))
             r = probe(m, h)
             results.append(r)
-            b, s7 = r["bmm7"], r["mm7"]
-            print(
+            line = (
                 f"M={m:5d} H={h:5d}  full {r['full']['us']:8.1f} us {r['full']['tflops']:5.1f} TF/s"
-                f" | bmm7 {b['us']:8.1f} us {b['tflops']:5.1f} TF/s"
-                f" ({b['rate_vs_full']:.2f}x rate, bound {b['strassen_bound']:.2f}x)"
-                f" | mm7 {s7['us']:8.1f} us ({s7['rate_vs_full']:.2f}x rate,"
-                f" bound {s7['strassen_bound']:.2f}x)"
             )
+            for name in VARIANTS:
+                v = r[name]
+                rate, bound = v["rate_vs_full"], v["strassen_bound"]
+                line += f" | {name} {v['us']:8.1f} us {rate:.2f}x rate, bound {bound:.2f}x"
+            print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": environment(), "results": results}, f, indent=1)

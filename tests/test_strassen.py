@@ -399,7 +399,35 @@ def test_products_plans_agree():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan", ops.PLANS, ids=lambda p: f"launches{p.launches}")
+def test_streams_plan_in_graph_and_side_stream():
+    """The 7 products on side streams: inside a captured CUDA graph (forked and joined branches)
+    and issued from a non-default stream, each equal to the one-bmm result."""
+    torch.manual_seed(0)
+    p = torch.randn(7, 96, 130, device="cuda")
+    blocks = torch.randn(7, 70, 130, device="cuda")
+    want = torch.bmm(p, blocks.transpose(1, 2))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = torch.full((7, 96, 70), float("nan"), device="cuda")
+        ops.run_products(ops.MM7_STREAMS, p, blocks, out)  # warm-up, off the default stream
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.run_products(ops.MM7_STREAMS, p, blocks, out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        p.copy_(torch.randn_like(p))
+        graph.replay()
+        torch.testing.assert_close(out, torch.bmm(p, blocks.transpose(1, 2)), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "plan", ops.PLANS, ids=lambda p: f"launches{p.launches}-streams{p.streams}"
+)
 def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
     """Each products plan the autotuner may pick, forced, through whole chains (fp32 and fp16)."""
     import types

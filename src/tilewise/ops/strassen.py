@@ -196,15 +196,31 @@ def prefix(x2: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class ProductsPlan:
     """How the 7 products run: one batched GEMM (``torch.bmm``) or 7 ``torch.mm`` launches, for
-    which cuBLAS picks other kernels. fp32 on an H100 (``scripts/strassen_wave_probe.py``, session
-    13): at 512 x 8192 the bmm ran at 0.88x the full product's rate and the 7 launches at 0.96x; at
-    512 x 4096 the bmm 0.88x, the launches 0.79x. Chosen per shape by timing."""
+    which cuBLAS picks other kernels, in a row or spread over ``streams`` CUDA streams (forked from
+    and joined back to the current stream, so CUDA-graph capture records them as parallel
+    branches). fp32 on an H100 (``scripts/strassen_wave_probe.py``, session 13): at 512 x 8192 the
+    bmm ran at 0.88x the full product's rate and the 7 launches in a row at 0.96x; at 512 x 4096
+    the bmm 0.88x, the launches 0.79x (each half-size product alone leaves SMs idle). Chosen per
+    shape by timing."""
 
     launches: int = 1
+    streams: int = 1
 
 
 BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
-PLANS = (BMM, MM7)
+MM7_STREAMS = ProductsPlan(7, streams=7)
+PLANS = (BMM, MM7, MM7_STREAMS)
+
+_side_streams: dict[tuple[torch.device, int], list[torch.cuda.Stream]] = {}
+
+
+def _streams(device: torch.device, count: int) -> list[torch.cuda.Stream]:
+    """``count`` side streams of ``device``, made once per process (graph capture needs the same
+    streams to stay alive; creating them per call would also cost host time)."""
+    key = (device, count)
+    if key not in _side_streams:
+        _side_streams[key] = [torch.cuda.Stream(device) for _ in range(count)]
+    return _side_streams[key]
 
 
 def run_products(
@@ -213,8 +229,21 @@ def run_products(
     """``out[i] = p[i] @ blocks[i]^T`` for the 7 products, as ``plan`` says."""
     if plan.launches == 1:
         return torch.bmm(p, blocks.transpose(1, 2), out=out)
+    if plan.streams <= 1 or p.device.type != "cuda":
+        for i in range(7):
+            torch.mm(p[i], blocks[i].t(), out=out[i])
+        return out
+    # Fork: every side stream waits for the work queued so far; join: the current stream waits
+    # for every side stream before anything later (or a free of p, blocks, out) runs.
+    current = torch.cuda.current_stream(p.device)
+    lanes = [current, *_streams(p.device, plan.streams - 1)]
+    for lane in lanes[1:]:
+        lane.wait_stream(current)
     for i in range(7):
-        torch.mm(p[i], blocks[i].t(), out=out[i])
+        with torch.cuda.stream(lanes[i % len(lanes)]):
+            torch.mm(p[i], blocks[i].t(), out=out[i])
+    for lane in lanes[1:]:
+        current.wait_stream(lane)
     return out
 
 
