@@ -3,12 +3,13 @@ GEMM rates cuBLAS reaches on Strassen's 7 half-size products against the one ful
 
 Per shape (fp32, TF32 off, as the MLP study's Strassen column), CUDA-graph replay of:
 * ``full``: ``F.linear(x, W)``, [M, H] x [H, H]^T, the product the fused chain runs;
-* ``bmm7``: ``torch.bmm`` of [7, M/2, H/2] x [7, H/2, H/2], Strassen's products as shipped;
+* ``bmm7``: ``torch.bmm`` of [7, M/2, H/2] x [7, H/2, H/2], Strassen's products;
 * ``mm7``: the same 7 products as 7 ``torch.mm`` launches in a row;
 * ``mm7s``: the 7 launches spread over 7 streams (``strassen.MM7_STREAMS``), parallel branches of
   the captured graph;
-* ``bmm7nn``: the bmm with the weight blocks stored [7, H/2, H/2] pre-transposed (another cuBLAS
-  layout).
+* ``bmm7nt``, ``mm7nt``, ``mm7snt``: the same with the weight blocks stored contiguous as
+  [7, N/2, K/2] (NT GEMMs; before session 14 the shipped layout) instead of K-major
+  (``strassen.format_weights``, NN GEMMs).
 Each with its own FLOP count, so ``rate / full rate`` shows what the half-size products lose,
 and ``full / bmm7`` time is the speed-up bound of a Strassen layer whose prefix and suffix cost
 nothing (8/7 = 1.14x when the rates are equal).
@@ -28,7 +29,7 @@ from tilewise.bench.results import environment
 from tilewise.bench.timing import time_graph
 from tilewise.ops import strassen
 
-VARIANTS = ("bmm7", "mm7", "mm7s", "bmm7nn")
+VARIANTS = ("bmm7", "mm7", "mm7s", "bmm7nt", "mm7nt", "mm7snt")
 
 
 def _sets(make, count: int = 2) -> list[tuple]:
@@ -39,9 +40,12 @@ def probe(m: int, h: int, device: str = "cuda") -> dict:
     f32 = dict(device=device, dtype=torch.float32)
     mh, hh = m // 2, h // 2
     full = _sets(lambda: (torch.randn(m, h, **f32), torch.randn(h, h, **f32)))
-    halves = _sets(lambda: (torch.randn(7, mh, hh, **f32), torch.randn(7, hh, hh, **f32)))
+    # K-major blocks as format_weights stores them (a transposed view of contiguous storage)
+    halves = _sets(
+        lambda: (torch.randn(7, mh, hh, **f32), torch.randn(7, hh, hh, **f32).transpose(1, 2))
+    )
     outs = torch.empty(7, mh, hh, **f32)
-    halves_nn = [(p, f.transpose(1, 2).contiguous()) for p, f in halves]
+    halves_nt = [(p, f.contiguous()) for p, f in halves]
 
     def plan(pl):
         return lambda p, f: strassen.run_products(pl, p, f, outs)
@@ -53,7 +57,9 @@ def probe(m: int, h: int, device: str = "cuda") -> dict:
         ("bmm7", plan(strassen.BMM), halves, seven),
         ("mm7", plan(strassen.MM7), halves, seven),
         ("mm7s", plan(strassen.MM7_STREAMS), halves, seven),
-        ("bmm7nn", lambda p, f: torch.bmm(p, f, out=outs), halves_nn, seven),
+        ("bmm7nt", plan(strassen.BMM), halves_nt, seven),
+        ("mm7nt", plan(strassen.MM7), halves_nt, seven),
+        ("mm7snt", plan(strassen.MM7_STREAMS), halves_nt, seven),
     ):
         t = time_graph(fn, sets, warmup=3, rounds=2, replays=20).median_s
         rows[name] = {"us": t * 1e6, "tflops": flops / t / 1e12}

@@ -139,7 +139,8 @@ def test_next_layer_padding_is_exact_zero():
 def test_format_weights_and_algebra():
     w = torch.randn(5, 7, dtype=torch.float64)
     f = ops.format_weights(w)
-    assert f.shape == (7, 3, 4) and f.dtype == torch.float64 and f.is_contiguous()
+    assert f.shape == (7, 3, 4) and f.dtype == torch.float64
+    assert f.transpose(1, 2).is_contiguous()  # stored K-major: NN GEMMs for the products
     wp = torch.zeros(6, 8, dtype=torch.float64)
     wp[:5, :7] = w
     w11, w12, w21, w22 = wp[:3, :4], wp[:3, 4:], wp[3:, :4], wp[3:, 4:]
@@ -392,10 +393,12 @@ def test_products_plans_agree():
     """One bmm or seven mm launches: the same 7 products (``ops.run_products``)."""
     p, blocks = torch.randn(7, 5, 6), torch.randn(7, 3, 6)
     want = torch.bmm(p, blocks.transpose(1, 2))
+    kmajor = blocks.transpose(1, 2).contiguous().transpose(1, 2)  # format_weights' storage
     for plan in ops.PLANS:
-        out = torch.full((7, 5, 3), float("nan"))
-        assert ops.run_products(plan, p, blocks, out) is out
-        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+        for b in (blocks, kmajor):
+            out = torch.full((7, 5, 3), float("nan"))
+            assert ops.run_products(plan, p, b, out) is out
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -3,8 +3,9 @@
 With ``A = x`` [M, K] and ``B = W^T`` [K, N] split into 2x2 blocks (M, K, N zero-padded to even),
 Strassen's seven products ``M1..M7`` give ``C = A @ B`` from 7 half-size GEMMs instead of 8:
 
-* ``format_weights(W)``, once per layer: the B-side sums, stored transposed like ``W`` as
-  [7, N/2, K/2]: W11+W22, W11, W21-W22, W12-W11, W22, W11+W21, W12+W22 (``Wij`` blocks of W).
+* ``format_weights(W)``, once per layer: the B-side sums, shaped like ``W`` as [7, N/2, K/2]
+  (stored K-major, so the products are NN GEMMs): W11+W22, W11, W21-W22, W12-W11, W22,
+  W11+W21, W12+W22 (``Wij`` blocks of W).
 * ``_prefix_kernel``: the A-side sums of the first layer's input, [7, M/2, K/2]:
   A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22 (the padding is written as exact zeros).
 * per layer one ``torch.bmm`` (cuBLAS; TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says):
@@ -168,7 +169,8 @@ def _launch_2d(kernel, cfg: TileConfig, mh: int, nh: int, *args, **meta) -> None
 
 def format_weights(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The B-side Strassen sums of ``weight`` [N, K], zero-padded to even: [7, ceil(N/2),
-    ceil(K/2)], contiguous, in ``dtype`` (default ``weight``'s); sums computed in >= fp32."""
+    ceil(K/2)] (a transposed view of contiguous [7, ceil(K/2), ceil(N/2)] storage), in ``dtype``
+    (default ``weight``'s); sums computed in >= fp32."""
     if weight.ndim != 2:
         raise ValueError(f"tilewise.{OP}: argument 'weight' must be 2-D, got {tuple(weight.shape)}")
     n, k = weight.shape
@@ -177,8 +179,13 @@ def format_weights(weight: torch.Tensor, dtype: torch.dtype | None = None) -> to
     w = torch.zeros(2 * nh, 2 * kh, device=weight.device, dtype=acc)
     w[:n, :k] = weight.detach()
     w11, w12, w21, w22 = w[:nh, :kh], w[:nh, kh:], w[nh:, :kh], w[nh:, kh:]
-    blocks = torch.stack([w11 + w22, w11, w21 - w22, w12 - w11, w22, w11 + w21, w12 + w22])
-    return blocks.to(dtype or weight.dtype).contiguous()
+    sums = (w11 + w22, w11, w21 - w22, w12 - w11, w22, w11 + w21, w12 + w22)
+    # stored K-major ([7, K/2, N/2] contiguous, returned as its transposed view): the products
+    # are then NN GEMMs for cuBLAS, which ran them at 0.89-0.91x the full product's rate at
+    # M = 512-2048 where the NT layout of a contiguous [7, N/2, K/2] ran at 0.87-0.88x (fp32, H100,
+    # ``scripts/strassen_wave_probe.py``, session 14)
+    stored = torch.stack([t.t() for t in sums]).to(dtype or weight.dtype).contiguous()
+    return stored.transpose(1, 2)
 
 
 def prefix(x2: torch.Tensor) -> torch.Tensor:
@@ -256,6 +263,7 @@ class ProductsProblem:
     nh: int
     dtype: str
     tf32: bool
+    layout: str = "nn"  # "nn": blocks stored K-major (``format_weights``); "nt": contiguous
 
 
 def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -269,7 +277,9 @@ def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     if p.device.type != "cuda":
         return run(BMM)
     mh, kh, nh = p.shape[1], p.shape[2], blocks.shape[1]
-    prob = ProductsProblem(mh, kh, nh, str(p.dtype).removeprefix("torch."), tf32_enabled())
+    layout = "nn" if blocks.stride(1) == 1 else "nt"
+    dtype = str(p.dtype).removeprefix("torch.")
+    prob = ProductsProblem(mh, kh, nh, dtype, tf32_enabled(), layout)
     # operands past linear's threshold are timed with L2 flushed, as its GEMMs are
     cold = 7 * (mh * kh + kh * nh + mh * nh) * p.element_size() >= COLD_L2_MIN_BYTES
     plan = autotune.choose_config(OP + ".products", prob, PLANS, run, device=p.device, cold_l2=cold)
