@@ -361,6 +361,82 @@ def test_cublas_backend_path_on_cpu(monkeypatch, activation, has_bias, backend, 
         _run_case(x, w, b, activation, torch.float32, rng_seed)
 
 
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_cublas_split_k_path_on_cpu(monkeypatch, activation, has_bias, rng_seed):
+    """cuBLAS over K slices + the fused sum/bias/activation kernel (``gemm_splitk``), forced
+    wherever the forward offers it (fp32, none or relu; plain cuBLAS elsewhere), through forward
+    and backward on odd M and N; the GEMM runs as torch.bmm on the CPU, the epilogue through the
+    interpreter."""
+    for split in (2, 4, 16):
+
+        def choose(*args, split=split, **kwargs):
+            if kwargs.get("cublas_split_k", False):
+                return ops.CublasSplitK(split)
+            return ops.CUBLAS
+
+        monkeypatch.setattr(ops, "_choose", choose)
+        for x_shape, n in (((3, 64), 5), ((33, 128), 17), ((2, 3, 256), 24)):
+            x, w, b = _inputs(x_shape, n, "cpu", has_bias)
+            _run_case(x, w, b, activation, torch.float32, rng_seed)
+
+
+def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
+    from tilewise.ops import gemm_splitk
+
+    monkeypatch.setattr(ops, "num_sms", lambda device: 132)  # an H100's, without one
+
+    assert gemm_splitk.candidates(64, 1024, 1024, 132) == tuple(
+        gemm_splitk.CublasSplitK(s) for s in (4, 8, 16)
+    )
+    assert gemm_splitk.candidates(64, 1024, 1024, 0) == ()  # no GPU: nothing to time
+    assert gemm_splitk.candidates(4096, 4096, 1024, 132) == ()  # the output fills the SMs
+    assert gemm_splitk.candidates(64, 1024, 1000, 132) == tuple(
+        gemm_splitk.CublasSplitK(s) for s in (4, 8)
+    )  # 1000 / 16 is not whole
+    assert gemm_splitk.candidates(64, 1024, 1001, 132) == ()
+    assert gemm_splitk.candidates(64, 1024, 256, 132) == (gemm_splitk.CublasSplitK(4),)
+    cands = ops._candidates(64, 1024, 1024, 4, True, True, 132, True, False, True, True)
+    assert gemm_splitk.CublasSplitK(8) in cands
+    assert not any(
+        isinstance(c, gemm_splitk.CublasSplitK)
+        for c in ops._candidates(64, 1024, 1024, 4, True, True, 132, True, False, True)
+    )
+    a, b = torch.randn(4, 30), torch.randn(30, 5)
+    with pytest.raises(ValueError, match="choice"):
+        gemm_splitk.forward(a, b, None, "none", gemm_splitk.CublasSplitK(4))
+    with pytest.raises(ValueError, match="fp32"):
+        gemm_splitk.forward(a.half(), b.half(), None, "none", gemm_splitk.CublasSplitK(2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_cublas_split_k_forward_gpu(monkeypatch, activation, rng_seed):
+    """Every split offered, forced, on the GPU: three-way rule through forward and backward on
+    odd and issue-sized shapes, and NaN/Inf where relu(F.linear) has them."""
+    from tilewise.ops import gemm_splitk
+
+    for x_shape, n in (((64, 1024), 1024), ((16, 3, 512), 1000), ((1, 4096), 97)):
+        m, k = x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1), x_shape[-1]
+        choices = gemm_splitk.candidates(m, n, k, 132)
+        assert choices, (x_shape, n)
+        for choice in choices:
+
+            def choose(*args, choice=choice, **kwargs):
+                return choice if kwargs.get("cublas_split_k", False) else ops.CUBLAS
+
+            monkeypatch.setattr(ops, "_choose", choose)
+            x, w, b = _inputs(x_shape, n, "cuda", True)
+            _run_case(x, w, b, activation, torch.float32, rng_seed)
+            x = x.clone()
+            x.view(-1, k)[0, 0] = float("nan")
+            x.view(-1, k)[-1, -1] = float("inf")
+            got = tilewise.linear(x, w, b, activation)
+            want = ops.reference(x, w, b, activation)
+            assert torch.equal(got.isnan(), want.isnan()), choice
+            assert torch.equal(got.isinf(), want.isinf()), choice
+
+
 def _offered_or_cublas(choice, args, kwargs):
     """``choice``, or plain cuBLAS where the GEMM being chosen does not offer it (the split
     epilogue: fp32 forward; the fused bias + ReLU: forward with a bias and ReLU)."""

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import bias_act as _bias_act
+from tilewise.ops import gemm_splitk
 from tilewise.ops._common import (
     act_bwd,
     act_fwd,
@@ -321,12 +322,14 @@ def _candidates(
     epilogue_split: bool = False,
     lt_relu: bool = False,
     split_k: bool = False,
+    cublas_split_k: bool = False,
 ):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
     to the problem, then cuBLAS (with ``epilogue_split`` also cuBLAS's plain product followed by
-    bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue); with
-    ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than the SMs; one
-    tuple object per shape (the autotuner's memo keys on it)."""
+    bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue, with
+    ``cublas_split_k`` also cuBLAS over K slices, ``gemm_splitk``, where the output leaves SMs
+    idle); with ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than
+    the SMs; one tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     overridden = CONFIG_OVERRIDE is not None and CONFIG_OVERRIDE(m, n, k, elem_bytes) is not None
@@ -347,6 +350,8 @@ def _candidates(
     libs = (CUBLAS, CUBLAS_EPILOGUE) if epilogue_split else (CUBLAS,)
     if lt_relu:
         libs = (*libs, CUBLAS_LT_RELU)
+    if cublas_split_k:
+        libs = (*libs, *gemm_splitk.candidates(m, n, k, sms))
     return (*libs, *tiles) if ieee else (*tiles, *libs)
 
 
@@ -418,7 +423,8 @@ def lt_relu_keeps_nonfinite(m: int, n: int, k: int, dtype: torch.dtype, device: 
     return bool(torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()))
 
 
-Choice = Backend | GemmConfig
+CublasSplitK = gemm_splitk.CublasSplitK
+Choice = Backend | GemmConfig | CublasSplitK
 
 
 def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
@@ -438,6 +444,7 @@ def _choose(
     epilogue_split: bool = False,
     lt_relu: bool = False,
     split_k: bool = False,
+    cublas_split_k: bool = False,
 ) -> Choice:
     """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
     and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
@@ -450,14 +457,25 @@ def _choose(
     sms = num_sms(a.device)
     cublas = _cublas_legal(a, allow_tf32)
     cands = _candidates(
-        m, n, k, a.element_size(), ieee, cublas, sms, epilogue_split, lt_relu, split_k
+        m,
+        n,
+        k,
+        a.element_size(),
+        ieee,
+        cublas,
+        sms,
+        epilogue_split,
+        lt_relu,
+        split_k,
+        cublas_split_k and ieee,
     )
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
-    # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K) under their
-    # own key, so choices cached before are timed again (GemmConfig's new split_k field also
-    # keeps older cached tile choices of the backward GEMMs from matching: those are re-timed too)
-    op = OP + (".gemm.fwd2" if split_k else ".gemm")
+    # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K; in session
+    # 14 cuBLAS split-K) under their own key, so choices cached before are timed again
+    # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
+    # matching: those are re-timed too)
+    op = OP + (".gemm.fwd3" if split_k else ".gemm")
     return autotune.choose_config(op, prob, cands, run, device=a.device, cold_l2=cold)
 
 
@@ -636,6 +654,8 @@ def forward(
         wt = weight.t()
 
         def run(ch: Choice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if isinstance(ch, CublasSplitK):  # fp32, activation none or relu (offered so)
+                return gemm_splitk.forward(x2, wt, bias, activation, ch), None
             if ch == CUBLAS_EPILOGUE:  # fp32 only: the stored product is the exact fp32 sum
                 z = torch.mm(x2, wt)
                 if bias is None and activation == "none":
@@ -669,6 +689,7 @@ def forward(
                 split and epilogue != "none",
                 lt_relu=lt,
                 split_k=True,
+                cublas_split_k=split,
             )
         )
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)

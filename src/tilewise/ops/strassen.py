@@ -205,10 +205,10 @@ class ProductsPlan:
     """How the 7 products run: one batched GEMM (``torch.bmm``) or 7 ``torch.mm`` launches, for
     which cuBLAS picks other kernels, in a row or spread over ``streams`` CUDA streams (forked from
     and joined back to the current stream, so CUDA-graph capture records them as parallel
-    branches). fp32 on an H100 (``scripts/strassen_wave_probe.py``, session 13): at 512 x 8192 the
-    bmm ran at 0.88x the full product's rate and the 7 launches in a row at 0.96x; at 512 x 4096
-    the bmm 0.88x, the launches 0.79x (each half-size product alone leaves SMs idle). Chosen per
-    shape by timing."""
+    branches). fp32 on an H100, K-major blocks, rate against the full product's
+    (``scripts/strassen_wave_probe.py``, session 14): at 512 x 8192 bmm 0.89x, 7 launches in a
+    row 0.96x, on 7 streams 1.00x; at 512 x 4096 0.90x / 0.82x / 0.87x (each half-size product
+    alone leaves SMs idle). Chosen per shape by timing."""
 
     launches: int = 1
     streams: int = 1
