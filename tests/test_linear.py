@@ -395,6 +395,10 @@ def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
         gemm_splitk.CublasSplitK(s) for s in (4, 8)
     )  # 1000 / 16 is not whole
     assert gemm_splitk.candidates(64, 1024, 1001, 132) == ()
+    assert gemm_splitk.candidates(8, 2048, 2048, 132) == ()  # few rows: only from K = 8192
+    assert gemm_splitk.candidates(2, 8192, 8192, 132) == tuple(
+        gemm_splitk.CublasSplitK(s) for s in (4, 8, 16)
+    )
     assert gemm_splitk.candidates(64, 1024, 256, 132) == (gemm_splitk.CublasSplitK(4),)
     cands = ops._candidates(64, 1024, 1024, 4, True, True, 132, True, False, True, True)
     assert gemm_splitk.CublasSplitK(8) in cands
@@ -416,7 +420,7 @@ def test_cublas_split_k_forward_gpu(monkeypatch, activation, rng_seed):
     odd and issue-sized shapes, and NaN/Inf where relu(F.linear) has them."""
     from tilewise.ops import gemm_splitk
 
-    for x_shape, n in (((64, 1024), 1024), ((16, 3, 512), 1000), ((1, 4096), 97)):
+    for x_shape, n in (((64, 1024), 1024), ((16, 3, 512), 1000), ((3, 8192), 97)):
         m, k = x_shape[0] * (x_shape[1] if len(x_shape) == 3 else 1), x_shape[-1]
         choices = gemm_splitk.candidates(m, n, k, 132)
         assert choices, (x_shape, n)
