@@ -395,7 +395,10 @@ def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
         gemm_splitk.CublasSplitK(s) for s in (4, 8)
     )  # 1000 / 16 is not whole
     assert gemm_splitk.candidates(64, 1024, 1001, 132) == ()
-    assert gemm_splitk.candidates(8, 2048, 2048, 132) == ()  # few rows: only from K = 8192
+    assert gemm_splitk.candidates(8, 2048, 2048, 132) == ()  # few rows: small W or K >= 8192
+    assert gemm_splitk.candidates(8, 1024, 1024, 132) == tuple(
+        gemm_splitk.CublasSplitK(s) for s in (4, 8, 16)
+    )
     assert gemm_splitk.candidates(2, 8192, 8192, 132) == tuple(
         gemm_splitk.CublasSplitK(s) for s in (4, 8, 16)
     )

@@ -29,11 +29,14 @@ MIN_SLICE_K = 64
 MAX_PARTIAL_BYTES = 64 << 20
 #: offered where cuBLAS's 128 x 128 output tiles would number fewer than the SMs
 _CUBLAS_TILE = 128
-#: below ``MIN_ROWS`` rows only from ``SMALL_M_MIN_K`` up. In session 14's fp32 MLP grid (call 4)
-#: the autotuner's cold-L2 timing picked a split at M = 4-8 with K = N = 2048-4096, and those
-#: cells ran 0.86-0.99x PyTorch + CUDA graph, while at K = 8192 (M = 2-4) the split gave
-#: 1.10-1.18x and at M >= 16 1.05-2.7x
+#: below ``MIN_ROWS`` rows only for K x N <= ``SMALL_M_MAX_WEIGHTS`` or K >= ``SMALL_M_MIN_K``.
+#: Session 14's fp32 MLP grid, PyTorch + CUDA graph over tilewise at M = 2-8 with the split
+#: offered everywhere (call 4) and only from K = 8192 (call 5): K = N = 1024 1.05-1.40x against
+#: 0.83-1.31x, K = N = 2048-4096 0.86-1.30x against 1.03-1.16x (the autotuner's cold-L2 timing
+#: picked splits that ran slower in the study), K = N = 8192 1.10-1.18x either way; M >= 16
+#: 1.05-2.7x
 MIN_ROWS = 16
+SMALL_M_MAX_WEIGHTS = 1024 * 1024
 SMALL_M_MIN_K = 8192
 EPILOGUE_BLOCK = 1024
 
@@ -48,11 +51,12 @@ class CublasSplitK:
 
 def candidates(m: int, n: int, k: int, sms: int) -> tuple[CublasSplitK, ...]:
     """The splits worth timing for an [m, k] x [k, n] fp32 product: none unless the output
-    leaves SMs idle, none for fewer than ``MIN_ROWS`` rows unless K >= ``SMALL_M_MIN_K``; only
-    splits that divide K into slices of >= ``MIN_SLICE_K``."""
+    leaves SMs idle, none below ``MIN_ROWS`` rows for weights between ``SMALL_M_MAX_WEIGHTS``
+    elements and K = ``SMALL_M_MIN_K``; only splits that divide K into slices of at least
+    ``MIN_SLICE_K``."""
     if sms <= 0 or cdiv(m, _CUBLAS_TILE) * cdiv(n, _CUBLAS_TILE) >= sms:
         return ()
-    if m < MIN_ROWS and k < SMALL_M_MIN_K:
+    if m < MIN_ROWS and k * n > SMALL_M_MAX_WEIGHTS and k < SMALL_M_MIN_K:
         return ()
     return tuple(
         CublasSplitK(s)
