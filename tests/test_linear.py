@@ -379,6 +379,28 @@ def test_cublas_split_k_path_on_cpu(monkeypatch, activation, has_bias, rng_seed)
         for x_shape, n in (((3, 64), 5), ((33, 128), 17), ((2, 3, 256), 24)):
             x, w, b = _inputs(x_shape, n, "cpu", has_bias)
             _run_case(x, w, b, activation, torch.float32, rng_seed)
+        # strided operands: x a column slice, W a transposed view, the bias every other element
+        x = torch.randn(9, 2 * 128)[:, 64:192]
+        w = torch.randn(128, 7).t()
+        b = torch.randn(14)[::2] if has_bias else None
+        _run_case(x, w, b, activation, torch.float32, rng_seed)
+
+
+@pytest.mark.parametrize("split_k", [False, True])
+def test_strided_and_expanded_bias(monkeypatch, split_k):
+    """A bias with stride 2 or stride 0 (expanded) gives F.linear's result on every kernel path
+    (the kernels index the bias element by element; the review of session 14 found both wrong)."""
+    if split_k:
+        monkeypatch.setattr(
+            ops,
+            "_choose",
+            lambda *a, **k: ops.CublasSplitK(4) if k["cublas_split_k"] else ops.CUBLAS,
+        )
+    x, w = torch.randn(5, 64), torch.randn(6, 64) / 8
+    for b in (torch.randn(12)[::2], torch.randn(1).expand(6)):
+        for act in ("none", "relu", "gelu"):
+            got = tilewise.linear(x, w, b, act)
+            torch.testing.assert_close(got, ops.reference(x, w, b, act), rtol=1e-5, atol=1e-5)
 
 
 def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
@@ -408,6 +430,10 @@ def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
     assert not any(
         isinstance(c, gemm_splitk.CublasSplitK)
         for c in ops._candidates(64, 1024, 1024, 4, True, True, 132, True, False, True)
+    )
+    assert not any(  # cuBLAS not legal (e.g. TF32 off asked while the global flag is on)
+        isinstance(c, gemm_splitk.CublasSplitK)
+        for c in ops._candidates(64, 1024, 1024, 4, True, False, 132, True, False, True, True)
     )
     a, b = torch.randn(4, 30), torch.randn(30, 5)
     with pytest.raises(ValueError, match="choice"):

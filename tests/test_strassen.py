@@ -407,7 +407,8 @@ def test_streams_plan_in_graph_and_side_stream():
     and issued from a non-default stream, each equal to the one-bmm result."""
     torch.manual_seed(0)
     p = torch.randn(7, 96, 130, device="cuda")
-    blocks = torch.randn(7, 70, 130, device="cuda")
+    blocks = ops.format_weights(torch.randn(140, 260, device="cuda"))  # K-major, as shipped
+    assert blocks.shape == (7, 70, 130)
     want = torch.bmm(p, blocks.transpose(1, 2))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -101,8 +101,13 @@ def forward(
     split = choice.split
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"tilewise.linear: cuBLAS split-K takes fp32 operands, got {a.dtype}")
-    if split < 1 or k % split:
-        raise ValueError(f"tilewise.linear: argument 'choice' splits K={k} into {split} slices")
+    if split < 1 or k % split or split * m * n >= 2**31:  # the kernel's offsets are int32
+        raise ValueError(
+            f"tilewise.linear: argument 'choice' splits K={k} into {split} slices of an "
+            f"[{m}, {n}] output"
+        )
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
     ks = k // split
     # slice j of K: a[:, j*ks:(j+1)*ks] and b[j*ks:(j+1)*ks, :], as batches of strided views
     a3 = a.as_strided((split, m, ks), (ks * a.stride(1), a.stride(0), a.stride(1)))

@@ -242,15 +242,19 @@ def run_products(
         return out
     # Fork: every side stream waits for the work queued so far; join: the current stream waits
     # for every side stream before anything later (or a free of p, blocks, out) runs.
+    # PyTorch hands out streams from a pool of 32 per device, so a side stream can be the
+    # current one (then that lane just runs in order: correct, less parallel).
     current = torch.cuda.current_stream(p.device)
-    lanes = [current, *_streams(p.device, plan.streams - 1)]
+    lanes = [current, *(s for s in _streams(p.device, plan.streams - 1) if s != current)]
     for lane in lanes[1:]:
         lane.wait_stream(current)
-    for i in range(7):
-        with torch.cuda.stream(lanes[i % len(lanes)]):
-            torch.mm(p[i], blocks[i].t(), out=out[i])
-    for lane in lanes[1:]:
-        current.wait_stream(lane)
+    try:
+        for i in range(7):
+            with torch.cuda.stream(lanes[i % len(lanes)]):
+                torch.mm(p[i], blocks[i].t(), out=out[i])
+    finally:  # joined even if a launch raises: a capture must not end with unjoined streams
+        for lane in lanes[1:]:
+            current.wait_stream(lane)
     return out
 
 
