@@ -10,7 +10,7 @@ A GPU diagnostic, not a test:
 
 ``--time`` also times each config (median of CUDA events), with the fused bias-gradient sum and
 with a GELU derivative prologue, pipelined as configured and unpipelined (what tilewise runs
-for half-precision backward GEMMs, ``linear.PIPELINE_HALF_BACKWARD``), beside cuBLAS's
+for half-precision backward GEMMs, ``gemm.PIPELINE_HALF_BACKWARD``), beside cuBLAS's
 ``dy^T @ x`` alone.
 """
 
@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from tilewise.bench.timing import time_events
-from tilewise.ops import linear
+from tilewise.ops import gemm, linear
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     db_ref = dy.float().sum(0)
     tol = 4 * torch.finfo(dt).eps * ref.abs() + 1e-3
     base = linear.gemm_config(args.n, args.k, args.m, x.element_size(), x.device)
-    linear.PIPELINE_HALF_BACKWARD = True  # the configs' own stages (tilewise runs these at 1)
+    gemm.PIPELINE_HALF_BACKWARD = True  # the configs' own stages (tilewise runs these at 1)
     for stages in (base.num_stages, 2, 1):
         cfg = dataclasses.replace(base, num_stages=stages)
         for with_db in (True, False):

@@ -404,9 +404,9 @@ def test_strided_and_expanded_bias(monkeypatch, split_k):
 
 
 def test_cublas_split_k_candidates_and_bad_choice(monkeypatch):
-    from tilewise.ops import gemm_splitk
+    from tilewise.ops import gemm, gemm_splitk
 
-    monkeypatch.setattr(ops, "num_sms", lambda device: 132)  # an H100's, without one
+    monkeypatch.setattr(gemm, "num_sms", lambda device: 132)  # gemm_config's: an H100's count
 
     assert gemm_splitk.candidates(64, 1024, 1024, 132) == tuple(
         gemm_splitk.CublasSplitK(s) for s in (4, 8, 16)
