@@ -361,3 +361,10 @@ def test_cold_timing_sees_dram_where_warm_sees_l2():
     assert int(count) - before >= 1 + 7 * 8  # the warm-up run and 7 paired replays of 8
     assert 0 < warm and math.isfinite(cold)
     assert cold >= 1.1 * warm, (cold, warm)
+
+
+def test_cold_timing_flush_is_named():
+    """``_bench_cold`` evicts L2 by zeroing or by reading a buffer; anything else is refused
+    before anything runs."""
+    with pytest.raises(ValueError, match="flush_by"):
+        autotune._bench_cold(lambda: None, torch.device("cpu"), flush_by="sweep")

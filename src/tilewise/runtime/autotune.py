@@ -112,7 +112,9 @@ def _bench(fn: Callable[[], object]) -> float:
         return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
-def _bench_cold(fn: Callable[[], object], device: torch.device, reps: int = 8) -> float:
+def _bench_cold(
+    fn: Callable[[], object], device: torch.device, reps: int = 8, flush_by: str = "zero"
+) -> float:
     """Median device milliseconds of ``fn`` with L2 flushed before each run.
 
     ``_bench`` replays ``fn`` on the same inputs, so operands stay in L2; a tile that wins warm
@@ -122,7 +124,12 @@ def _bench_cold(fn: Callable[[], object], device: torch.device, reps: int = 8) -
     flushes; the median over paired replays of the difference is ``fn``'s cold time. Where
     capture fails, or noise leaves no positive difference, ``triton.testing.do_bench`` (which
     also clears L2 before every run, but pays host launch time) measures it instead.
+
+    ``flush_by="read"`` evicts L2 by summing the buffer instead of zeroing it, so no dirty lines
+    are written back while ``fn`` runs (``scripts/cold_timing_probe.py`` compares the two).
     """
+    if flush_by not in ("zero", "read"):
+        raise ValueError(f"argument 'flush_by' must be 'zero' or 'read', got {flush_by!r}")
     import triton.testing
 
     from tilewise.runtime.graph_state import repair_after_failed_capture
@@ -142,7 +149,10 @@ def _bench_cold(fn: Callable[[], object], device: torch.device, reps: int = 8) -
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     for _ in range(reps):
-                        flush.zero_()
+                        if flush_by == "zero":
+                            flush.zero_()
+                        else:
+                            flush.sum(dtype=torch.int32)
                         if with_fn:
                             fn()
                 graphs.append(g)
