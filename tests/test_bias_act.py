@@ -281,3 +281,22 @@ def test_gelu_half_precision_tails(device, dtype):
             f"gelu {what} at z={z.flatten()[worst].item():.3f}: err {err.flatten()[worst]:.3e} > "
             f"{bound.flatten()[worst]:.3e}"
         )
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_strided_and_expanded_bias(activation):
+    """A bias with stride 2 or stride 0 (expanded) gives PyTorch's output and gradients (the
+    kernels index the bias element by element; session 14 found both wrong before the copy)."""
+    x0, dy = torch.randn(5, 6), torch.randn(5, 6)
+    for base0, view in (
+        (torch.randn(12), lambda t: t[::2]),
+        (torch.randn(1), lambda t: t.expand(6)),
+    ):
+        grads = []
+        for fn in (tilewise.bias_act, ops.reference):
+            x, base = x0.clone().requires_grad_(), base0.clone().requires_grad_()
+            y = fn(x, view(base), activation)
+            y.backward(dy)
+            grads.append((y.detach(), x.grad, base.grad))
+        for got, want in zip(*grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -58,6 +58,13 @@ def pipeline_smem_budget(device: torch.device | None) -> int:
     return min(PIPELINE_SMEM_BYTES, optin // 2) if optin else PIPELINE_SMEM_BYTES
 
 
+def unit_stride(vec: torch.Tensor | None) -> torch.Tensor | None:
+    """A 1-D parameter (bias, weight) the kernels can index element by element: a strided or
+    expanded one is copied (session 14: ``b[::2]`` and ``b.expand(n)`` gave wrong outputs from
+    linear's and bias_act's kernels, the expanded one read past its buffer)."""
+    return vec.contiguous() if vec is not None and vec.stride(-1) != 1 else vec
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for host code: ``triton.cdiv`` is a constexpr function object whose call
     costs microseconds, several times per launch."""

@@ -33,6 +33,7 @@ from tilewise.ops._common import (
     pick_config,
     pipeline_smem_budget,
     store_once,
+    unit_stride,
     use_atomics,
     zeroed_accumulators,
 )
@@ -280,6 +281,7 @@ def _kernel_views(op: str, x: torch.Tensor, dim: int, *others: torch.Tensor):
 def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu", dim: int = -1):
     """``act(x + bias)``, bias broadcast along ``dim``; kernel or reference as dispatch decides."""
     validate(x, bias, activation, dim)
+    bias = unit_stride(bias)
     views = _kernel_views(OP, x, dim)
     if views is None:
         return reference(x, bias, activation, dim)
@@ -320,6 +322,7 @@ def backward(
     the derivative is taken at ``x`` itself and ``bias`` only gives the bias gradient its dtype
     and shape (a linear layer's ReLU, whose saved output already holds the bias)."""
     validate(x, bias, activation, dim)
+    bias = unit_stride(bias)
     dispatch.check_same_device(OP + "_backward", x=x, grad=dy)
     if dy.shape != x.shape:
         raise ValueError(

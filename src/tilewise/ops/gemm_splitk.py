@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import act_fwd, activation_code, cdiv
+from tilewise.ops._common import act_fwd, activation_code, cdiv, unit_stride
 from tilewise.runtime import alloc
 
 #: slice counts offered; each slice keeps at least ``MIN_SLICE_K`` of K
@@ -106,8 +106,7 @@ def forward(
             f"tilewise.linear: argument 'choice' splits K={k} into {split} slices of an "
             f"[{m}, {n}] output"
         )
-    if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()
+    bias = unit_stride(bias)
     ks = k // split
     # slice j of K: a[:, j*ks:(j+1)*ks] and b[j*ks:(j+1)*ks, :], as batches of strided views
     a3 = a.as_strided((split, m, ks), (ks * a.stride(1), a.stride(0), a.stride(1)))

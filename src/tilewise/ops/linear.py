@@ -38,7 +38,7 @@ import torch
 
 from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import gemm, gemm_splitk
-from tilewise.ops._common import act_reference, activation_code, num_sms
+from tilewise.ops._common import act_reference, activation_code, num_sms, unit_stride
 from tilewise.ops.gemm import (  # noqa: F401 (re-exported: tests and scripts reach them here)
     _SMALL_TILE_ROWS,
     _TILES_IEEE,
@@ -284,12 +284,6 @@ def validate(
             )
 
 
-def _unit_stride(bias: torch.Tensor | None) -> torch.Tensor | None:
-    """The kernels index a bias element by element: a strided or expanded bias is copied first
-    (session 14's review: ``b[::2]`` gave wrong outputs, ``b.expand(n)`` read past its buffer)."""
-    return bias.contiguous() if bias is not None and bias.stride(0) != 1 else bias
-
-
 def output_shape(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, ...]:
     return (*x.shape[:-1], weight.shape[0])
 
@@ -304,7 +298,7 @@ def forward(
     """``(y, saved)``: ``y = act(x @ W^T + b)`` of shape [..., N] and what ``backward`` needs
     (the pre-bias ``x @ W^T`` for gelu/silu, ``y`` itself for relu, None for none)."""
     validate(x, weight, bias, activation)
-    bias = _unit_stride(bias)
+    bias = unit_stride(bias)
     shape = output_shape(x, weight)
     x2 = x.reshape(-1, weight.shape[1])
     if not dispatch.use_kernel(OP, [x2, weight]):
@@ -386,7 +380,7 @@ def backward(
     ``dz`` tensor) and the weight-gradient GEMM also sums the bias gradient: two launches. A GEMM
     that cuBLAS runs faster (timed per shape) gets a ``dz`` from bias_act's backward kernel."""
     validate(x, weight, bias, activation)
-    bias = _unit_stride(bias)
+    bias = unit_stride(bias)
     shape = output_shape(x, weight)
     if tuple(dy.shape) != shape:
         raise ValueError(
