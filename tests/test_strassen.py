@@ -441,3 +441,13 @@ def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
         for x_shape, outs in GPU_SHAPES:
             x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
             _judge_chain(x, ws, bs, acts, dtype, rng_seed)
+
+
+def test_strided_and_expanded_bias():
+    """A bias with stride 2 or stride 0 (expanded): the chain's result, as with a contiguous one
+    (the suffix kernel indexes the bias element by element; session 14 found both wrong)."""
+    x, w = torch.randn(6, 8), torch.randn(10, 8)
+    for b in (torch.randn(20)[::2], torch.randn(1).expand(10)):
+        y = ops.forward(x, [ops.format_weights(w)], [b], ["relu"], [8, 10])
+        want = torch.relu(torch.nn.functional.linear(x, w, b))
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)

@@ -37,6 +37,7 @@ from tilewise.ops._common import (
     cdiv,
     next_pow2,
     pick_config,
+    unit_stride,
 )
 from tilewise.ops.linear import COLD_L2_MIN_BYTES
 from tilewise.runtime import alloc, autotune, dispatch
@@ -304,6 +305,7 @@ def suffix(
     shape = (7, mh, nh) if to_prefix else (m, n)
     out = alloc.empty(shape, device=mprod.device, dtype=mprod.dtype)
     cfg = _tile_config("strassen_suffix", mh, nh, mprod.element_size())
+    bias = unit_stride(bias)  # the kernel indexes the bias element by element
     args = (mprod, mprod if bias is None else bias, out, m, n, mh, nh, mh * nh)
     meta = {"HAS_BIAS": bias is not None, "ACT": activation_code(activation)}
     _launch_2d(_suffix_kernel, cfg, mh, nh, *args, TO_PREFIX=to_prefix, **meta)
