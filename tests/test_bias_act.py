@@ -300,3 +300,18 @@ def test_strided_and_expanded_bias(activation):
             grads.append((y.detach(), x.grad, base.grad))
         for got, want in zip(*grads, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fallback_keeps_the_input_dtype_with_an_fp32_bias():
+    """fp16 x with an fp32 bias: fp16 out on the kernel path, and also where the layout or an
+    empty batch sends the call to the reference (which once returned fp32 there)."""
+    b = torch.randn(40)
+    for x in (
+        torch.randn(6, 40, dtype=torch.float16),
+        torch.randn(40, 6, dtype=torch.float16).t(),
+        torch.randn(0, 40, dtype=torch.float16),
+    ):
+        y = tilewise.bias_act(x, b, "gelu")
+        assert y.dtype == torch.float16
+        want = torch.nn.functional.gelu(x.float() + b).half()
+        torch.testing.assert_close(y, want, rtol=2e-3, atol=2e-3)

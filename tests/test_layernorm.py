@@ -342,3 +342,23 @@ def test_module_drop_in_shares_parameters(rng_seed):
     torch.testing.assert_close(
         fused(x), torch.relu(torch.nn.functional.layer_norm(x, (4, 6), fused.weight))
     )
+
+
+def test_long_row_with_inf_is_all_nan():
+    """Rows past the one-tile kernel (n > 16384) take the looped kernel, whose variance is
+    E[x^2] - E[x]^2: with an Inf in the row that is Inf - Inf = NaN, which must reach every
+    output of the row as in PyTorch (a plain maximum once clamped it to 0)."""
+    x = torch.randn(2, 20000)
+    x[1, 5] = float("inf")
+    y = tilewise.layer_norm(x, (20000,))
+    want = torch.nn.functional.layer_norm(x, (20000,))
+    assert torch.equal(y.isnan(), want.isnan()) and bool(y[1].isnan().all())
+    torch.testing.assert_close(y[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_empty_normalized_shape():
+    """normalized_shape (0,): an empty output and gradient, as F.layer_norm gives."""
+    x = torch.randn(5, 0, requires_grad=True)
+    y = tilewise.layer_norm(x, (0,))
+    y.sum().backward()
+    assert y.shape == (5, 0) and x.grad.shape == (5, 0)

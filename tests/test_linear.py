@@ -603,3 +603,18 @@ def test_fused_relu_backend_keeps_nan_and_inf(monkeypatch, dtype):
         assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y.isinf(), want.isinf())
         offered += ops._lt_relu_offered(x, w.t())
     print(f"cuBLASLt bias + ReLU offered at {offered} of 5 shapes ({dtype})")
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_zero_in_features(activation):
+    """in_features = 0: act(bias) broadcast over the rows and its gradients, as F.linear gives
+    (``reshape(-1, 0)`` once raised here)."""
+    x = torch.randn(3, 0, requires_grad=True)
+    w = torch.randn(4, 0, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    y = tilewise.linear(x, w, b, activation)
+    want = ops.reference(x, w, b, activation)
+    torch.testing.assert_close(y, want)
+    (gb,) = torch.autograd.grad(y.sum(), b)
+    (gb_want,) = torch.autograd.grad(want.sum(), b)
+    torch.testing.assert_close(gb, gb_want)

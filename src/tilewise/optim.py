@@ -255,10 +255,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
             if g is not None and _same_memory(g, view):  # written in place through its slot
                 p.grad = view
                 continue
-            _info_once(
-                f"{self._name}: gradients from ops that cannot write into the flat buffer (or "
-                "None after zero_grad) are copied in (or zeroed) at step"
-            )
+            if g is None:
+                _info_once(
+                    f"{self._name}: a parameter without a gradient at step counts as a zero "
+                    "gradient (weight decay and momentum still apply; torch.optim skips it)"
+                )
+            else:
+                _info_once(
+                    f"{self._name}: gradients from ops that cannot write into the flat buffer "
+                    "are copied in at step"
+                )
             view.zero_() if g is None else view.copy_(g)
             p.grad = view
 

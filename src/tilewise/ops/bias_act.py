@@ -162,9 +162,10 @@ def _bias_act_bwd_kernel(
 
 
 def reference(x: torch.Tensor, bias: torch.Tensor | None, activation: str, dim: int = -1):
-    """Plain PyTorch ``act(x + b)``: the numerical reference and the eager baseline."""
+    """Plain PyTorch ``act(x + b)``: the numerical reference and the eager baseline. An fp32
+    bias with half ``x`` gives fp32 math and, as the kernels do, an output in ``x``'s dtype."""
     z = x if bias is None else x + _broadcast(bias, x, dim)
-    return act_reference(z, activation)
+    return act_reference(z, activation).to(x.dtype)
 
 
 def reference_backward(dy, x, bias, activation: str, dim: int = -1):

@@ -118,7 +118,9 @@ def _ln_fwd_looped_kernel(
         s1 += d
         s2 += d * d
     m1 = tl.sum(s1, axis=0) / N
-    var = tl.maximum(tl.sum(s2, axis=0) / N - m1 * m1, 0.0)
+    # NaN-propagating: with an Inf in the row the difference is Inf - Inf = NaN, which a plain
+    # maximum would turn into 0 (finite rstd, Inf outputs where PyTorch gives NaN)
+    var = tl.maximum(tl.sum(s2, axis=0) / N - m1 * m1, 0.0, propagate_nan=tl.PropagateNan.ALL)
     mean = shift + m1
     rstd = 1.0 / tl.sqrt(var + eps)
     for start in range(0, N, BLOCK_N):
@@ -367,10 +369,16 @@ def _affine_relu(xhat, weight, bias, relu):
     return torch.relu(y) if relu else y
 
 
+def _as_rows(t: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
+    """``t`` as [rows, row_size]; unlike ``reshape(-1, n)`` also for an empty normalized shape
+    (``F.layer_norm`` takes one and returns an empty output)."""
+    lead = t.shape[: t.ndim - len(tuple(normalized_shape))]
+    return t.reshape(math.prod(lead), row_size(normalized_shape))
+
+
 def reference(x, normalized_shape, weight, bias, eps: float, relu: bool):
     """fp32-math PyTorch LayerNorm (+ReLU) returning (y, mean, rstd) like the kernel."""
-    n = row_size(normalized_shape)
-    xf = x.float().reshape(-1, n)
+    xf = _as_rows(x.float(), normalized_shape)
     mean = xf.mean(dim=1)
     rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(dim=1) + eps)
     xhat = ((xf - mean[:, None]) * rstd[:, None]).view(x.shape)
@@ -380,12 +388,11 @@ def reference(x, normalized_shape, weight, bias, eps: float, relu: bool):
 
 def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool):
     """PyTorch (fp32 math) gradients of ``reference``: (dx, dweight, dbias)."""
-    n = row_size(normalized_shape)
-    xf = x.float().reshape(-1, n)
+    xf = _as_rows(x.float(), normalized_shape)
     xhat = (xf - mean[:, None]) * rstd[:, None]
     w = weight.float().reshape(-1) if weight is not None else None
     b = bias.float().reshape(-1) if bias is not None else None
-    g = dy.float().reshape(-1, n)
+    g = _as_rows(dy.float(), normalized_shape)
     if relu:
         g = torch.where(_affine_relu(xhat, w, b, False) <= 0, torch.zeros_like(g), g)
     dw = (g * xhat).sum(0).view(weight.shape).to(weight.dtype) if weight is not None else None

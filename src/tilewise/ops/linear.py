@@ -30,6 +30,7 @@ exactly as ``F.linear`` does). The bias may be fp32 with a half-precision ``x``;
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -284,6 +285,12 @@ def validate(
             )
 
 
+def _rows(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """``t`` as [rows, cols]; unlike ``reshape(-1, cols)`` also for ``cols == 0`` (PyTorch's
+    ``F.linear`` takes in_features = 0 and returns the bias)."""
+    return t.reshape(math.prod(t.shape[:-1]), cols)
+
+
 def output_shape(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, ...]:
     return (*x.shape[:-1], weight.shape[0])
 
@@ -300,7 +307,7 @@ def forward(
     validate(x, weight, bias, activation)
     bias = unit_stride(bias)
     shape = output_shape(x, weight)
-    x2 = x.reshape(-1, weight.shape[1])
+    x2 = _rows(x, weight.shape[1])
     if not dispatch.use_kernel(OP, [x2, weight]):
         b = None if bias is None else bias.to(x.dtype)
         if activation in SAVES_PRE_ACTIVATION:
@@ -390,11 +397,11 @@ def backward(
         raise ValueError(f"tilewise.{OP}: argument 'saved' must have shape {shape}")
     dispatch.check_same_device(OP + "_backward", x=x, grad=dy, saved=saved)
     n, k = weight.shape
-    dy2 = dy.reshape(-1, n)
+    dy2 = _rows(dy, n)
     if dy2.dtype != x.dtype:
         dy2 = dy2.to(x.dtype)
-    x2 = x.reshape(-1, k)
-    s2 = saved.reshape(-1, n) if activation != "none" else None
+    x2 = _rows(x, k)
+    s2 = _rows(saved, n) if activation != "none" else None
     if not dispatch.use_kernel(OP + "_backward", [dy2, x2, weight]):
         dz, db = _dz_db(dy2, s2, bias, activation)
         dx = torch.matmul(dz, weight).view(x.shape) if need_dx else None
