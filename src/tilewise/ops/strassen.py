@@ -10,7 +10,7 @@ Strassen's seven products ``M1..M7`` give ``C = A @ B`` from 7 half-size GEMMs i
   A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22 (the padding is written as exact zeros).
 * per layer one ``torch.bmm`` (cuBLAS; TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says):
   ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]; or, where timing says so per shape, seven ``torch.mm``
-  launches into the same tensor (``ProductsPlan``).
+  launches into the same tensor, in a row or on parallel streams (``ProductsPlan``).
 * ``_suffix_kernel``: C11 = M1+M4-M5+M7, C12 = M3+M5, C21 = M2+M4, C22 = M1-M2+M3+M6, then bias and
   activation, then either the unpadded ``y`` (last layer) or directly the next layer's 7 prefix
   operands: block (r, c) of C is block (r, c) of the next A, so no C tensor is ever stored.
@@ -244,7 +244,7 @@ def run_products(
     # Fork: every side stream waits for the work queued so far; join: the current stream waits
     # for every side stream before anything later (or a free of p, blocks, out) runs.
     # PyTorch hands out streams from a pool of 32 per device, so a side stream can be the
-    # current one (then that lane just runs in order: correct, less parallel).
+    # current one: it is left out, and its products go to the other lanes.
     current = torch.cuda.current_stream(p.device)
     lanes = [current, *(s for s in _streams(p.device, plan.streams - 1) if s != current)]
     for lane in lanes[1:]:
