@@ -30,8 +30,8 @@ MAX_PARTIAL_BYTES = 64 << 20
 #: offered where cuBLAS's 128 x 128 output tiles would number fewer than the SMs
 _CUBLAS_TILE = 128
 #: below ``MIN_ROWS`` rows only for K x N <= ``SMALL_M_MAX_WEIGHTS`` or K >= ``SMALL_M_MIN_K``.
-#: Session 14's fp32 MLP grid, PyTorch + CUDA graph over tilewise at M = 2-8 with the split
-#: offered everywhere (call 4) and only from K = 8192 (call 5): K = N = 1024 1.05-1.40x against
+#: Session 14's fp32 MLP grid, tilewise over PyTorch + CUDA graph at M = 2-8, the split offered
+#: everywhere (call 4) against only from K = 8192 (call 5): K = N = 1024 1.05-1.40x against
 #: 0.83-1.31x, K = N = 2048-4096 0.86-1.30x against 1.03-1.16x (the autotuner's cold-L2 timing
 #: picked splits that ran slower in the study), K = N = 8192 1.10-1.18x either way; M >= 16
 #: 1.05-2.7x
