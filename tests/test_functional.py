@@ -72,12 +72,14 @@ def test_eager_route_matches_custom_op_route(case):
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
 def test_double_backward_raises_instead_of_a_wrong_answer(case):
-    """The fused backward is not differentiable: create_graph must fail loudly."""
+    """The fused backward is not differentiable: create_graph must fail loudly (the eager route
+    refuses create_graph itself: the graph of a gradient once silently lacked the op's
+    second-order terms when the incoming gradient did not require grad)."""
     name, fn, make = case
     leaves = [leaf(t) for t in make()]
     out = fn(*leaves)
-    (g,) = torch.autograd.grad(out.sum(), leaves[0], create_graph=True)
     with pytest.raises(RuntimeError):
+        (g,) = torch.autograd.grad(out.sum(), leaves[0], create_graph=True)
         g.sum().backward()
 
 
@@ -159,3 +161,60 @@ def test_backward_through_an_op_whose_output_gets_no_gradient():
     for y in (tilewise.layer_norm(x, 16, w, b), tilewise.bias_act(x, b, "gelu")):
         Drop.apply(y, z).sum().backward()
         assert x.grad is None and b.grad is None and z.grad is not None
+
+
+def _op_cases():
+    """(name, tilewise call, PyTorch call, input) for the four public ops."""
+    import torch.nn.functional as F
+
+    w, b = torch.randn(12, 12) / 4, torch.randn(12)
+    cw, cb = torch.randn(16, 8, 3, 3) / 8, torch.randn(16)
+    x, xc = torch.randn(4, 12), torch.randn(2, 16, 6, 6).to(memory_format=torch.channels_last)
+    return [
+        ("bias_act", lambda t: tilewise.bias_act(t, b, "gelu"), lambda t: F.gelu(t + b), x),
+        (
+            "layer_norm",
+            lambda t: tilewise.layer_norm(t, 12, b, b, relu=True),
+            lambda t: F.relu(F.layer_norm(t, (12,), b, b)),
+            x,
+        ),
+        (
+            "linear",
+            lambda t: tilewise.linear(t, w, b, "silu"),
+            lambda t: F.silu(F.linear(t, w, b)),
+            x,
+        ),
+        (
+            "grouped_conv2d",
+            lambda t: tilewise.grouped_conv2d(t, cw, cb, padding=1),
+            lambda t: F.conv2d(t, cw, cb, padding=1, groups=2),
+            xc,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["bias_act", "layer_norm", "linear", "gconv"])
+def test_forward_mode_ad_matches_pytorch(case):
+    """torch.func.jvp and forward_ad dual tensors through each op give PyTorch's tangent (the
+    custom ops have no forward-mode rule: jvp once returned zero tangents)."""
+    from torch.autograd import forward_ad
+
+    _, tw, ref, x = _op_cases()[case]
+    tangent = torch.randn_like(x)
+    got = torch.func.jvp(tw, (x,), (tangent,))[1]
+    want = torch.func.jvp(ref, (x,), (tangent,))[1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert want.abs().sum() > 0
+    with forward_ad.dual_level():
+        dual = tw(forward_ad.make_dual(x, tangent))
+        torch.testing.assert_close(forward_ad.unpack_dual(dual).tangent, want, rtol=1e-4, atol=1e-4)
+
+
+def test_linear_follows_autocast():
+    """Under autocast a tilewise linear computes and returns the autocast dtype, as F.linear."""
+    lin = tilewise.nn.Linear(12, 12, activation="relu")
+    x = torch.randn(4, 12)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = lin(x)
+        want = torch.nn.Linear(12, 12)(x)
+    assert y.dtype == want.dtype == torch.float16

@@ -618,3 +618,16 @@ def test_zero_in_features(activation):
     (gb,) = torch.autograd.grad(y.sum(), b)
     (gb_want,) = torch.autograd.grad(want.sum(), b)
     torch.testing.assert_close(gb, gb_want)
+
+
+def test_transform_leaves_pairs_with_backward_pre_hooks_alone():
+    """A backward pre-hook on the Linear would see the gradient of the fused (activated)
+    output, one on the activation would never run: such pairs are not fused either."""
+    import torch.nn as tnn
+
+    model = tnn.Sequential(tnn.Linear(4, 4), tnn.ReLU(), tnn.Linear(4, 4), tnn.ReLU())
+    model[0].register_full_backward_pre_hook(lambda m, g: None)
+    model[3].register_full_backward_pre_hook(lambda m, g: None)
+    report = tilewise.transform(model)
+    assert report.swapped == []
+    assert [type(m) for m in model] == [tnn.Linear, tnn.ReLU, tnn.Linear, tnn.ReLU]

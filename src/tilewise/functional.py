@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import gconv as _gconv
@@ -58,6 +59,30 @@ def _eager(*tensors: Tensor | None) -> bool:
     return True
 
 
+def _forward_mode() -> bool:
+    """Whether forward-mode AD is active (``torch.func.jvp``/``jacfwd``, or a dual level of
+    ``torch.autograd.forward_ad``). The custom ops have no forward-mode rule (``torch.func.jvp``
+    gave zero tangents through them), so the public functions then run the PyTorch reference."""
+    if torch.compiler.is_compiling():  # traced graphs keep the custom ops (no jvp under it)
+        return False
+    if forward_ad._current_level >= 0:
+        return True
+    if torch._C._functorch.peek_interpreter_stack() is None:
+        return False
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+def _reference_for_forward_mode(op: str) -> bool:
+    """True (and says so once) when ``op`` must run its PyTorch reference for forward-mode AD."""
+    if not _forward_mode():
+        return False
+    dispatch.fallback(op, "forward-mode AD (jvp), which the kernels have no rule for")
+    return True
+
+
 def _eager_function(name: str, forward, setup, backward, backward_impl):
     """An autograd.Function running ``forward``, with the custom op's setup and backward
     (``backward`` called with ``bwd=backward_impl``, the backward op's body)."""
@@ -83,13 +108,22 @@ def _eager_function(name: str, forward, setup, backward, backward_impl):
             return backward(ctx, *grads, bwd=backward_impl)
         return backward(ctx, *grads)
 
+    once = torch.autograd.function.once_differentiable(bwd)
+
+    def guarded_backward(ctx, *grads):
+        if torch.is_grad_enabled():  # create_graph=True: a graph of the gradient is wanted
+            raise RuntimeError(
+                f"tilewise.{name}: the backward is not differentiable (create_graph=True, "
+                "e.g. a gradient penalty or double backward); without this error the graph of "
+                "the gradient would silently miss this op's second-order terms. Use the "
+                "PyTorch op for such models."
+            )
+        return once(ctx, *grads)
+
     fn = type(
         name,
         (torch.autograd.Function,),
-        {
-            "forward": staticmethod(fwd),
-            "backward": staticmethod(torch.autograd.function.once_differentiable(bwd)),
-        },
+        {"forward": staticmethod(fwd), "backward": staticmethod(guarded_backward)},
     )
     return fn.apply
 
@@ -154,6 +188,9 @@ def bias_act(
     ``activation`` is one of "none", "relu", "gelu" (erf form), "silu". ``bias`` may be fp32 with
     a half-precision ``x`` (mixed precision); math is fp32, the output has ``x``'s dtype.
     """
+    if _reference_for_forward_mode(_bias_act.OP):
+        _bias_act.validate(x, bias, activation, dim)
+        return _bias_act.reference(x, bias, activation, dim)
     op = _bias_act_eager if _eager(x, bias) else _bias_act_op
     return op(x, bias, activation, dim)
 
@@ -255,6 +292,9 @@ def layer_norm(
     """
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
+    if _reference_for_forward_mode(_layernorm.OP):
+        _layernorm.validate(x, normalized_shape, weight, bias)
+        return _layernorm.reference(x, normalized_shape, weight, bias, float(eps), bool(relu))[0]
     op = _layer_norm_eager if _eager(x, weight, bias) else _layer_norm_op
     y, _, _ = op(x, list(normalized_shape), weight, bias, float(eps), bool(relu))
     return y
@@ -386,6 +426,8 @@ def grouped_conv2d(
     reason = _gconv_config.unsupported_reason(
         x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
     ) or _gconv.layout_reason(x, weight, bias)
+    if reason is None and _forward_mode():
+        reason = "forward-mode AD (jvp), which the kernels have no rule for"
     if reason is not None:
         if not torch.compiler.is_compiling():
             dispatch.fallback(_gconv.OP, reason)
@@ -502,7 +544,14 @@ def linear(
     share a dtype (fp32, fp16 or bf16; fp32 accumulation); ``bias`` may be fp32 with a
     half-precision ``x``. fp32 products are true fp32 unless ``allow_tf32=True`` (TF32 tensor
     cores on the GPU). Strided ``x``/``weight`` (e.g. transposed views) are read in place.
+    Under autocast, inputs are cast to the autocast dtype as for ``F.linear``.
     """
+    if torch.is_autocast_enabled(x.device.type):  # as F.linear: inputs in the autocast dtype
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = _autocast(x, dtype), _autocast(weight, dtype), _autocast(bias, dtype)
+    if _reference_for_forward_mode(_linear.OP):
+        _linear.validate(x, weight, bias, activation)
+        return _linear.reference(x, weight, bias, activation)
     op = _linear_eager if _eager(x, weight, bias) else _linear_op
     y, _ = op(x, weight, bias, activation, bool(allow_tf32))
     return y

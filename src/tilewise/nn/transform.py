@@ -44,7 +44,11 @@ def _fuse_linear_pairs(model: nn.Module, report: TransformReport, prefix: str = 
             if type(lin) is not nn.Linear or act is None:
                 continue
             if any(
-                m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in (lin, act)
+                m._forward_hooks
+                or m._forward_pre_hooks
+                or m._backward_hooks
+                or m._backward_pre_hooks
+                for m in (lin, act)
             ):
                 continue  # a hook would see the fused output, or never run
             act_name = _activation_name(act)
