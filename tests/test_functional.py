@@ -218,3 +218,17 @@ def test_linear_follows_autocast():
         y = lin(x)
         want = torch.nn.Linear(12, 12)(x)
     assert y.dtype == want.dtype == torch.float16
+
+
+def test_grouped_conv2d_takes_an_unbatched_input():
+    """[C, H, W] input, as F.conv2d and nn.Conv2d take it (the result of the batched call)."""
+    conv = tilewise.nn.GroupedConv2d(16, 16, 3, padding=1, groups=2)
+    ref = torch.nn.Conv2d(16, 16, 3, padding=1, groups=2)
+    ref.load_state_dict(conv.state_dict())
+    x = torch.randn(16, 5, 6, requires_grad=True)
+    y = conv(x)
+    assert y.shape == (16, 5, 6)
+    torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    (g_ref,) = torch.autograd.grad(ref(x).sum(), x)
+    torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-4)

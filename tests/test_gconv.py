@@ -356,7 +356,7 @@ def test_bad_input_names_the_argument():
     x = torch.randn(2, 16, 5, 5).contiguous(memory_format=torch.channels_last)
     w = torch.randn(16, 8, 3, 3)
     cases = [
-        ("'x'", (torch.randn(16, 5, 5), w), {}),
+        ("'x'", (torch.randn(16, 25), w), {}),  # 2-D (3-D is F.conv2d's unbatched input)
         ("'weight'", (x, torch.randn(16, 8, 3)), {}),
         ("'weight'", (x, torch.randn(16, 6, 3, 3)), {}),  # 6 per group does not divide 16
         ("'weight'", (x, torch.randn(15, 8, 3, 3)), {}),  # 15 outputs for 2 groups

@@ -418,6 +418,12 @@ def grouped_conv2d(
     selects the weight-gradient reduction: per-chunk partials summed in a fixed order (True) or
     fp32 atomics (False, faster, bitwise run-to-run variation on the GPU).
     """
+    if x.ndim == 3:  # unbatched [C, H, W], as F.conv2d takes it
+        y = grouped_conv2d(
+            x.unsqueeze(0), weight, bias, stride, padding, dilation, groups,
+            deterministic=deterministic,
+        )  # fmt: skip
+        return y.squeeze(0)
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = _autocast(x, dtype), _autocast(weight, dtype), _autocast(bias, dtype)
