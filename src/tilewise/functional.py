@@ -397,6 +397,15 @@ def _autocast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return t.to(dtype)
 
 
+def _autocast_inputs(x: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
+    """``(x, *others)`` cast to the autocast dtype of ``x``'s device when autocast is on there
+    (as ``F.conv2d``/``F.linear`` get them), else unchanged."""
+    if not torch.is_autocast_enabled(x.device.type):
+        return (x, *others)
+    dtype = torch.get_autocast_dtype(x.device.type)
+    return tuple(_autocast(t, dtype) for t in (x, *others))
+
+
 def grouped_conv2d(
     x: Tensor,
     weight: Tensor,
@@ -424,9 +433,7 @@ def grouped_conv2d(
             deterministic=deterministic,
         )  # fmt: skip
         return y.squeeze(0)
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = _autocast(x, dtype), _autocast(weight, dtype), _autocast(bias, dtype)
+    x, weight, bias = _autocast_inputs(x, weight, bias)
     groups = _gconv.check_conv_args(x, weight, bias, groups)
     r, s = weight.shape[2], weight.shape[3]
     reason = _gconv_config.unsupported_reason(
@@ -552,9 +559,7 @@ def linear(
     cores on the GPU). Strided ``x``/``weight`` (e.g. transposed views) are read in place.
     Under autocast, inputs are cast to the autocast dtype as for ``F.linear``.
     """
-    if torch.is_autocast_enabled(x.device.type):  # as F.linear: inputs in the autocast dtype
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = _autocast(x, dtype), _autocast(weight, dtype), _autocast(bias, dtype)
+    x, weight, bias = _autocast_inputs(x, weight, bias)  # as F.linear under autocast
     if _reference_for_forward_mode(_linear.OP):
         _linear.validate(x, weight, bias, activation)
         return _linear.reference(x, weight, bias, activation)
