@@ -54,7 +54,7 @@ def probe(m: int, k: int, n: int, dtype: torch.dtype) -> list[dict]:
 
             row = {"candidate": repr(cand)}
             row["warm"] = autotune._bench(fn) * 1e3
-            row["cold0"] = autotune._bench_cold(fn, dev) * 1e3
+            row["cold0"] = autotune._bench_cold(fn, dev, flush_by="zero") * 1e3
             row["coldR"] = autotune._bench_cold(fn, dev, flush_by="read") * 1e3
             t = time_graph(lambda w, b: fn(w, b), list(zip(ws, bs, strict=True)), rounds=2)
             row["dram"] = t.median_s * 1e6

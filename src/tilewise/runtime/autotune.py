@@ -113,7 +113,7 @@ def _bench(fn: Callable[[], object]) -> float:
 
 
 def _bench_cold(
-    fn: Callable[[], object], device: torch.device, reps: int = 8, flush_by: str = "zero"
+    fn: Callable[[], object], device: torch.device, reps: int = 8, flush_by: str = "read"
 ) -> float:
     """Median device milliseconds of ``fn`` with L2 flushed before each run.
 
@@ -125,8 +125,11 @@ def _bench_cold(
     capture fails, or noise leaves no positive difference, ``triton.testing.do_bench`` (which
     also clears L2 before every run, but pays host launch time) measures it instead.
 
-    ``flush_by="read"`` evicts L2 by summing the buffer instead of zeroing it, so no dirty lines
-    are written back while ``fn`` runs (``scripts/cold_timing_probe.py`` compares the two).
+    ``flush_by="read"`` (the default since session 15) evicts L2 by summing the buffer, so no
+    dirty lines are written back while ``fn`` runs; ``"zero"`` (sessions 6-14) zeroes it.
+    ``scripts/cold_timing_probe.py`` on an H100 (session 15, call 1): read-flushed times sit
+    within 0.5 us (up to 1.5 us at 4 MB) of the same kernel with its weights really in DRAM,
+    zero-flushed ones 1-10 us above it (bf16 16 x 4096 x 4096: 20.5-38.4 us against 17.3-32.1).
     """
     if flush_by not in ("zero", "read"):
         raise ValueError(f"argument 'flush_by' must be 'zero' or 'read', got {flush_by!r}")
