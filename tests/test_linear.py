@@ -479,10 +479,6 @@ def _offered_or_cublas(choice, args, kwargs):
         return ops.CUBLAS
     if isinstance(choice, ops.GemmConfig) and not kwargs.get("split_k", False):
         return replace(choice, split_k=1)  # split-K is for forwards only
-    if isinstance(choice, ops.SkinnyConfig) and not (
-        kwargs.get("skinny") and args[0].shape[0] <= 16
-    ):
-        return ops.CUBLAS  # the few-row kernel: forwards of at most 16 rows
     return choice
 
 
@@ -517,9 +513,7 @@ def test_every_gemm_candidate_fused_backward(monkeypatch, dtype, activation, rng
     for x_shape, n in (((65, 130), 97), ((8, 1024), 1000)):
         m, k = x_shape
         fp32 = dtype == torch.float32
-        cands = ops._candidates(
-            m, n, k, dtype.itemsize, fp32, True, 132, True, True, True, skinny=True
-        )
+        cands = ops._candidates(m, n, k, dtype.itemsize, fp32, True, 132, True, True, True)
         for cfg in cands:
 
             def choose(*args, cfg=cfg, **kwargs):  # the cuBLAS variants only where offered
