@@ -17,8 +17,9 @@ turning ``dy`` into ``dz`` as it loads it, the second also summing ``db = colsum
 Every GEMM also has a cuBLAS candidate (``torch.mm``, with bias_act's one-pass kernel for what
 cannot be fused into it); the forward of bias + ReLU also cuBLASLt's fused bias + ReLU epilogue
 (one kernel); true-fp32 forwards with few output tiles also cuBLAS over K slices
-(``ops.gemm_splitk``). ``_choose`` times them against the kernel's tile configs on first use per
-shape and fused work and caches the winner like any kernel config. True fp32 defaults to cuBLAS
+(``ops.gemm_splitk``), and those of at most 16 rows a CUDA GEMV (``ops.gemv_cuda``).
+``_choose`` times them against the kernel's tile configs on first use per shape and fused work
+and caches the winner like any kernel config. True fp32 defaults to cuBLAS
 untimed: the kernel's IEEE path runs on CUDA cores.
 
 fp32 is true fp32 by default; ``allow_tf32=True`` lets fp32 products use TF32 tensor cores. fp16 /
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from tilewise.ops import bias_act as _bias_act
-from tilewise.ops import gemm, gemm_splitk
+from tilewise.ops import gemm, gemm_splitk, gemv_cuda
 from tilewise.ops._common import act_reference, activation_code, num_sms, unit_stride
 from tilewise.ops.gemm import (  # noqa: F401 (re-exported: tests and scripts reach them here)
     _SMALL_TILE_ROWS,
@@ -78,13 +79,15 @@ def _candidates(
     lt_relu: bool = False,
     split_k: bool = False,
     cublas_split_k: bool = False,
+    gemv: bool = False,
 ):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
     to the problem, then cuBLAS (with ``epilogue_split`` also cuBLAS's plain product followed by
     bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue, with
     ``cublas_split_k`` also cuBLAS over K slices, ``gemm_splitk``, where the output leaves SMs
     idle); with ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than
-    the SMs; one tuple object per shape (the autotuner's memo keys on it)."""
+    the SMs; with ``gemv`` (true-fp32 forwards of at most 16 rows) also ``gemv_cuda``'s configs;
+    one tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     hook = gemm.CONFIG_OVERRIDE
@@ -101,6 +104,8 @@ def _candidates(
     if split_k and sms and not overridden:
         tiles += _split_configs(m, n, k, ieee, sms)
     tiles = list(dict.fromkeys(tiles))
+    if gemv and sms and not overridden:
+        tiles += gemv_cuda.candidates(m, n, k, sms)
     if not cublas:
         return tuple(tiles)
     libs = (CUBLAS, CUBLAS_EPILOGUE) if epilogue_split else (CUBLAS,)
@@ -180,7 +185,8 @@ def lt_relu_keeps_nonfinite(m: int, n: int, k: int, dtype: torch.dtype, device: 
 
 
 CublasSplitK = gemm_splitk.CublasSplitK
-Choice = Backend | GemmConfig | CublasSplitK
+GemvConfig = gemv_cuda.GemvConfig
+Choice = Backend | GemmConfig | CublasSplitK | GemvConfig
 
 
 def _cublas_legal(a: torch.Tensor, allow_tf32: bool) -> bool:
@@ -201,6 +207,7 @@ def _choose(
     lt_relu: bool = False,
     split_k: bool = False,
     cublas_split_k: bool = False,
+    gemv: bool = False,
 ) -> Choice:
     """cuBLAS or a tile config for ``a @ b`` with ``epilogue`` fused, timed on first use per shape
     and cached like every config. Without timing: cuBLAS for true fp32 (the kernel's IEEE path
@@ -224,12 +231,13 @@ def _choose(
         lt_relu,
         split_k,
         cublas_split_k and ieee,
+        gemv and ieee,
     )
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
     # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K; in session
-    # 14 cuBLAS split-K; fwd4: L2 flushed by reading since session 15) under their own key, so
-    # choices cached before are timed again
+    # 14 cuBLAS split-K; fwd4, session 15: L2 flushed by reading, the few-row CUDA GEMV) under
+    # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
     op = OP + (".gemm.fwd4" if split_k else ".gemm")
@@ -326,6 +334,8 @@ def forward(
         wt = weight.t()
 
         def run(ch: Choice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if isinstance(ch, GemvConfig):  # offered where gemv_cuda.usable says so
+                return gemv_cuda.forward(x2, weight, bias, activation, ch), None
             if isinstance(ch, CublasSplitK):  # fp32, activation none or relu (offered so)
                 return gemm_splitk.forward(x2, wt, bias, activation, ch), None
             if ch == CUBLAS_EPILOGUE:  # fp32 only: the stored product is the exact fp32 sum
@@ -362,6 +372,7 @@ def forward(
                 lt_relu=lt,
                 split_k=True,
                 cublas_split_k=split,
+                gemv=gemv_cuda.usable(x2, weight, activation),
             )
         )
         y, pre = y2.view(shape), (g2.view(shape) if store_g else None)

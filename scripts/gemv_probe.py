@@ -1,4 +1,4 @@
-"""How fast is the few-row forward GEMM (``ops.gemm_skinny``) against PyTorch and tilewise's choice?
+"""The few-row fp32 forward GEMV (``ops.gemv_cuda``) against PyTorch and tilewise's choice.
 
 Per shape (M rows, K, N) and dtype, graph replay of back-to-back layers with distinct weights
 (as in a deep MLP; at least 8 sets and more than twice L2 in all, so the weights come from DRAM
@@ -6,9 +6,9 @@ where the model's would), bias + ReLU, in microseconds per layer and the weights
 
 * ``torch``: ``relu(F.linear(x, W, b))``, what PyTorch + CUDA graph runs;
 * ``tilewise``: ``ops.linear.forward`` with the autotuner's choice (printed);
-* each ``SkinnyConfig`` candidate, forced, and a few wider variants.
+* each ``GemvConfig`` candidate, forced, and the same with twice and half the K split.
 
-    python scripts/skinny_probe.py [--shapes 16:1024:1024 ...] [--dtype fp32] [--json F]
+    python scripts/gemv_probe.py [--shapes 16:1024:1024 ...] [--dtype fp32] [--json F]
 """
 
 from __future__ import annotations
@@ -21,19 +21,20 @@ import torch
 from tilewise.bench.ceilings import tf32_off
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_graph
-from tilewise.ops import gemm_skinny, linear
+from tilewise.ops import gemv_cuda, linear
 from tilewise.ops._common import num_sms
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _variants(m: int, n: int, k: int, sms: int) -> list[gemm_skinny.SkinnyConfig]:
-    """The autotuner's candidates and, per candidate, twice the K step and 8 warps."""
-    base = list(gemm_skinny.candidates(m, n, k, sms))
+def _variants(m: int, n: int, k: int, sms: int) -> list[gemv_cuda.GemvConfig]:
+    """The autotuner's candidates and, per candidate, twice and half its K split."""
+    base = list(gemv_cuda.candidates(m, n, k, sms))
     extra = []
     for c in base:
-        extra.append(gemm_skinny.SkinnyConfig(c.block_n, 2 * c.block_k, c.split_k))
-        extra.append(gemm_skinny.SkinnyConfig(c.block_n, 2 * c.block_k, c.split_k, num_warps=8))
+        for sp in (2 * c.split_k, c.split_k // 2):
+            if sp >= 1:
+                extra.append(gemv_cuda.GemvConfig(c.rows_per_warp, c.warps, sp))
     return list(dict.fromkeys(base + extra))
 
 
@@ -62,9 +63,11 @@ def probe(m: int, k: int, n: int, dtype: torch.dtype) -> dict:
     timed("torch", lambda w, b: torch.relu_(torch.nn.functional.linear(x, w, b)))
     timed("tilewise", lambda w, b: linear.forward(x, w, b, "relu")[0])
     for cfg in _variants(m, n, k, num_sms(dev)):
-        timed(repr(cfg), lambda w, b, c=cfg: gemm_skinny.forward(x, w, b, "relu", c)[0])
+        timed(repr(cfg), lambda w, b, c=cfg: gemv_cuda.forward(x, w, b, "relu", c))
+        if "error" in rows[repr(cfg)]:
+            continue
         # correctness of what was timed, against PyTorch in fp64
-        y = gemm_skinny.forward(x, args[0][0], args[0][1], "relu", cfg)[0].double()
+        y = gemv_cuda.forward(x, args[0][0], args[0][1], "relu", cfg).double()
         ref = torch.relu(x.double() @ args[0][0].double().t() + args[0][1].double())
         rows[repr(cfg)]["max_err"] = (y - ref).abs().max().item()
     return {"m": m, "k": k, "n": n, "sets": sets, "rows": rows}

@@ -1,0 +1,291 @@
+"""Few-row true-fp32 linear forwards in CUDA C++ (NVRTC): ``y = act(x @ W^T + b)``, x of <= 16 rows.
+
+At small batch an fp32 linear layer is a stream of its weights: [16, 1024] x [1024, 1024] reads
+4 MB for 17 M fused multiply-adds, ~1.3 us from DRAM against ~0.5 us of FMAs on 132 SMs. cuBLAS's
+SGEMM gives the few output tiles to a few SMs (~13 us per layer with PyTorch's ``addmm``), the
+cuBLAS split over K (``ops.gemm_splitk``) takes ~8-10 us in two launches, and Triton's true-fp32
+paths do no better: ``tl.dot`` pads the rows to 16 and stages both operands through shared
+memory, and a broadcast product over [rows, columns, K] compiled to layout shuffles (session 15,
+call 2: 12-24 us). Why CUDA: the kernel below is a GEMV with the rows kept in registers, a shape
+Triton cannot express without those shuffles.
+
+A CTA of ``warps`` warps owns ``warps * rows_per_warp`` output columns (weight rows) and one slice
+of K. It stages ``x[:, slice]`` in shared memory (any strides), then each lane walks the slice in
+16-byte steps, loading ``rows_per_warp`` weight rows (read-only path, coalesced: a warp reads 512
+contiguous bytes of each row) and multiply-adding each against every row of ``x``: each weight
+value feeds up to 16 FMAs and each ``x`` value ``rows_per_warp``. A butterfly of shuffles sums
+the lanes. With ``split_k`` > 1 the CTA writes its fp32 partial into slot j of a workspace and
+takes a ticket from its column block's counter; the last CTA adds the slots in a fixed order
+(deterministic), adds the bias, applies the activation, writes ``y`` and re-zeroes the counter.
+
+fp32 operands only (fp16/bf16 take tensor cores elsewhere), activation none or ReLU, ``W``
+contiguous [N, K] with K % 4 == 0 and 16-byte aligned (``usable``); offered per shape to the
+linear autotuner (``GemvConfig``), which keeps it only where it wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tilewise.ops._common import activation_code, cdiv, next_pow2, unit_stride
+from tilewise.runtime import alloc, workspace
+from tilewise.runtime.cuda_launch import Launcher
+
+log = logging.getLogger(__name__)
+
+#: the most rows of x: all of them sit in every lane's registers
+MAX_ROWS = 16
+#: shared memory for the staged slice of x (the default limit, no opt-in needed)
+_SMEM_BYTES = 46 << 10  # with the ticket's static word, under the 48 KB default
+_SPLIT_MAX = 32
+
+_SOURCE = r"""
+#define MP {MP}
+#define NPW {NPW}
+#define WARPS {WARPS}
+#define ACT {ACT}
+#define HAS_BIAS {HAS_BIAS}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+        float* __restrict__ y, float* __restrict__ ws, unsigned int* __restrict__ cnt,
+        int M, int N, int K, int sxm, int sxk, int ks, int split) {{
+  extern __shared__ float4 xs4[];
+  float* xs = reinterpret_cast<float*>(xs4);  // [MP][ks]
+  const int kb = blockIdx.y * ks;
+  const int len = min(K - kb, ks);  // a multiple of 4 (K % 4 == 0, ks % 4 == 0); may be <= 0
+  for (int i = threadIdx.x; i < MP * ks; i += WARPS * 32) {{
+    const int m = i / ks, k = i - m * ks;
+    xs[i] = (m < M && k < len) ? x[(long long)m * sxm + (long long)(kb + k) * sxk] : 0.f;
+  }}
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * WARPS + warp) * NPW;
+  float acc[MP][NPW];
+#pragma unroll
+  for (int m = 0; m < MP; ++m)
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) acc[m][j] = 0.f;
+  const float* wrow[NPW];
+#pragma unroll
+  for (int j = 0; j < NPW; ++j) wrow[j] = w + (long long)min(n0 + j, N - 1) * K + kb;
+#pragma unroll 2
+  for (int k = lane * 4; k < len; k += 128) {{
+    float4 wv[NPW];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) wv[j] = __ldg(reinterpret_cast<const float4*>(wrow[j] + k));
+#pragma unroll
+    for (int m = 0; m < MP; ++m) {{
+      const float4 xv = *reinterpret_cast<const float4*>(xs + m * ks + k);
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) {{
+        float a = acc[m][j];
+        a = fmaf(xv.x, wv[j].x, a);
+        a = fmaf(xv.y, wv[j].y, a);
+        a = fmaf(xv.z, wv[j].z, a);
+        a = fmaf(xv.w, wv[j].w, a);
+        acc[m][j] = a;
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int m = 0; m < MP; ++m)
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {{
+      float v = acc[m][j];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      acc[m][j] = v;
+    }}
+  // lane (m * NPW + j) % 32 writes value (m, j): the writes spread over the lanes
+  if (split == 1) {{
+#pragma unroll
+    for (int m = 0; m < MP; ++m)
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) {{
+        const int n = n0 + j;
+        if (lane == ((m * NPW + j) & 31) && m < M && n < N) {{
+          float v = acc[m][j];
+#if HAS_BIAS
+          v += bias[n];
+#endif
+#if ACT == 1
+          v = v < 0.f ? 0.f : v;  // NaN stays NaN, as in torch.relu
+#endif
+          y[(long long)m * N + n] = v;
+        }}
+      }}
+    return;
+  }}
+  const long long slot = (long long)blockIdx.y * M * N;
+#pragma unroll
+  for (int m = 0; m < MP; ++m)
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {{
+      const int n = n0 + j;
+      if (lane == ((m * NPW + j) & 31) && m < M && n < N)
+        ws[slot + (long long)m * N + n] = acc[m][j];
+    }}
+  __threadfence();  // the partial is visible device-wide before the ticket is taken
+  __syncthreads();
+  __shared__ unsigned int ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(&cnt[blockIdx.x], 1u);
+  __syncthreads();
+  if (ticket != (unsigned int)(split - 1)) return;
+  __threadfence();
+  // the column block's last CTA: sum the slots in order, then the epilogue
+  const int cols = WARPS * NPW, c0 = blockIdx.x * cols;
+  for (int i = threadIdx.x; i < M * cols; i += WARPS * 32) {{
+    const int m = i / cols, n = c0 + (i - m * cols);
+    if (n >= N) continue;
+    float v = 0.f;
+    for (int s = 0; s < split; ++s) v += __ldcg(ws + (long long)s * M * N + (long long)m * N + n);
+#if HAS_BIAS
+    v += bias[n];
+#endif
+#if ACT == 1
+    v = v < 0.f ? 0.f : v;
+#endif
+    y[(long long)m * N + n] = v;
+  }}
+  if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // a self-cleaning workspace
+}}
+"""
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape: weight rows per warp, warps per CTA, K slices (CTAs per column block)."""
+
+    rows_per_warp: int
+    warps: int
+    split_k: int = 1
+
+
+def _slice(k: int, split: int) -> int:
+    """K per slice: a whole number of 16-byte steps."""
+    return cdiv(cdiv(k, split), 4) * 4
+
+
+def _max_slice(m: int) -> int:
+    return _SMEM_BYTES // (4 * next_pow2(max(m, 1))) // 4 * 4
+
+
+def available() -> bool:
+    """NVRTC compilation through PyTorch and a CUDA device."""
+    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+
+
+def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
+    """Whether this kernel takes ``x @ weight^T``: CUDA fp32 operands, at most 16 rows,
+    activation none/relu, ``weight`` contiguous and 16-byte aligned with K % 4 == 0."""
+    m, k = x.shape
+    return (
+        x.is_cuda
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and 0 < m <= MAX_ROWS
+        and k > 0
+        and k % 4 == 0
+        and activation in ("none", "relu")
+        and weight.is_contiguous()
+        and weight.data_ptr() % 16 == 0
+        and max(x.stride()) * k < 2**31
+        and available()
+    )
+
+
+def candidates(m: int, n: int, k: int, sms: int) -> tuple[GemvConfig, ...]:
+    """Configs worth timing for an [m, k] x [n, k]^T forward: none above ``MAX_ROWS`` rows or
+    without SMs; per (rows per warp, warps) the K split that gives the SMs about two CTAs each
+    and half of it, every slice within the staged-x budget and at least 128 long."""
+    if sms <= 0 or not 0 < m <= MAX_ROWS or n <= 0 or k <= 0 or k % 4:
+        return ()
+    out = []
+    for npw, warps in ((2, 4), (4, 4), (1, 8), (2, 8)):
+        if npw * next_pow2(m) > 64:  # accumulators per lane
+            continue
+        blocks = cdiv(n, npw * warps)
+        least = cdiv(k, _max_slice(m))  # slices the staged x needs at least
+        split = max(least, min(_SPLIT_MAX, next_pow2(cdiv(2 * sms, blocks))))
+        while split > least and _slice(k, split) < 128:
+            split //= 2
+        split = max(split, least)
+        if split * m * n >= 2**31:
+            continue
+        for sp in dict.fromkeys((split, max(least, split // 2))):
+            sp = cdiv(k, _slice(k, sp))  # no empty slice
+            out.append(GemvConfig(npw, warps, sp))
+    return tuple(dict.fromkeys(out))
+
+
+@functools.cache  # one NVRTC compile per variant and device
+def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int):
+    src = _SOURCE.format(MP=mp, NPW=npw, WARPS=warps, ACT=act, HAS_BIAS=int(has_bias))
+    with torch.cuda.device(device):
+        return torch.cuda._compile_kernel(src, "tw_gemv")
+
+
+@functools.cache
+def _launcher(kernel) -> Launcher | None:
+    try:
+        return Launcher(kernel, "pppppp" + "i" * 7)
+    except (AttributeError, OSError, TypeError) as exc:
+        log.info("tilewise gemv_cuda: PyTorch's kernel launcher in use (%s)", exc)
+        return None
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    cfg: GemvConfig,
+) -> torch.Tensor:
+    """``act(x @ weight^T + bias)`` for fp32 ``x`` [M <= 16, K] (any strides) and ``weight``
+    [N, K] (contiguous, aligned, K % 4 == 0); a contiguous [M, N] output."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if not usable(x, weight, activation):
+        raise ValueError(
+            f"tilewise.linear: the few-row CUDA GEMM does not take x {tuple(x.shape)} "
+            f"{x.dtype} on {x.device}, weight {tuple(weight.shape)} "
+            f"(contiguous={weight.is_contiguous()}), activation {activation!r}"
+        )
+    ks = _slice(k, max(1, cfg.split_k))
+    split = cdiv(k, ks)
+    if cfg.split_k < 1 or ks > _max_slice(m) or split * m * n >= 2**31:
+        raise ValueError(
+            f"tilewise.linear: argument 'cfg' splits K={k} into {cfg.split_k} slices of an "
+            f"[{m}, {n}] output; each slice must fit {_max_slice(m)}"
+        )
+    bias = unit_stride(bias)
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()
+    y = alloc.empty((m, n), device=x.device, dtype=torch.float32)
+    if n == 0:
+        return y
+    cols = cfg.rows_per_warp * cfg.warps
+    blocks = cdiv(n, cols)
+    mp = next_pow2(m)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(mp, cfg.rows_per_warp, cfg.warps, activation_code(activation),
+                     bias is not None, dev)  # fmt: skip
+    ws = cnt = y
+    if split > 1:
+        ws = alloc.empty((split, m, n), device=x.device, dtype=torch.float32)
+        cnt = workspace.zeroed(x.device, (blocks,))[0].view(torch.int32)
+    args = (x, weight, y if bias is None else bias, y, ws, cnt)
+    args += (m, n, k, x.stride(0), x.stride(1), ks, split)
+    grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 4 * mp * ks
+    with workspace.guarded(x.device):
+        launcher = _launcher(kernel)
+        if launcher is None:
+            kernel(grid=grid, block=block, args=list(args), shared_mem=smem)
+        else:
+            launcher(grid, block, args, smem, torch._C._cuda_getCurrentRawStream(dev))
+    return y

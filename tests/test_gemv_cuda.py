@@ -1,0 +1,156 @@
+"""The few-row fp32 CUDA GEMV (``ops.gemv_cuda``): forced on every forward it is offered for,
+through forward and backward against fp64, with K splits, strided x, NaN/Inf, CUDA graphs; its
+offer rule and bad configs on any machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_linear import _inputs, _run_case
+
+import tilewise
+from tilewise.ops import gemv_cuda
+from tilewise.ops import linear as ops
+from tilewise.runtime import workspace
+
+GemvConfig = gemv_cuda.GemvConfig
+gpu = pytest.mark.gpu
+
+
+def _force(monkeypatch, cfg) -> list:
+    """``ops._choose`` returns ``cfg`` where the GEMV is offered, cuBLAS elsewhere; the offers
+    are recorded (``cfg`` None: each shape's first candidate)."""
+    offered = []
+
+    def choose(a, b, *args, **kwargs):
+        if kwargs.get("gemv"):
+            offered.append(tuple(a.shape))
+            return cfg or gemv_cuda.candidates(a.shape[0], b.shape[1], a.shape[1], 132)[0]
+        return ops.CUBLAS
+
+    monkeypatch.setattr(ops, "_choose", choose)
+    return offered
+
+
+SHAPES = [((1, 4), 1), ((3, 100), 97), ((16, 1024), 1024), ((7, 4100), 1031), ((2, 5, 256), 33)]
+
+
+@gpu
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize(
+    "cfg",
+    [None, GemvConfig(2, 4), GemvConfig(4, 4, 3), GemvConfig(1, 8, 8), GemvConfig(2, 8, 32)],
+    ids=repr,
+)
+def test_forward_backward(monkeypatch, activation, cfg, rng_seed):
+    """Odd rows (1-16), N off every column block, K split into slices (some short); every
+    forward offered the GEMV takes it; the column blocks' ticket counters are left zero."""
+    offered = _force(monkeypatch, cfg)
+    for x_shape, n in SHAPES:
+        for has_bias in (True, False):
+            x, w, b = _inputs(x_shape, n, "cuda", has_bias)
+            rows = x.numel() // x.shape[-1]
+            if cfg is not None and gemv_cuda._slice(x_shape[-1], cfg.split_k) > (
+                gemv_cuda._max_slice(rows)
+            ):
+                continue  # the config's slice of x does not fit shared memory: forward refuses
+            _run_case(x, w, b, activation, torch.float32, rng_seed)
+    assert offered and workspace.all_zero()
+
+
+@gpu
+def test_every_candidate(monkeypatch, rng_seed):
+    """Every config the autotuner may pick, on shapes whose candidates differ."""
+    for (m, k), n in (((16, 1024), 1000), ((2, 2048), 2048), ((9, 8192), 64)):
+        for cfg in gemv_cuda.candidates(m, n, k, 132):
+            _force(monkeypatch, cfg)
+            x, w, b = _inputs((m, k), n, "cuda", True)
+            try:
+                _run_case(x, w, b, "relu", torch.float32, rng_seed)
+            except AssertionError as exc:
+                raise AssertionError(f"{cfg}: {exc}") from None
+    assert workspace.all_zero()
+
+
+@gpu
+def test_strided_x_and_what_is_not_offered(monkeypatch, rng_seed):
+    """x a transposed view or a column slice is read in place; a non-contiguous weight, K not a
+    multiple of 4, fp16, GELU or more than 16 rows are not offered the GEMV (cuBLAS runs)."""
+    offered = _force(monkeypatch, GemvConfig(2, 4, 2))
+    x, w, b = _inputs((9, 72), 21, "cuda", True)
+    _run_case(x, w, b, "relu", torch.float32, rng_seed, xfn=lambda t: t.t().contiguous().t())
+    xs = torch.randn(5, 2 * 72, device="cuda")[:, 36:108]
+    got = tilewise.linear(xs, w, b, "relu")
+    torch.testing.assert_close(got, ops.reference(xs, w, b, "relu"), rtol=1e-5, atol=1e-5)
+    assert len(offered) == 2
+    cases = [
+        (torch.randn(4, 64, device="cuda"), torch.randn(64, 8, device="cuda").t(), "relu"),
+        (torch.randn(4, 66, device="cuda"), torch.randn(8, 66, device="cuda"), "relu"),
+        (
+            torch.randn(4, 64, device="cuda").half(),
+            torch.randn(8, 64, device="cuda").half(),
+            "none",
+        ),
+        (torch.randn(4, 64, device="cuda"), torch.randn(8, 64, device="cuda"), "gelu"),
+        (torch.randn(17, 64, device="cuda"), torch.randn(8, 64, device="cuda"), "relu"),
+    ]
+    for xc, wc, act in cases:
+        tilewise.linear(xc, wc, None, act)
+    assert len(offered) == 2
+
+
+@gpu
+def test_nan_and_inf_propagate(monkeypatch):
+    """NaN and +-Inf in x reach exactly the outputs F.linear gives NaN/Inf, K split or not."""
+    for cfg in (GemvConfig(2, 4), GemvConfig(2, 4, 4)):
+        _force(monkeypatch, cfg)
+        x = torch.randn(6, 512, device="cuda")
+        x[0, 3], x[2, 500], x[4, 10] = float("nan"), float("inf"), float("-inf")
+        w, b = torch.randn(20, 512, device="cuda") / 8, torch.randn(20, device="cuda")
+        for act in ("none", "relu"):
+            got, want = tilewise.linear(x, w, b, act), ops.reference(x, w, b, act)
+            assert torch.equal(got.isnan(), want.isnan()), (cfg, act)
+            assert torch.equal(got.isinf(), want.isinf()), (cfg, act)
+            fin = want.isfinite()
+            torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+@gpu
+def test_in_a_cuda_graph(monkeypatch):
+    """Captured with a K split (workspace and counters inside the graph), replayed on new x."""
+    _force(monkeypatch, GemvConfig(2, 4, 4))
+    x = torch.randn(8, 1024, device="cuda")
+    w, b = torch.randn(512, 1024, device="cuda") / 32, torch.randn(512, device="cuda")
+    tilewise.linear(x, w, b, "relu")  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = tilewise.linear(x, w, b, "relu")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, ops.reference(x, w, b, "relu"), rtol=1e-5, atol=1e-5)
+
+
+def test_candidates_and_offer_rule():
+    """Offered for 1-16 rows with K % 4 == 0 and SMs to fill; each split leaves no slice empty
+    and keeps the staged slice of x within its shared-memory budget."""
+    assert gemv_cuda.candidates(17, 1024, 1024, 132) == ()
+    assert gemv_cuda.candidates(0, 1024, 1024, 132) == ()
+    assert gemv_cuda.candidates(16, 1024, 1024, 0) == ()  # no GPU: nothing to time
+    assert gemv_cuda.candidates(16, 1024, 1022, 132) == ()  # K % 4 != 0
+    for m, n, k in ((16, 1024, 1024), (2, 256, 256), (8, 4096, 4096), (1, 1, 4), (5, 97, 4100)):
+        cands = gemv_cuda.candidates(m, n, k, 132)
+        assert cands, (m, n, k)
+        for c in cands:
+            ks = gemv_cuda._slice(k, c.split_k)
+            assert -(-k // ks) == c.split_k, c  # every slice has work
+            assert ks <= gemv_cuda._max_slice(m), c
+    x, w = torch.randn(4, 64), torch.randn(8, 64)
+    assert not gemv_cuda.usable(x, w, "relu")  # CPU tensors
+
+
+def test_bad_input():
+    x, w = torch.randn(4, 64), torch.randn(8, 64)
+    with pytest.raises(ValueError, match="few-row CUDA GEMM"):
+        gemv_cuda.forward(x, w, None, "relu", GemvConfig(2, 4))
