@@ -10,17 +10,21 @@ call 2: 12-24 us). Why CUDA: the kernel below is a GEMV with the rows kept in re
 Triton cannot express without those shuffles.
 
 A CTA of ``warps`` warps owns ``warps * rows_per_warp`` output columns (weight rows) and one slice
-of K. It stages ``x[:, slice]`` in shared memory (any strides), then each lane walks the slice in
-16-byte steps, loading ``rows_per_warp`` weight rows (read-only path, coalesced: a warp reads 512
-contiguous bytes of each row) and multiply-adding each against every row of ``x``: each weight
-value feeds up to 16 FMAs and each ``x`` value ``rows_per_warp``. A butterfly of shuffles sums
-the lanes. With ``split_k`` > 1 the CTA writes its fp32 partial into slot j of a workspace and
-takes a ticket from its column block's counter; the last CTA adds the slots in a fixed order
-(deterministic), adds the bias, applies the activation, writes ``y`` and re-zeroes the counter.
+of K. Each lane walks the slice in 16-byte steps, loading ``rows_per_warp`` weight rows (read-only
+path, coalesced: a warp reads 512 contiguous bytes of each row) and the same 16 bytes of every row
+of ``x`` (L1 hits after the first warp: x is a few KB) and multiply-adds them: each weight value
+feeds up to 16 FMAs and each ``x`` value ``rows_per_warp``. (A first version staged ``x`` in
+shared memory per CTA: with few columns per CTA that moved twice the weights' bytes again, and the
+staging phase did not overlap the weight loads; 2x slower at 16 x 8192 x 8192, session 15.)
+A butterfly of shuffles sums the lanes. With ``split_k`` > 1 the CTA writes its fp32 partial
+into slot j of a workspace and takes a ticket from its column block's counter; the last CTA adds
+the slots in a fixed order (deterministic), adds the bias, applies the activation, writes ``y``
+and re-zeroes the counter.
 
 fp32 operands only (fp16/bf16 take tensor cores elsewhere), activation none or ReLU, ``W``
-contiguous [N, K] with K % 4 == 0 and 16-byte aligned (``usable``); offered per shape to the
-linear autotuner (``GemvConfig``), which keeps it only where it wins.
+contiguous [N, K] with K % 4 == 0, ``x`` with unit-stride rows, both 16-byte aligned
+(``usable``); offered per shape to the linear autotuner (``GemvConfig``), which keeps it only
+where it wins.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ log = logging.getLogger(__name__)
 
 #: the most rows of x: all of them sit in every lane's registers
 MAX_ROWS = 16
-#: shared memory for the staged slice of x (the default limit, no opt-in needed)
-_SMEM_BYTES = 46 << 10  # with the ticket's static word, under the 48 KB default
 _SPLIT_MAX = 32
+#: K per slice at least (each lane's loop runs >= 2 steps of 4)
+_MIN_SLICE = 256
+#: CTAs per SM the K split aims at
+_CTAS_PER_SM = 4
 
 _SOURCE = r"""
 #define MP {MP}
@@ -50,19 +56,22 @@ _SOURCE = r"""
 #define ACT {ACT}
 #define HAS_BIAS {HAS_BIAS}
 
+__device__ __forceinline__ float tw_epilogue(float v, const float* __restrict__ bias, int n) {{
+#if HAS_BIAS
+  v += bias[n];
+#endif
+#if ACT == 1
+  v = v < 0.f ? 0.f : v;  // NaN stays NaN, as in torch.relu
+#endif
+  return v;
+}}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ y, float* __restrict__ ws, unsigned int* __restrict__ cnt,
-        int M, int N, int K, int sxm, int sxk, int ks, int split) {{
-  extern __shared__ float4 xs4[];
-  float* xs = reinterpret_cast<float*>(xs4);  // [MP][ks]
+        int M, int N, int K, int sxm, int ks, int split) {{
   const int kb = blockIdx.y * ks;
   const int len = min(K - kb, ks);  // a multiple of 4 (K % 4 == 0, ks % 4 == 0); may be <= 0
-  for (int i = threadIdx.x; i < MP * ks; i += WARPS * 32) {{
-    const int m = i / ks, k = i - m * ks;
-    xs[i] = (m < M && k < len) ? x[(long long)m * sxm + (long long)(kb + k) * sxk] : 0.f;
-  }}
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * WARPS + warp) * NPW;
   float acc[MP][NPW];
@@ -73,14 +82,17 @@ tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* _
   const float* wrow[NPW];
 #pragma unroll
   for (int j = 0; j < NPW; ++j) wrow[j] = w + (long long)min(n0 + j, N - 1) * K + kb;
-#pragma unroll 2
+  const float* xrow[MP];  // rows past M read row M - 1 (in bounds) and are never stored
+#pragma unroll
+  for (int m = 0; m < MP; ++m) xrow[m] = x + (long long)min(m, M - 1) * sxm + kb;
+#pragma unroll 4
   for (int k = lane * 4; k < len; k += 128) {{
     float4 wv[NPW];
 #pragma unroll
     for (int j = 0; j < NPW; ++j) wv[j] = __ldg(reinterpret_cast<const float4*>(wrow[j] + k));
 #pragma unroll
     for (int m = 0; m < MP; ++m) {{
-      const float4 xv = *reinterpret_cast<const float4*>(xs + m * ks + k);
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(xrow[m] + k));  // L1 hits
 #pragma unroll
       for (int j = 0; j < NPW; ++j) {{
         float a = acc[m][j];
@@ -108,16 +120,8 @@ tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* _
 #pragma unroll
       for (int j = 0; j < NPW; ++j) {{
         const int n = n0 + j;
-        if (lane == ((m * NPW + j) & 31) && m < M && n < N) {{
-          float v = acc[m][j];
-#if HAS_BIAS
-          v += bias[n];
-#endif
-#if ACT == 1
-          v = v < 0.f ? 0.f : v;  // NaN stays NaN, as in torch.relu
-#endif
-          y[(long long)m * N + n] = v;
-        }}
+        if (lane == ((m * NPW + j) & 31) && m < M && n < N)
+          y[(long long)m * N + n] = tw_epilogue(acc[m][j], bias, n);
       }}
     return;
   }}
@@ -144,13 +148,7 @@ tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* _
     if (n >= N) continue;
     float v = 0.f;
     for (int s = 0; s < split; ++s) v += __ldcg(ws + (long long)s * M * N + (long long)m * N + n);
-#if HAS_BIAS
-    v += bias[n];
-#endif
-#if ACT == 1
-    v = v < 0.f ? 0.f : v;
-#endif
-    y[(long long)m * N + n] = v;
+    y[(long long)m * N + n] = tw_epilogue(v, bias, n);
   }}
   if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // a self-cleaning workspace
 }}
@@ -171,10 +169,6 @@ def _slice(k: int, split: int) -> int:
     return cdiv(cdiv(k, split), 4) * 4
 
 
-def _max_slice(m: int) -> int:
-    return _SMEM_BYTES // (4 * next_pow2(max(m, 1))) // 4 * 4
-
-
 def available() -> bool:
     """NVRTC compilation through PyTorch and a CUDA device."""
     return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
@@ -182,7 +176,8 @@ def available() -> bool:
 
 def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
     """Whether this kernel takes ``x @ weight^T``: CUDA fp32 operands, at most 16 rows,
-    activation none/relu, ``weight`` contiguous and 16-byte aligned with K % 4 == 0."""
+    activation none/relu, K % 4 == 0, ``weight`` contiguous, ``x``'s rows of unit stride at a
+    multiple-of-4 row stride, both 16-byte aligned."""
     m, k = x.shape
     return (
         x.is_cuda
@@ -194,32 +189,33 @@ def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
         and activation in ("none", "relu")
         and weight.is_contiguous()
         and weight.data_ptr() % 16 == 0
-        and max(x.stride()) * k < 2**31
+        and x.stride(1) == 1
+        and x.stride(0) % 4 == 0
+        and x.data_ptr() % 16 == 0
+        and x.stride(0) * m < 2**31
         and available()
     )
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> tuple[GemvConfig, ...]:
-    """Configs worth timing for an [m, k] x [n, k]^T forward: none above ``MAX_ROWS`` rows or
-    without SMs; per (rows per warp, warps) the K split that gives the SMs about two CTAs each
-    and half of it, every slice within the staged-x budget and at least 128 long."""
+    """Configs worth timing for an [m, k] x [n, k]^T forward: none above ``MAX_ROWS`` rows,
+    without SMs or with K % 4 != 0; per (rows per warp, warps) the K split that gives the SMs
+    about ``_CTAS_PER_SM`` CTAs each and a quarter of it, every slice at least ``_MIN_SLICE``
+    long (but one) and none empty."""
     if sms <= 0 or not 0 < m <= MAX_ROWS or n <= 0 or k <= 0 or k % 4:
         return ()
     out = []
-    for npw, warps in ((2, 4), (4, 4), (1, 8), (2, 8)):
+    for npw, warps in ((1, 4), (2, 4), (4, 4), (2, 8)):
         if npw * next_pow2(m) > 64:  # accumulators per lane
             continue
         blocks = cdiv(n, npw * warps)
-        least = cdiv(k, _max_slice(m))  # slices the staged x needs at least
-        split = max(least, min(_SPLIT_MAX, next_pow2(cdiv(2 * sms, blocks))))
-        while split > least and _slice(k, split) < 128:
+        split = min(_SPLIT_MAX, next_pow2(cdiv(_CTAS_PER_SM * sms, blocks)))
+        while split > 1 and _slice(k, split) < _MIN_SLICE:
             split //= 2
-        split = max(split, least)
         if split * m * n >= 2**31:
             continue
-        for sp in dict.fromkeys((split, max(least, split // 2))):
-            sp = cdiv(k, _slice(k, sp))  # no empty slice
-            out.append(GemvConfig(npw, warps, sp))
+        for sp in dict.fromkeys((split, max(1, split // 4))):
+            out.append(GemvConfig(npw, warps, cdiv(k, _slice(k, sp))))  # no empty slice
     return tuple(dict.fromkeys(out))
 
 
@@ -233,7 +229,7 @@ def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int
 @functools.cache
 def _launcher(kernel) -> Launcher | None:
     try:
-        return Launcher(kernel, "pppppp" + "i" * 7)
+        return Launcher(kernel, "pppppp" + "i" * 6)
     except (AttributeError, OSError, TypeError) as exc:
         log.info("tilewise gemv_cuda: PyTorch's kernel launcher in use (%s)", exc)
         return None
@@ -246,8 +242,8 @@ def forward(
     activation: str,
     cfg: GemvConfig,
 ) -> torch.Tensor:
-    """``act(x @ weight^T + bias)`` for fp32 ``x`` [M <= 16, K] (any strides) and ``weight``
-    [N, K] (contiguous, aligned, K % 4 == 0); a contiguous [M, N] output."""
+    """``act(x @ weight^T + bias)`` for fp32 ``x`` [M <= 16, K] and ``weight`` [N, K] as
+    ``usable`` asks; a contiguous [M, N] output."""
     m, k = x.shape
     n = weight.shape[0]
     if not usable(x, weight, activation):
@@ -258,10 +254,10 @@ def forward(
         )
     ks = _slice(k, max(1, cfg.split_k))
     split = cdiv(k, ks)
-    if cfg.split_k < 1 or ks > _max_slice(m) or split * m * n >= 2**31:
+    if cfg.split_k < 1 or split * m * n >= 2**31:
         raise ValueError(
             f"tilewise.linear: argument 'cfg' splits K={k} into {cfg.split_k} slices of an "
-            f"[{m}, {n}] output; each slice must fit {_max_slice(m)}"
+            f"[{m}, {n}] output"
         )
     bias = unit_stride(bias)
     if bias is not None and bias.dtype != torch.float32:
@@ -280,8 +276,8 @@ def forward(
         ws = alloc.empty((split, m, n), device=x.device, dtype=torch.float32)
         cnt = workspace.zeroed(x.device, (blocks,))[0].view(torch.int32)
     args = (x, weight, y if bias is None else bias, y, ws, cnt)
-    args += (m, n, k, x.stride(0), x.stride(1), ks, split)
-    grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 4 * mp * ks
+    args += (m, n, k, x.stride(0), ks, split)
+    grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 0
     with workspace.guarded(x.device):
         launcher = _launcher(kernel)
         if launcher is None:
