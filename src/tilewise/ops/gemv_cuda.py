@@ -205,7 +205,9 @@ def candidates(m: int, n: int, k: int, sms: int) -> tuple[GemvConfig, ...]:
     if sms <= 0 or not 0 < m <= MAX_ROWS or n <= 0 or k <= 0 or k % 4:
         return ()
     out = []
-    for npw, warps in ((1, 4), (2, 4), (4, 4), (2, 8)):
+    # more columns per CTA for more rows: each CTA reads all of x's slice through L1, so x's L2
+    # traffic is rows / columns of the weights' (call 5: 16 rows at 8 columns ran 2x slower)
+    for npw, warps in ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (2, 16)):
         if npw * next_pow2(m) > 64:  # accumulators per lane
             continue
         blocks = cdiv(n, npw * warps)
