@@ -50,7 +50,7 @@ def test_forward_backward(monkeypatch, activation, cfg, rng_seed):
         for has_bias in (True, False):
             x, w, b = _inputs(x_shape, n, "cuda", has_bias)
             _run_case(x, w, b, activation, torch.float32, rng_seed)
-    assert offered and workspace.all_zero()
+    assert len(offered) == 2 * len(SHAPES) and workspace.all_zero()
 
 
 @gpu
@@ -90,10 +90,34 @@ def test_strided_x_and_what_is_not_offered(monkeypatch, rng_seed):
         ),
         (torch.randn(4, 64, device="cuda"), torch.randn(8, 64, device="cuda"), "gelu"),
         (torch.randn(17, 64, device="cuda"), torch.randn(8, 64, device="cuda"), "relu"),
+        # misaligned: x one element into its rows, a row stride not a multiple of 4, W one
+        # element into its storage
+        (torch.randn(4, 73, device="cuda")[:, 1:], torch.randn(8, 72, device="cuda"), "relu"),
+        (torch.randn(4, 74, device="cuda")[:, :72], torch.randn(8, 72, device="cuda"), "relu"),
+        (
+            torch.randn(4, 72, device="cuda"),
+            torch.randn(577, device="cuda")[1:].view(8, 72),
+            "none",
+        ),
     ]
     for xc, wc, act in cases:
         tilewise.linear(xc, wc, None, act)
     assert len(offered) == 1
+
+
+@gpu
+def test_one_row_and_expanded_x(monkeypatch, rng_seed):
+    """One row of a wider tensor (its row stride unused) and an expanded x (row stride 0, equal
+    rows) are offered and read in place."""
+    offered = _force(monkeypatch, GemvConfig(1, 4, 2))
+    w, b = torch.randn(40, 512, device="cuda") / 16, torch.randn(40, device="cuda")
+    for x in (
+        torch.randn(3, 515, device="cuda")[:1, :512],
+        torch.randn(1, 512, device="cuda").expand(6, 512),
+    ):
+        got = tilewise.linear(x, w, b, "relu")
+        torch.testing.assert_close(got, ops.reference(x, w, b, "relu"), rtol=1e-5, atol=1e-5)
+    assert len(offered) == 2
 
 
 @gpu
@@ -149,3 +173,12 @@ def test_bad_input():
     x, w = torch.randn(4, 64), torch.randn(8, 64)
     with pytest.raises(ValueError, match="few-row CUDA GEMM"):
         gemv_cuda.forward(x, w, None, "relu", GemvConfig(2, 4))
+
+
+@gpu
+def test_bad_config():
+    x, w = torch.randn(4, 8192, device="cuda"), torch.randn(8, 8192, device="cuda")
+    for cfg in (GemvConfig(2, 4, 0), GemvConfig(2, 33), GemvConfig(0, 4)):
+        with pytest.raises(ValueError, match="'cfg'"):
+            gemv_cuda.forward(x, w, None, "relu", cfg)
+    assert workspace.all_zero()

@@ -29,6 +29,7 @@ where it wins.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ def _slice(k: int, split: int) -> int:
     return cdiv(cdiv(k, split), 4) * 4
 
 
+@functools.cache  # asked on every fp32 forward through ``usable``
 def available() -> bool:
     """NVRTC compilation through PyTorch and a CUDA device."""
     return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
@@ -190,7 +192,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
         and weight.is_contiguous()
         and weight.data_ptr() % 16 == 0
         and x.stride(1) == 1
-        and x.stride(0) % 4 == 0
+        and (m == 1 or x.stride(0) % 4 == 0)  # one row: its stride is never used
         and x.data_ptr() % 16 == 0
         and x.stride(0) * m < 2**31
         and available()
@@ -256,11 +258,13 @@ def forward(
         )
     ks = _slice(k, max(1, cfg.split_k))
     split = cdiv(k, ks)
-    if cfg.split_k < 1 or split * m * n >= 2**31:
+    if cfg.split_k < 1 or split > 65535 or split * m * n >= 2**31:
         raise ValueError(
             f"tilewise.linear: argument 'cfg' splits K={k} into {cfg.split_k} slices of an "
             f"[{m}, {n}] output"
         )
+    if cfg.rows_per_warp < 1 or not 1 <= cfg.warps <= 32:
+        raise ValueError(f"tilewise.linear: argument 'cfg' {cfg} has no launchable shape")
     bias = unit_stride(bias)
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()
@@ -278,9 +282,11 @@ def forward(
         ws = alloc.empty((split, m, n), device=x.device, dtype=torch.float32)
         cnt = workspace.zeroed(x.device, (blocks,))[0].view(torch.int32)
     args = (x, weight, y if bias is None else bias, y, ws, cnt)
-    args += (m, n, k, x.stride(0), ks, split)
+    args += (m, n, k, x.stride(0) if m > 1 else 0, ks, split)
     grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 0
-    with workspace.guarded(x.device):
+    # the launch runs in the current CUDA context: x's device's, also when another is current
+    other = dev != torch.cuda.current_device()
+    with workspace.guarded(x.device), torch.cuda.device(dev) if other else contextlib.nullcontext():
         launcher = _launcher(kernel)
         if launcher is None:
             kernel(grid=grid, block=block, args=list(args), shared_mem=smem)
