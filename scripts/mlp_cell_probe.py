@@ -1,11 +1,13 @@
 """What runs in an MLP-study cell: tilewise's GEMM choice per layer and each impl's kernels.
 
 For cells where tilewise reads below PyTorch + CUDA graph (session 14: single layers of 4-6 us),
-this prints per cell the forward choice of every layer (``ops.linear._choose``, recorded), whether
-cuBLASLt's bias + ReLU was offered, and the kernels one CUDA-graph replay of each impl launches
-with their device times (torch.profiler), plus each impl's replay time as the study takes it.
+this prints per cell the forward choice of the first layer (``ops.linear._choose``, recorded),
+whether cuBLASLt's bias + ReLU was offered and each impl's replay time as the study takes it;
+with ``--profile`` also the kernels one CUDA-graph replay of each impl launches, with their
+device times (torch.profiler; CUPTI stays active afterwards and slows later replays, so the
+timings of a profiled run are not comparable: run the script once without it for those).
 
-    python scripts/mlp_cell_probe.py [--cells fp32:1:4:128 fp32:1:2:256 bf16:1:4:128 ...]
+    python scripts/mlp_cell_probe.py [--cells fp32:1:4:128 bf16:1:4:128 ...] [--profile]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _kernels(replay) -> list[tuple[str, float]]:
     ]
 
 
-def probe(dtype: str, layers: int, batch: int, hidden: int) -> None:
+def probe(dtype: str, layers: int, batch: int, hidden: int, profile: bool) -> None:
     dt = DTYPES[dtype]
     torch.manual_seed(layers * 1_000_003 + batch * 1009 + hidden)
     eager = make_mlp(layers, hidden, torch.device("cuda"), dt)
@@ -53,16 +55,19 @@ def probe(dtype: str, layers: int, batch: int, hidden: int) -> None:
     try:
         with torch.no_grad():
             impls = {"graph": _capture(eager, x), "tilewise": _capture(tw, x)}
+            models = {"graph": eager, "tilewise": tw}
+            times = {n: time_graph(models[n], [(x,)], 1, 4, 12).median_s * 1e6 for n in impls}
             print(f"{dtype} {layers} x {batch} x {hidden}")
             for shape, lt, ch in chosen[:1]:
                 print(f"  tilewise layer choice: {ch} (a {shape}, lt_relu offered {lt})")
             for name, fn in impls.items():
-                model = eager if name == "graph" else tw
-                t = time_graph(model, [(x,)], 1, 4, 12).median_s * 1e6
+                if not profile:
+                    print(f"  {name:8s} study-like {times[name]:6.2f} us")
+                    continue
                 ks = _kernels(fn)
                 total = sum(d for _, d in ks)
-                print(f"  {name:8s} study-like {t:6.2f} us; one replay {len(ks)} kernels, "
-                      f"{total:.2f} us device:")  # fmt: skip
+                print(f"  {name:8s} study-like {times[name]:6.2f} us; one replay {len(ks)} "
+                      f"kernels, {total:.2f} us device:")  # fmt: skip
                 for k, d in ks[: 2 * layers + 2]:
                     print(f"     {d:7.2f} us  {k[:100]}")
     finally:
@@ -76,11 +81,12 @@ def main() -> None:
         nargs="+",
         default=["fp32:1:4:128", "fp32:1:2:256", "fp32:1:2:128", "bf16:1:4:128", "bf16:1:64:128"],
     )
+    ap.add_argument("--profile", action="store_true", help="also list each replay's kernels")
     args = ap.parse_args()
     with tf32_off():
         for spec in args.cells:
             d, layers, batch, hidden = spec.split(":")
-            probe(d, int(layers), int(batch), int(hidden))
+            probe(d, int(layers), int(batch), int(hidden), args.profile)
 
 
 if __name__ == "__main__":
