@@ -98,6 +98,40 @@ def test_cold_l2_choice_uses_its_timer_and_its_own_key(tuner, monkeypatch):
     assert ops == ["op", "op.cold"]
 
 
+def test_warm_and_cold_choice_takes_the_smallest_worst_case_loss(tuner, monkeypatch):
+    """With ``warm_too`` each candidate is timed warm and cold; the winner is the one whose worse
+    ratio to the fastest is smallest (not the fastest cold one, not the fastest warm one), cached
+    under its own key; a candidate that fails either way is out."""
+    warm = {Cfg(16): 1.0, Cfg(32): 3.0, Cfg(64): 1.2}
+    cold = {Cfg(16): 3.0, Cfg(32): 1.0, Cfg(64): 1.1}
+    monkeypatch.setattr(autotune, "_bench", lambda fn: warm[fn()])
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: cold[fn()])
+    pick = autotune.choose_config(
+        "op", Prob(4), CANDS, run, device=DEV, cold_l2=True, warm_too=True
+    )
+    assert pick == Cfg(64)  # 1.2x warm, 1.1x cold; the others lose 3x one way
+    assert autotune.choose_config("op", Prob(4), CANDS, run, device=DEV, cold_l2=True) == Cfg(32)
+    (stored,) = [
+        v for k, v in json.loads(tuner.path.read_text())["entries"].items()
+        if json.loads(k)["op"] == "op.warmcold"
+    ]  # fmt: skip
+    assert stored["config"] == {"block": 64, "warps": 4} and stored["ms"] == 1.1  # the cold time
+
+    def warm_fails(fn):
+        cfg = fn()
+        if cfg == Cfg(64):
+            raise RuntimeError("out of resources")
+        return warm[cfg]
+
+    monkeypatch.setattr(autotune, "_bench", warm_fails)
+    pick = autotune.choose_config(
+        "op", Prob(5), CANDS, run, device=DEV, cold_l2=True, warm_too=True
+    )
+    assert pick in (Cfg(16), Cfg(32))  # both lose 3x one way; Cfg(64) failed warm
+    assert autotune._least_worst_loss([[2.0, 1.0], [1.0, 3.0]]) == 0
+    assert autotune._least_worst_loss([[math.inf, 1.0], [math.inf, math.inf]]) == 1
+
+
 def test_a_new_process_reads_the_disk_cache(tuner, tmp_path):
     autotune.choose_config("op", Prob(7), CANDS, run, device=DEV)
     code = textwrap.dedent(
