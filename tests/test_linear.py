@@ -631,3 +631,14 @@ def test_transform_leaves_pairs_with_backward_pre_hooks_alone():
     report = tilewise.transform(model)
     assert report.swapped == []
     assert [type(m) for m in model] == [tnn.Linear, tnn.ReLU, tnn.Linear, tnn.ReLU]
+
+
+def test_timing_mode_times_l2_sized_operands_warm_and_cold():
+    """Small operands: warm timing; from COLD_L2_MIN_BYTES: cold, and warm too while they fit in
+    L2 (a single large layer keeps them there); beyond L2: cold only."""
+    l2 = 50 << 20
+    assert ops.timing_mode(1 << 20, l2) == (False, False)
+    assert ops.timing_mode(ops.COLD_L2_MIN_BYTES, l2) == (True, True)
+    assert ops.timing_mode(32 << 20, l2) == (True, True)
+    assert ops.timing_mode(136 << 20, l2) == (True, False)
+    assert ops.timing_mode(32 << 20, 0) == (True, False)  # no L2 size known

@@ -31,6 +31,18 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=16)
+def _l2_bytes(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or 0)
+
+
+def l2_bytes(device: torch.device) -> int:
+    """L2 cache size of ``device`` in bytes (0 off CUDA)."""
+    if device.type == "cuda":
+        return _l2_bytes(device.index if device.index is not None else torch.cuda.current_device())
+    return 0
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors on ``device`` (a small stand-in on the CPU interpreter)."""
     if device.type == "cuda":

@@ -40,7 +40,7 @@ import torch
 
 from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import gemm, gemm_splitk, gemv_cuda
-from tilewise.ops._common import act_reference, activation_code, num_sms, unit_stride
+from tilewise.ops._common import act_reference, activation_code, l2_bytes, num_sms, unit_stride
 from tilewise.ops.gemm import (  # noqa: F401 (re-exported: tests and scripts reach them here)
     _SMALL_TILE_ROWS,
     _TILES_IEEE,
@@ -234,18 +234,28 @@ def _choose(
         gemv and ieee,
     )
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
-    cold = (m * k + k * n + m * n) * a.element_size() >= COLD_L2_MIN_BYTES
+    nbytes = (m * k + k * n + m * n) * a.element_size()
+    cold, warm_too = timing_mode(nbytes, l2_bytes(a.device))
     # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K; in session
     # 14 cuBLAS split-K; fwd4, session 15: L2 flushed by reading, the few-row CUDA GEMV) under
     # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
     op = OP + (".gemm.fwd4" if split_k else ".gemm")
-    # cold timing alone misranks layers whose weights stay in L2 (a single large layer): time
-    # both and keep the smaller worst-case loss (session 15)
     return autotune.choose_config(
-        op, prob, cands, run, device=a.device, cold_l2=cold, warm_too=cold
+        op, prob, cands, run, device=a.device, cold_l2=cold, warm_too=warm_too
     )
+
+
+def timing_mode(nbytes: int, l2: int) -> tuple[bool, bool]:
+    """``(cold_l2, warm_too)`` for a GEMM whose operands take ``nbytes`` on a device with ``l2``
+    bytes of L2. From ``COLD_L2_MIN_BYTES`` on, cold; operands that also fit in L2 stay there in
+    some models (a single large layer) and stream from DRAM in others, so those are timed both
+    ways and the smaller worst-case loss wins. Larger ones never stay in L2, and their warm
+    timing only adds noise (session 15, call 9: bf16 512 x 8192 x 8192 lost 6-10% to a min-max
+    pick; call 8: a cold-only pick lost 1.5x at bf16 8 x 4096 x 4096, 32 MB of operands)."""
+    cold = nbytes >= COLD_L2_MIN_BYTES
+    return cold, cold and nbytes <= l2
 
 
 def matmul(
