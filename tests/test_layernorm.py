@@ -344,6 +344,32 @@ def test_module_drop_in_shares_parameters(rng_seed):
     )
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (torch.nn.LayerNorm(6), tilewise.nn.LayerNorm.from_torch),
+        lambda: (torch.nn.Linear(6, 6), tilewise.nn.Linear.from_linear),
+        lambda: (torch.nn.Conv2d(8, 8, 3, groups=1), tilewise.nn.GroupedConv2d.from_conv),
+    ],
+    ids=["layernorm", "linear", "gconv"],
+)
+def test_drop_ins_share_parameters_but_not_hooks(make):
+    """A drop-in built from a module shares its Parameter objects but not its per-module dicts:
+    a hook or a parameter registered on one is not on the other (LayerNorm.from_torch shared
+    them until session 15's fix)."""
+    base, convert = make()
+    new = convert(base)
+    assert all(a is b for a, b in zip(new.parameters(), base.parameters(), strict=True))
+    seen = []
+    new.register_forward_hook(lambda *a: seen.append("new"))
+    new.register_forward_pre_hook(lambda *a: seen.append("pre"))
+    new.register_parameter("extra", torch.nn.Parameter(torch.zeros(1)))
+    assert not base._forward_hooks and not base._forward_pre_hooks
+    assert "extra" not in dict(base.named_parameters())
+    base.register_forward_hook(lambda *a: seen.append("base"))
+    assert len(new._forward_hooks) == 1
+
+
 def test_long_row_with_inf_is_all_nan():
     """Rows past the one-tile kernel (n > 16384) take the looped kernel, whose variance is
     E[x^2] - E[x]^2: with an Inf in the row that is Inf - Inf = NaN, which must reach every

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tilewise import functional as F
+from tilewise.nn.modules import adopt
 from tilewise.ops import gconv_config
 from tilewise.runtime import dispatch
 
@@ -41,11 +42,7 @@ class GroupedConv2d(nn.Conv2d):
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, *, deterministic: bool | None = None) -> GroupedConv2d:
         """A GroupedConv2d sharing ``conv``'s Parameter objects, buffers and settings (no copy)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        for k, v in conv.__dict__.items():
-            # Per-module dicts (parameters, buffers, hooks) are copied so later edits don't leak.
-            new.__dict__[k] = type(v)(v) if isinstance(v, dict) else v
+        new = adopt(cls, conv)
         new.deterministic = deterministic
         return new
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tilewise import functional as F
+from tilewise.nn.modules import adopt
 from tilewise.ops._common import activation_code
 
 
@@ -36,11 +37,7 @@ class Linear(nn.Linear):
     ) -> Linear:
         """A tilewise Linear sharing ``module``'s Parameter objects (no copy)."""
         activation_code(activation)
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        for k, v in module.__dict__.items():
-            # Per-module dicts (parameters, buffers, hooks) are copied so later edits don't leak.
-            new.__dict__[k] = type(v)(v) if isinstance(v, dict) else v
+        new = adopt(cls, module)
         new.activation, new.allow_tf32 = activation, allow_tf32
         return new
 

@@ -9,6 +9,17 @@ from tilewise import functional as F
 from tilewise.ops._common import activation_code
 
 
+def adopt(cls: type[nn.Module], module: nn.Module) -> nn.Module:
+    """A new ``cls`` instance sharing ``module``'s Parameter objects, buffers, submodules and
+    settings (no copy). Its per-module dicts (parameters, buffers, hooks, submodules) are new
+    containers: registering a hook or a parameter on one module leaves the other alone."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    for k, v in module.__dict__.items():
+        new.__dict__[k] = type(v)(v) if isinstance(v, dict) else v
+    return new
+
+
 class BiasAct(nn.Module):
     """A learnable bias added along ``dim`` and an activation, fused: ``act(x + bias)``."""
 
@@ -53,10 +64,7 @@ class LayerNorm(nn.LayerNorm):
     @classmethod
     def from_torch(cls, module: nn.LayerNorm, relu: bool = False) -> LayerNorm:
         """A tilewise LayerNorm sharing ``module``'s parameters (no copy)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_modules"})
-        new._modules = dict(module._modules)
+        new = adopt(cls, module)
         new.relu = relu
         return new
 
