@@ -3,11 +3,14 @@ the three-way rule, the 2N+1 structure, the StrassenMLP module, selection, and b
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from checks import ATOL, DEVICE_DTYPES, assert_three_way
 from torch import nn
 
+import tilewise
 from tilewise.nn.strassen import StrassenMLP
 from tilewise.ops import strassen as ops
 from tilewise.runtime import dispatch
@@ -258,6 +261,21 @@ def test_mlp_strassen_mode_matches_sequential(dtype, rng_seed):
     assert model.state_dict().keys() == {
         f"layers.{i}.{p}" for i in range(3) for p in "weight bias".split()
     }
+
+
+def test_mlp_from_a_transformed_sequential(rng_seed):
+    """A Sequential that ``tilewise.transform`` already fused (tilewise Linear with ReLU, an
+    nn.Identity in the ReLU's place) builds the same chain as the original."""
+    seq = _mlp([7, 6, 9, 5], torch.float32, last_relu=False)
+    x = torch.randn(3, 7)
+    with torch.no_grad():
+        want = seq(x.clone())
+    fused = tilewise.transform(copy.deepcopy(seq)).model
+    assert any(isinstance(m, nn.Identity) for m in fused)
+    model = StrassenMLP.from_modules(fused, mode="strassen")
+    assert model.activations == ("relu", "relu", "none")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=1e-4, atol=1e-4)
 
 
 def test_mlp_auto_mode_and_selection_hook(monkeypatch):

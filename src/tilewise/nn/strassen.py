@@ -123,7 +123,8 @@ class StrassenMLP(nn.Module):
         """From ``Linear, ReLU, Linear, ReLU, ...`` (an ``nn.Sequential``, a list, or arguments).
 
         Each Linear may be followed by one ``nn.ReLU``; a ``tilewise.nn.Linear`` may carry its
-        own "relu"/"none" activation. Anything else raises ``ValueError``.
+        own "relu"/"none" activation; ``nn.Identity`` modules are skipped, so a Sequential that
+        ``tilewise.transform`` already fused works too. Anything else raises ``ValueError``.
         """
         flat = _flatten(m for arg in modules for m in (arg if isinstance(arg, Iterable) else [arg]))
         linears: list[nn.Linear] = []
@@ -139,6 +140,8 @@ class StrassenMLP(nn.Module):
                 acts.append(act)
             elif isinstance(m, nn.ReLU) and linears and acts[-1] == "none":
                 acts[-1] = "relu"
+            elif isinstance(m, nn.Identity):  # e.g. what ``transform`` leaves of a fused ReLU
+                continue
             else:
                 raise ValueError(
                     f"tilewise.StrassenMLP: argument 'modules': {type(m).__name__} at position "
