@@ -60,9 +60,13 @@ def _eager(*tensors: Tensor | None) -> bool:
 
 
 def _forward_mode() -> bool:
-    """Whether forward-mode AD is active (``torch.func.jvp``/``jacfwd``, or a dual level of
+    """Whether forward-mode AD or a ``torch.func`` derivative transform is active
+    (``torch.func.jvp``/``jacfwd``/``grad``/``vjp``/``jacrev``, or a dual level of
     ``torch.autograd.forward_ad``). The custom ops have no forward-mode rule (``torch.func.jvp``
-    gave zero tangents through them), so the public functions then run the PyTorch reference."""
+    gave zero tangents through them), and their registered autograd cannot run under
+    ``torch.func.grad`` (PyTorch's generated autograd.Function has no ``setup_context``: a
+    RuntimeError that named neither tilewise nor a fix), so the public functions then run the
+    PyTorch reference. ``vmap`` alone keeps the kernels (PyTorch's batching fallback)."""
     if torch.compiler.is_compiling():  # traced graphs keep the custom ops (no jvp under it)
         return False
     if forward_ad._current_level >= 0:
@@ -72,14 +76,31 @@ def _forward_mode() -> bool:
     from torch._C._functorch import TransformType
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    autodiff = (TransformType.Jvp, TransformType.Grad)
+    return any(i.key() in autodiff for i in retrieve_all_functorch_interpreters())
+
+
+def _vmapped() -> bool:
+    """Whether ``torch.func.vmap`` is active (the grouped conv's layout checks query
+    ``is_contiguous(memory_format=...)``, which vmap does not implement)."""
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is None:
+        return False
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    return any(i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+
+
+_NO_AUTODIFF_RULE = (
+    "forward-mode AD or a torch.func derivative transform, which the custom ops have no rule for"
+)
 
 
 def _reference_for_forward_mode(op: str) -> bool:
     """True (and says so once) when ``op`` must run its PyTorch reference for forward-mode AD."""
     if not _forward_mode():
         return False
-    dispatch.fallback(op, "forward-mode AD (jvp), which the kernels have no rule for")
+    dispatch.fallback(op, _NO_AUTODIFF_RULE)
     return True
 
 
@@ -436,11 +457,14 @@ def grouped_conv2d(
     x, weight, bias = _autocast_inputs(x, weight, bias)
     groups = _gconv.check_conv_args(x, weight, bias, groups)
     r, s = weight.shape[2], weight.shape[3]
-    reason = _gconv_config.unsupported_reason(
-        x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
-    ) or _gconv.layout_reason(x, weight, bias)
+    if _vmapped():
+        reason = "torch.func.vmap, under which the layout checks cannot run"
+    else:
+        reason = _gconv_config.unsupported_reason(
+            x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
+        ) or _gconv.layout_reason(x, weight, bias)
     if reason is None and _forward_mode():
-        reason = "forward-mode AD (jvp), which the kernels have no rule for"
+        reason = _NO_AUTODIFF_RULE
     if reason is not None:
         if not torch.compiler.is_compiling():
             dispatch.fallback(_gconv.OP, reason)
