@@ -129,7 +129,11 @@ def test_warm_and_cold_choice_takes_the_smallest_worst_case_loss(tuner, monkeypa
     )
     assert pick in (Cfg(16), Cfg(32))  # both lose 3x one way; Cfg(64) failed warm
     assert autotune._least_worst_loss([[2.0, 1.0], [1.0, 3.0]]) == 0
-    assert autotune._least_worst_loss([[math.inf, 1.0], [math.inf, math.inf]]) == 1
+    inf, nan = math.inf, math.nan
+    assert autotune._least_worst_loss([[inf, 1.0, 2.0], [1.0, inf, 2.0]]) == 2  # failed once: out
+    assert autotune._least_worst_loss([[nan, 1.0, 2.0], [1.0, 1.0, 1.0]]) == 1  # NaN: no time
+    assert autotune._least_worst_loss([[0.0, 1.0], [1.0, 1.0]]) == 1  # zero: no time either
+    assert autotune._least_worst_loss([[inf, 1.0], [1.0, inf]]) is None  # nothing valid
 
 
 def test_a_new_process_reads_the_disk_cache(tuner, tmp_path):

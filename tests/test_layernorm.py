@@ -368,6 +368,14 @@ def test_drop_ins_share_parameters_but_not_hooks(make):
     assert "extra" not in dict(base.named_parameters())
     base.register_forward_hook(lambda *a: seen.append("base"))
     assert len(new._forward_hooks) == 1
+    new.register_buffer("stat", torch.zeros(1), persistent=False)
+    assert "stat" not in base._non_persistent_buffers_set
+    base.register_buffer("stat", torch.zeros(1))  # persistent on the original only
+    assert "stat" not in new.state_dict() and "stat" in base.state_dict()
+    param = make()[0]
+    torch.nn.utils.parametrize.register_parametrization(param, "weight", torch.nn.Identity())
+    with pytest.raises(ValueError, match="parametrized"):
+        convert(param)
 
 
 def test_long_row_with_inf_is_all_nan():

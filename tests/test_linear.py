@@ -642,3 +642,10 @@ def test_timing_mode_times_l2_sized_operands_warm_and_cold():
     assert ops.timing_mode(32 << 20, l2) == (True, True)
     assert ops.timing_mode(136 << 20, l2) == (True, False)
     assert ops.timing_mode(32 << 20, 0) == (True, False)  # no L2 size known
+
+
+def test_gemm_op_keys_keep_gemv_offers_apart():
+    """A forward offered the GEMV (aligned, unit-stride operands) and one of the same shape that
+    was not are cached under different keys: neither overwrites the other's choice."""
+    keys = {ops.gemm_op_key(f, g) for f in (False, True) for g in (False, True)}
+    assert keys == {"linear.gemm", "linear.gemm.fwd4", "linear.gemm.fwd4.gemv"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from tilewise import functional as F
 from tilewise.ops._common import activation_code
@@ -11,12 +12,20 @@ from tilewise.ops._common import activation_code
 
 def adopt(cls: type[nn.Module], module: nn.Module) -> nn.Module:
     """A new ``cls`` instance sharing ``module``'s Parameter objects, buffers, submodules and
-    settings (no copy). Its per-module dicts (parameters, buffers, hooks, submodules) are new
-    containers: registering a hook or a parameter on one module leaves the other alone."""
+    settings (no copy). Its per-module containers (parameters, buffers, hooks, submodules, the
+    non-persistent buffer set) are new: registering a hook or a buffer on one module leaves the
+    other alone. The hooks present now are carried over (removing one through its handle on the
+    original leaves the drop-in's copy). A parametrized module (``torch.nn.utils.parametrize``)
+    is refused: its parameters live in a generated subclass the drop-in cannot be."""
+    if parametrize.is_parametrized(module):
+        raise ValueError(
+            f"tilewise.nn: argument 'module' ({type(module).__name__}) is parametrized "
+            "(weight_norm or register_parametrization); remove the parametrization first"
+        )
     new = cls.__new__(cls)
     nn.Module.__init__(new)
     for k, v in module.__dict__.items():
-        new.__dict__[k] = type(v)(v) if isinstance(v, dict) else v
+        new.__dict__[k] = type(v)(v) if isinstance(v, (dict, set)) else v
     return new
 
 

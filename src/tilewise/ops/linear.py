@@ -241,10 +241,19 @@ def _choose(
     # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
-    op = OP + (".gemm.fwd4" if split_k else ".gemm")
+    op = gemm_op_key(split_k, any(isinstance(c, GemvConfig) for c in cands))
     return autotune.choose_config(
         op, prob, cands, run, device=a.device, cold_l2=cold, warm_too=warm_too
     )
+
+
+def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
+    """The autotune op name of a GEMM choice: forwards apart from the backward's GEMMs, and
+    forwards offered the GEMV (which depends on the operands' alignment and strides, not only on
+    the shape) apart from those that were not, so neither overwrites the other's cached choice."""
+    if not forward:
+        return OP + ".gemm"
+    return OP + ".gemm.fwd4" + (".gemv" if gemv_offered else "")
 
 
 def timing_mode(nbytes: int, l2: int) -> tuple[bool, bool]:

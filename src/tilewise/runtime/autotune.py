@@ -377,8 +377,8 @@ def choose_config(
     if both:
         best = _least_worst_loss(table)
     else:
-        best = min(range(len(candidates)), key=times.__getitem__)
-    if math.isinf(times[best]):
+        best = min(range(len(candidates)), key=lambda i: _valid(times[i]))
+    if best is None or not math.isfinite(_valid(times[best])):
         _warn_once(f"every candidate of {op} failed; using the heuristic config")
         _resolved[memo_key] = fallback
         return fallback
@@ -388,17 +388,25 @@ def choose_config(
     return candidates[best]
 
 
-def _least_worst_loss(table: list[list[float]]) -> int:
+def _valid(t: float) -> float:
+    """A timing, or inf where it is not one (NaN, zero or negative: a failed or noise-lost run)."""
+    return t if math.isfinite(t) and t > 0 else math.inf
+
+
+def _least_worst_loss(table: list[list[float]]) -> int | None:
     """The candidate whose largest ratio to the fastest of a row (one row per way of timing) is
-    smallest; ties go to the first row's faster. A candidate that failed in any row is out."""
-    rows = [row for row in table if math.isfinite(min(row))] or table[:1]
-    fastest = [min(row) for row in rows]
+    smallest; ties go to the first row's faster. A candidate without a valid time in every row
+    is out; None when no candidate is left."""
+    rows = [[_valid(t) for t in row] for row in table]
+    ok = [i for i in range(len(rows[0])) if all(math.isfinite(row[i]) for row in rows)]
+    if not ok:
+        return None
+    fastest = [min(row[i] for i in ok) for row in rows]
 
     def loss(i: int) -> tuple[float, float]:
-        ratios = [row[i] / f if f > 0 else row[i] for row, f in zip(rows, fastest, strict=True)]
-        return max(ratios), table[0][i]
+        return max(row[i] / f for row, f in zip(rows, fastest, strict=True)), rows[0][i]
 
-    return min(range(len(table[0])), key=loss)
+    return min(ok, key=loss)
 
 
 def export_cache(path: str | os.PathLike) -> int:
