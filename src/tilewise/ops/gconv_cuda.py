@@ -34,9 +34,8 @@ from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
-from tilewise.runtime import alloc, workspace
+from tilewise.runtime import alloc, cuda_launch, workspace
 from tilewise.runtime import tma as _tma
-from tilewise.runtime.cuda_launch import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -310,31 +309,15 @@ def _kernel(
     return kernel
 
 
-@functools.cache  # one per compiled kernel and signature
-def _launcher(kernel, signature: str) -> Launcher | None:
-    """The lean launcher for ``kernel``, or None where it cannot be built (then PyTorch's own
-    launcher runs; said once)."""
-    try:
-        return Launcher(kernel, signature)
-    except (AttributeError, OSError, TypeError) as exc:
-        log.info("tilewise gconv_cuda: PyTorch's kernel launcher in use (%s)", exc)
-        return None
+#: the lean launcher per kernel and signature (a module attribute: tests replace it to force
+#: PyTorch's launcher)
+_launcher = cuda_launch.lean_launcher
+available = cuda_launch.nvrtc_available
 
 
 def _launch(kernel, signature: str, grid, block, args, shared_mem: int, device: int) -> None:
-    """Launch on the current stream of ``device``: through ``runtime.cuda_launch.Launcher``
-    (~host time of one driver call), or PyTorch's ``_CudaKernel`` call where it is unavailable."""
-    launcher = _launcher(kernel, signature)
-    if launcher is None:
-        kernel(grid=grid, block=block, args=args, shared_mem=shared_mem)
-        return
-    launcher(grid, block, args, shared_mem, torch._C._cuda_getCurrentRawStream(device))
-
-
-@functools.cache  # asked on every grouped-conv launch
-def available() -> bool:
-    """NVRTC compilation through PyTorch (``torch.cuda._compile_kernel``) and a CUDA device."""
-    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+    """Launch on the current stream of ``device`` (``runtime.cuda_launch.launch``)."""
+    cuda_launch.launch(kernel, grid, block, args, shared_mem, device, _launcher(kernel, signature))
 
 
 def fprop(

@@ -29,22 +29,19 @@ where it wins.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from tilewise.ops._common import activation_code, cdiv, next_pow2, unit_stride
-from tilewise.runtime import alloc, workspace
-from tilewise.runtime.cuda_launch import Launcher
-
-log = logging.getLogger(__name__)
+from tilewise.runtime import alloc, cuda_launch, workspace
 
 #: the most rows of x: all of them sit in every lane's registers
 MAX_ROWS = 16
 _SPLIT_MAX = 32
+#: the kernel's arguments for the lean launcher: 6 pointers, 6 ints
+_SIGNATURE = "pppppp" + "i" * 6
 #: K per slice at least (each lane's loop runs >= 2 steps of 4)
 _MIN_SLICE = 256
 #: CTAs per SM the K split aims at
@@ -170,12 +167,6 @@ def _slice(k: int, split: int) -> int:
     return cdiv(cdiv(k, split), 4) * 4
 
 
-@functools.cache  # asked on every fp32 forward through ``usable``
-def available() -> bool:
-    """NVRTC compilation through PyTorch and a CUDA device."""
-    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
-
-
 def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
     """Whether this kernel takes ``x @ weight^T``: CUDA fp32 operands, at most 16 rows,
     activation none/relu, K % 4 == 0, ``weight`` contiguous, ``x``'s rows of unit stride at a
@@ -195,7 +186,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
         and (m == 1 or x.stride(0) % 4 == 0)  # one row: its stride is never used
         and x.data_ptr() % 16 == 0
         and x.stride(0) * m < 2**31
-        and available()
+        and cuda_launch.nvrtc_available()
     )
 
 
@@ -228,15 +219,6 @@ def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int
     src = _SOURCE.format(MP=mp, NPW=npw, WARPS=warps, ACT=act, HAS_BIAS=int(has_bias))
     with torch.cuda.device(device):
         return torch.cuda._compile_kernel(src, "tw_gemv")
-
-
-@functools.cache
-def _launcher(kernel) -> Launcher | None:
-    try:
-        return Launcher(kernel, "pppppp" + "i" * 6)
-    except (AttributeError, OSError, TypeError) as exc:
-        log.info("tilewise gemv_cuda: PyTorch's kernel launcher in use (%s)", exc)
-        return None
 
 
 def forward(
@@ -284,12 +266,7 @@ def forward(
     args = (x, weight, y if bias is None else bias, y, ws, cnt)
     args += (m, n, k, x.stride(0) if m > 1 else 0, ks, split)
     grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 0
-    # the launch runs in the current CUDA context: x's device's, also when another is current
-    other = dev != torch.cuda.current_device()
-    with workspace.guarded(x.device), torch.cuda.device(dev) if other else contextlib.nullcontext():
-        launcher = _launcher(kernel)
-        if launcher is None:
-            kernel(grid=grid, block=block, args=list(args), shared_mem=smem)
-        else:
-            launcher(grid, block, args, smem, torch._C._cuda_getCurrentRawStream(dev))
+    launcher = cuda_launch.lean_launcher(kernel, _SIGNATURE)
+    with workspace.guarded(x.device):
+        cuda_launch.launch(kernel, grid, block, args, smem, dev, launcher)
     return y

@@ -10,12 +10,17 @@ on the raw current stream: the same driver call with the same argument values.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class Launcher:
@@ -75,3 +80,40 @@ class Launcher:
             )
         if result != 0:
             torch.cuda._utils._check_cuda(result)  # raises with the driver's message
+
+
+@functools.cache  # asked on every launch of an NVRTC kernel
+def nvrtc_available() -> bool:
+    """NVRTC compilation through PyTorch (``torch.cuda._compile_kernel``) and a CUDA device."""
+    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+
+
+@functools.cache  # one per compiled kernel and signature
+def lean_launcher(kernel: Any, signature: str) -> Launcher | None:
+    """The lean launcher for ``kernel``, or None where it cannot be built (then PyTorch's own
+    launcher runs; said once)."""
+    try:
+        return Launcher(kernel, signature)
+    except (AttributeError, OSError, TypeError) as exc:
+        log.info("tilewise: PyTorch's kernel launcher in use (%s)", exc)
+        return None
+
+
+def launch(
+    kernel: Any,
+    grid: Sequence[int],
+    block: Sequence[int],
+    args: Sequence[Any],
+    shared_mem: int,
+    device: int,
+    launcher: Launcher | None,
+) -> None:
+    """Launch ``kernel`` on the current stream of ``device``: through ``launcher`` (a
+    ``lean_launcher``, ~host time of one driver call), or PyTorch's ``_CudaKernel`` call where it
+    is None. Runs under ``device`` when another device is current (the kernel's context)."""
+    other = device != torch.cuda.current_device()
+    with torch.cuda.device(device) if other else contextlib.nullcontext():
+        if launcher is None:
+            kernel(grid=grid, block=block, args=list(args), shared_mem=shared_mem)
+        else:
+            launcher(grid, block, args, shared_mem, torch._C._cuda_getCurrentRawStream(device))
