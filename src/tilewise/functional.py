@@ -59,6 +59,17 @@ def _eager(*tensors: Tensor | None) -> bool:
     return True
 
 
+def _transforms() -> set:
+    """The ``torch.func`` transforms active around this call (functorch ``TransformType``s);
+    empty while torch.compile traces, where the interpreter stack cannot be read (a transform
+    compiled around the ops still reaches the custom ops there: a known gap)."""
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is None:
+        return set()
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    return {i.key() for i in retrieve_all_functorch_interpreters()}
+
+
 def _forward_mode() -> bool:
     """Whether forward-mode AD or a ``torch.func`` derivative transform is active
     (``torch.func.jvp``/``jacfwd``/``grad``/``vjp``/``jacrev``, or a dual level of
@@ -67,28 +78,21 @@ def _forward_mode() -> bool:
     ``torch.func.grad`` (PyTorch's generated autograd.Function has no ``setup_context``: a
     RuntimeError that named neither tilewise nor a fix), so the public functions then run the
     PyTorch reference. ``vmap`` alone keeps the kernels (PyTorch's batching fallback)."""
-    if torch.compiler.is_compiling():  # traced graphs keep the custom ops (no jvp under it)
-        return False
-    if forward_ad._current_level >= 0:
-        return True
-    if torch._C._functorch.peek_interpreter_stack() is None:
+    if torch.compiler.is_compiling():
         return False
     from torch._C._functorch import TransformType
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-    autodiff = (TransformType.Jvp, TransformType.Grad)
-    return any(i.key() in autodiff for i in retrieve_all_functorch_interpreters())
+    return forward_ad._current_level >= 0 or bool(
+        _transforms() & {TransformType.Jvp, TransformType.Grad}
+    )
 
 
 def _vmapped() -> bool:
     """Whether ``torch.func.vmap`` is active (the grouped conv's layout checks query
     ``is_contiguous(memory_format=...)``, which vmap does not implement)."""
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is None:
-        return False
     from torch._C._functorch import TransformType
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-    return any(i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+    return TransformType.Vmap in _transforms()
 
 
 _NO_AUTODIFF_RULE = (
