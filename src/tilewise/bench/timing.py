@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilewise.ops._common import l2_bytes as _device_l2_bytes
+
 ArgSets = Sequence[tuple[Any, ...]]
 
 
@@ -211,9 +213,7 @@ def l2_cache_bytes(device: torch.device | str | None = None) -> int:
     device = torch.device(device) if device is not None else None
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    if device.type != "cuda":
-        return 0
-    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    return _device_l2_bytes(device)
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
