@@ -311,6 +311,21 @@ def test_host_us_per_call_counts_every_call():
     assert len(calls) == 35 and 0 < us < 1e5
 
 
+@pytest.mark.gpu
+def test_time_graph_keeps_the_gpu_ahead_of_tiny_replays():
+    """A graph of 5-us spin kernels reads ~5 us per call: the replays run back to back behind
+    the lead spin, so the host's graph launches stay out of the timed windows."""
+    from tilewise.bench.timing import _sleep_cycles_per_s, time_graph
+
+    x = torch.zeros(1, device="cuda")
+    cycles = int(5e-6 * _sleep_cycles_per_s(torch.cuda.current_device()))
+    t = time_graph(lambda _x: torch.cuda._sleep(cycles), [(x,)], rounds=4, replays=40)
+    assert t.method == "cuda-graph+lead" and t.reps == 40
+    assert 4e-6 < t.median_s < 7.5e-6, t
+    plain = time_graph(lambda _x: torch.cuda._sleep(cycles), [(x,)], 1, 1, 40, keep_ahead=False)
+    assert plain.method == "cuda-graph" and plain.median_s >= 4e-6
+
+
 def test_merge_joins_parts_of_one_device(tmp_path, capsys):
     """A study run in parts (one process per batch) becomes one file; parts of different
     devices are refused."""

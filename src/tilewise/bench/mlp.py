@@ -53,6 +53,8 @@ class MLPConfig:
     warmup: int = 10
     reps: int = 50
     cell_budget_s: float = 0.5  # fewer reps for cells whose calls are long (estimated from flops)
+    tiny_reps: int = 200  # cells of a few microseconds: their replays jitter, so take more
+    tiny_s: float = 20e-6
     compile_mode: str = "max-autotune"
     train: bool = True
     train_shape: tuple[int, int, int] = (8, 1024, 64)  # layers, hidden, batch
@@ -163,7 +165,8 @@ def measure_cell(
         ref = reference64(eager, sets[0])
         out_e = eager(sets[0]).clone()
         est_s = flops / (5e13 if device.type == "cuda" else 5e10)
-        reps = max(5, min(cfg.reps, int(cfg.cell_budget_s / max(est_s, 1e-9))))
+        most = cfg.tiny_reps if est_s < cfg.tiny_s else cfg.reps
+        reps = max(5, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
         for impl, fn in _fns(cfg, eager, hidden).items():
             rec = dict(base, impl=impl, how=HOW[impl], rotation=count, checked=False)
             rec.update(median_s=None, graph_replayed=False, check_note=None, error=None)
@@ -192,7 +195,7 @@ def measure_cell(
                 rec["error"] = f"{type(exc).__name__}: {exc}"
                 continue
             rec.update(median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, timer=t.method)
-            rec.update(reps=t.reps, graph_replayed=t.method == "cuda-graph")
+            rec.update(reps=t.reps, graph_replayed=t.method.startswith("cuda-graph"))
             rec["tflops"] = flops / t.median_s / 1e12
         by = {r["impl"]: r["median_s"] for r in recs}
         for r in recs:
