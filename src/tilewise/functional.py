@@ -61,8 +61,8 @@ def _eager(*tensors: Tensor | None) -> bool:
 
 def _transforms() -> set:
     """The ``torch.func`` transforms active around this call (functorch ``TransformType``s);
-    empty while torch.compile traces, where the interpreter stack cannot be read (a transform
-    compiled around the ops still reaches the custom ops there: a known gap)."""
+    empty while torch.compile traces, where the interpreter stack cannot be read
+    (``_forward_mode`` asks Dynamo whether any transform is active instead)."""
     if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is None:
         return set()
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
@@ -77,9 +77,12 @@ def _forward_mode() -> bool:
     gave zero tangents through them), and their registered autograd cannot run under
     ``torch.func.grad`` (PyTorch's generated autograd.Function has no ``setup_context``: a
     RuntimeError that named neither tilewise nor a fix), so the public functions then run the
-    PyTorch reference. ``vmap`` alone keeps the kernels (PyTorch's batching fallback)."""
+    PyTorch reference. ``vmap`` alone keeps the kernels (PyTorch's batching fallback), except
+    under torch.compile: Dynamo can tell only whether any transform is active, not which (it
+    cannot read the interpreter stack), so there every transform takes the reference (compiled
+    ``jvp`` gave zero tangents through the custom ops before)."""
     if torch.compiler.is_compiling():
-        return False
+        return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
     from torch._C._functorch import TransformType
 
     return forward_ad._current_level >= 0 or bool(
@@ -97,6 +100,7 @@ def _vmapped() -> bool:
 
 _NO_AUTODIFF_RULE = (
     "forward-mode AD or a torch.func derivative transform, which the custom ops have no rule for"
+    " (under torch.compile: any torch.func transform)"
 )
 
 
@@ -461,14 +465,14 @@ def grouped_conv2d(
     x, weight, bias = _autocast_inputs(x, weight, bias)
     groups = _gconv.check_conv_args(x, weight, bias, groups)
     r, s = weight.shape[2], weight.shape[3]
-    if _vmapped():
+    if _forward_mode():  # first: under torch.compile it also covers vmap
+        reason = _NO_AUTODIFF_RULE
+    elif _vmapped():
         reason = "torch.func.vmap, under which the layout checks cannot run"
     else:
         reason = _gconv_config.unsupported_reason(
             x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
         ) or _gconv.layout_reason(x, weight, bias)
-    if reason is None and _forward_mode():
-        reason = _NO_AUTODIFF_RULE
     if reason is not None:
         if not torch.compiler.is_compiling():
             dispatch.fallback(_gconv.OP, reason)
