@@ -326,6 +326,33 @@ def test_time_graph_keeps_the_gpu_ahead_of_tiny_replays():
     assert plain.method == "cuda-graph" and plain.median_s >= 4e-6
 
 
+def test_interleaved_rotates_turns_and_takes_every_replay():
+    """Timers sampled in turns whose order rotates; each gets exactly ``replays`` samples."""
+    from tilewise.bench.timing import interleaved
+
+    order = []
+
+    class Fake:
+        method = "cuda-graph"
+
+        def __init__(self, name, value):
+            self.name, self.value = name, value
+
+        def sample(self, n):
+            order.append((self.name, n))
+            return [self.value] * n
+
+    got = interleaved({"a": Fake("a", 1.0), "b": Fake("b", 2.0), "c": Fake("c", 3.0)}, 7)
+    assert [name for name, _ in order[:6]] == ["a", "b", "c", "b", "c", "a"]
+    assert {k: (t.median_s, t.reps) for k, t in got.items()} == {
+        "a": (1.0, 7),
+        "b": (2.0, 7),
+        "c": (3.0, 7),
+    }
+    assert sum(n for name, n in order if name == "a") == 7
+    assert interleaved({}, 5) == {}
+
+
 def test_merge_joins_parts_of_one_device(tmp_path, capsys):
     """A study run in parts (one process per batch) becomes one file; parts of different
     devices are refused."""

@@ -25,7 +25,14 @@ from torch import nn
 from tilewise.bench.ceilings import Ceilings, tf32_off
 from tilewise.bench.checks import compare
 from tilewise.bench.grid import free_memory, run_grid, study_device
-from tilewise.bench.timing import l2_cache_bytes, rotation_count, time_events, time_graph
+from tilewise.bench.timing import (
+    GraphTimer,
+    Timing,
+    interleaved,
+    l2_cache_bytes,
+    rotation_count,
+    time_events,
+)
 from tilewise.registry import DTYPES
 
 IMPLS = ("eager", "graph", "compile", "tilewise", "strassen")
@@ -167,10 +174,15 @@ def measure_cell(
         est_s = flops / (5e13 if device.type == "cuda" else 5e10)
         most = cfg.tiny_reps if est_s < cfg.tiny_s else cfg.reps
         reps = max(5, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
+        args, rounds = [(x,) for x in sets], max(1, 4 // len(sets))
+        replays = max(5, reps // (rounds * len(sets)))
+        timers: dict[str, GraphTimer] = {}
+        recs_by: dict[str, dict[str, Any]] = {}
         for impl, fn in _fns(cfg, eager, hidden).items():
             rec = dict(base, impl=impl, how=HOW[impl], rotation=count, checked=False)
             rec.update(median_s=None, graph_replayed=False, check_note=None, error=None)
             recs.append(rec)
+            recs_by[impl] = rec
             if isinstance(fn, str):
                 rec["error"] = f"skipped: {fn}"
                 continue
@@ -185,18 +197,23 @@ def measure_cell(
                 rec["error"] = f"correctness check failed: {note}"
                 continue
             try:
-                args, rounds = [(x,) for x in sets], max(1, 4 // len(sets))
-                t = (  # graphed: each replay runs rounds x len(sets) calls; ~reps calls in all
-                    time_graph(fn, args, 1, rounds, max(5, reps // (rounds * len(sets))))
-                    if graphed
-                    else time_events(fn, args, cfg.warmup, reps, keep_ahead=False)
-                )
+                if graphed:  # timed below, in turns with the other graphed impls
+                    timers[impl] = GraphTimer(fn, args, 1, rounds)
+                    continue
+                t = time_events(fn, args, cfg.warmup, reps, keep_ahead=False)
             except Exception as exc:
                 rec["error"] = f"{type(exc).__name__}: {exc}"
                 continue
-            rec.update(median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, timer=t.method)
-            rec.update(reps=t.reps, graph_replayed=t.method.startswith("cuda-graph"))
-            rec["tflops"] = flops / t.median_s / 1e12
+            _record_timing(rec, t, flops)
+        try:  # graphed impls: each replay runs rounds x len(sets) calls; ~reps calls in all
+            for impl, t in interleaved(timers, replays).items():
+                _record_timing(recs_by[impl], t, flops)
+        except Exception as exc:
+            for impl in timers:
+                recs_by[impl]["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            for timer in timers.values():
+                timer.close()
         by = {r["impl"]: r["median_s"] for r in recs}
         for r in recs:
             for key, other in (("x_eager", by.get("eager")), ("x_graph", by.get("graph"))):
@@ -207,6 +224,12 @@ def measure_cell(
         torch._dynamo.reset()
     free_memory(device)
     return recs
+
+
+def _record_timing(rec: dict[str, Any], t: Timing, flops: float) -> None:
+    rec.update(median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, timer=t.method)
+    rec.update(reps=t.reps, graph_replayed=t.method.startswith("cuda-graph"))
+    rec["tflops"] = flops / t.median_s / 1e12
 
 
 # --- training step -------------------------------------------------------------------------------

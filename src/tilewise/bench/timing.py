@@ -151,6 +151,80 @@ def time_events(
     return _timing(samples, "cuda-events+lead" if sleep_cycles else "cuda-events")
 
 
+class GraphTimer:
+    """``rounds`` x ``len(arg_sets)`` calls of ``fn`` captured once in a CUDA graph; ``sample``
+    times replays of it. Several timers sampled in turn (``interleaved``) share the GPU's clock
+    and power state, which drifts over a run of long compute-bound calls (session 16: the MLP
+    grid's first-timed impl read up to 4% faster at hidden 8192).
+
+    ``fn`` must launch its work on the current stream and be capturable (no host syncs, no
+    allocation-dependent control flow).
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], arg_sets: ArgSets, warmup: int = 3, rounds: int = 4
+    ) -> None:
+        arg_sets = list(arg_sets) or [()]
+        self.device = _device_of(arg_sets)
+        if self.device.type != "cuda":
+            raise ValueError(f"GraphTimer needs CUDA arguments, got device {self.device}")
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for i in range(warmup * len(arg_sets)):
+                _call(fn, arg_sets, i)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self.graph: Any = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for _ in range(rounds):
+                for args in arg_sets:
+                    fn(*args)
+        self.calls = rounds * len(arg_sets)
+        self.graph.replay()  # the first replay uploads the graph
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        self.graph.replay()
+        end.record()
+        self.host_s = time.perf_counter() - t0  # host cost of queueing one timed replay
+        torch.cuda.synchronize(self.device)
+        self.replay_s = start.elapsed_time(end) * 1e-3
+        self.led = False  # whether the last sample ran behind a lead spin
+
+    def sample(self, replays: int, keep_ahead: bool = True) -> list[float]:
+        """Seconds per call of each of ``replays`` replays. With ``keep_ahead`` (and replays
+        under a millisecond) one spin kernel, sized to the host time of queueing every replay,
+        runs before the first start event: tiny replays then run back to back instead of each
+        window also holding the host's graph launch (which made graphs of a few microseconds
+        read several microseconds slow at random)."""
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        sleep_cycles = 0
+        with torch.cuda.device(index):
+            if keep_ahead and self.replay_s < 1e-3 and hasattr(torch.cuda, "_sleep"):
+                lead_s = min(2.0 * self.host_s * replays + 50e-6, 0.1)
+                sleep_cycles = int(lead_s * _sleep_cycles_per_s(index))
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
+            for s, e in zip(starts, ends, strict=True):
+                s.record()
+                self.graph.replay()
+                e.record()
+        torch.cuda.synchronize(self.device)
+        self.led = bool(sleep_cycles)
+        return [s.elapsed_time(e) * 1e-3 / self.calls for s, e in zip(starts, ends, strict=True)]
+
+    @property
+    def method(self) -> str:
+        return "cuda-graph+lead" if self.led else "cuda-graph"
+
+    def close(self) -> None:
+        self.graph = None
+
+
 def time_graph(
     fn: Callable[..., Any],
     arg_sets: ArgSets,
@@ -159,57 +233,30 @@ def time_graph(
     replays: int = 20,
     keep_ahead: bool = True,
 ) -> Timing:
-    """Seconds per call from CUDA-graph replays of ``rounds`` x ``len(arg_sets)`` captured calls.
-
-    Removes host overhead entirely. ``fn`` must launch its work on the current stream and be
-    capturable (no host syncs, no allocation-dependent control flow). With ``keep_ahead`` one spin
-    kernel, sized to the host time of queueing every replay, runs before the first start event:
-    replays of a few microseconds then run back to back instead of each window also holding the
-    host's graph launch (which made tiny graphs read several microseconds slow at random).
-    """
+    """Seconds per call from CUDA-graph replays of ``rounds`` x ``len(arg_sets)`` captured calls
+    (``GraphTimer``); removes host overhead entirely. On a CPU: ``perf_counter`` per call."""
     arg_sets = list(arg_sets) or [()]
-    device = _device_of(arg_sets)
-    if device.type != "cuda":
+    if _device_of(arg_sets).type != "cuda":
         return _time_cpu(fn, arg_sets, warmup * len(arg_sets), replays * len(arg_sets))
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for i in range(warmup * len(arg_sets)):
-            _call(fn, arg_sets, i)
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(rounds):
-            for args in arg_sets:
-                fn(*args)
-    calls = rounds * len(arg_sets)
-    graph.replay()
-    torch.cuda.synchronize(device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    sleep_cycles = 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(index):
-        if keep_ahead and hasattr(torch.cuda, "_sleep"):
-            t0 = time.perf_counter()
-            starts[0].record()
-            graph.replay()
-            ends[0].record()
-            host_s = time.perf_counter() - t0  # host cost of queueing one timed replay
-            torch.cuda.synchronize(device)
-            lead_s = min(2.0 * host_s * replays + 50e-6, 0.1)
-            sleep_cycles = int(lead_s * _sleep_cycles_per_s(index))
-        if sleep_cycles:
-            torch.cuda._sleep(sleep_cycles)
-        for s, e in zip(starts, ends, strict=True):
-            s.record()
-            graph.replay()
-            e.record()
-    torch.cuda.synchronize(device)
-    samples = [s.elapsed_time(e) * 1e-3 / calls for s, e in zip(starts, ends, strict=True)]
-    del graph
-    return _timing(samples, "cuda-graph+lead" if sleep_cycles else "cuda-graph")
+    timer = GraphTimer(fn, arg_sets, warmup, rounds)
+    samples = timer.sample(replays, keep_ahead)
+    timer.close()
+    return _timing(samples, timer.method)
+
+
+def interleaved(timers: dict[str, GraphTimer], replays: int, chunks: int = 4) -> dict[str, Timing]:
+    """``replays`` replays of every timer, taken in ``chunks`` turns whose order rotates, so no
+    timer is always sampled first or last."""
+    names = list(timers)
+    if not names:
+        return {}
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    chunks = max(1, min(chunks, replays))
+    for i in range(chunks):
+        per = replays // chunks + (1 if i < replays % chunks else 0)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            samples[name] += timers[name].sample(per)
+    return {n: _timing(samples[n], timers[n].method) for n in names}
 
 
 def host_us_per_call(fn: Callable[[], Any], iters: int = 2000, warmup: int = 50) -> float:
