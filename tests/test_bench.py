@@ -327,7 +327,7 @@ def test_time_graph_keeps_the_gpu_ahead_of_tiny_replays():
 
 
 def test_interleaved_rotates_turns_and_takes_every_replay():
-    """Timers sampled in turns whose order rotates; each gets exactly ``replays`` samples."""
+    """Timers sampled in turns whose order rotates; each gets exactly its count of samples."""
     from tilewise.bench.timing import interleaved
 
     order = []
@@ -351,6 +351,10 @@ def test_interleaved_rotates_turns_and_takes_every_replay():
     }
     assert sum(n for name, n in order if name == "a") == 7
     assert interleaved({}, 5) == {}
+    order.clear()
+    got = interleaved({"a": Fake("a", 1.0), "b": Fake("b", 2.0)}, {"a": 5, "b": 40})
+    assert (got["a"].reps, got["b"].reps) == (5, 40)
+    assert [n for name, n in order if name == "b"] == [10, 10, 10, 10]
 
 
 def test_merge_joins_parts_of_one_device(tmp_path, capsys):

@@ -26,6 +26,7 @@ from tilewise.bench.ceilings import Ceilings, tf32_off
 from tilewise.bench.checks import compare
 from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.timing import (
+    EventTimer,
     GraphTimer,
     Timing,
     interleaved,
@@ -176,7 +177,8 @@ def measure_cell(
         reps = max(5, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
         args, rounds = [(x,) for x in sets], max(1, 4 // len(sets))
         replays = max(5, reps // (rounds * len(sets)))
-        timers: dict[str, GraphTimer] = {}
+        timers: dict[str, GraphTimer | EventTimer] = {}
+        counts: dict[str, int] = {}
         recs_by: dict[str, dict[str, Any]] = {}
         for impl, fn in _fns(cfg, eager, hidden).items():
             rec = dict(base, impl=impl, how=HOW[impl], rotation=count, checked=False)
@@ -196,17 +198,18 @@ def measure_cell(
             if not ok:
                 rec["error"] = f"correctness check failed: {note}"
                 continue
-            try:
-                if graphed:  # timed below, in turns with the other graphed impls
-                    timers[impl] = GraphTimer(fn, args, 1, rounds)
-                    continue
-                t = time_events(fn, args, cfg.warmup, reps, keep_ahead=False)
+            try:  # timed below, every impl in turns with the others
+                if graphed:  # a replay runs rounds x len(sets) calls: ~reps calls in all
+                    timers[impl], counts[impl] = GraphTimer(fn, args, 1, rounds), replays
+                elif device.type == "cuda":  # host overhead included, as eager code pays it
+                    timers[impl] = EventTimer(fn, args, cfg.warmup, keep_ahead=False)
+                    counts[impl] = reps
+                else:
+                    _record_timing(rec, time_events(fn, args, cfg.warmup, reps), flops)
             except Exception as exc:
                 rec["error"] = f"{type(exc).__name__}: {exc}"
-                continue
-            _record_timing(rec, t, flops)
-        try:  # graphed impls: each replay runs rounds x len(sets) calls; ~reps calls in all
-            for impl, t in interleaved(timers, replays).items():
+        try:
+            for impl, t in interleaved(timers, counts).items():
                 _record_timing(recs_by[impl], t, flops)
         except Exception as exc:
             for impl in timers:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,59 @@ def _sleep_cycles_per_s(index: int) -> float:
         return cycles / (start.elapsed_time(end) * 1e-3)
 
 
+class EventTimer:
+    """Calls of ``fn`` rotating through ``arg_sets``, one CUDA event pair per call; ``sample(n)``
+    times the next ``n`` calls (the counterpart of ``GraphTimer`` for code that is not graphed).
+
+    With ``keep_ahead`` a spin kernel sized to twice the host time of one call is queued before
+    each start event, so the GPU never waits for the host inside a timed window: the figure is the
+    device time of the call's kernels (as in triton's ``do_bench``), not Python launch overhead.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], arg_sets: ArgSets, warmup: int = 10, keep_ahead: bool = True
+    ) -> None:
+        self.fn, self.arg_sets = fn, list(arg_sets) or [()]
+        self.device = _device_of(self.arg_sets)
+        if self.device.type != "cuda":
+            raise ValueError(f"EventTimer needs CUDA arguments, got device {self.device}")
+        with torch.cuda.device(self.device):
+            self.index = torch.cuda.current_device()
+            host = []
+            for i in range(max(1, warmup)):
+                t0 = time.perf_counter()
+                _call(fn, self.arg_sets, i)
+                host.append(time.perf_counter() - t0)
+            torch.cuda.synchronize(self.device)
+        self.calls = max(1, warmup)
+        self.sleep_cycles = 0
+        if keep_ahead and hasattr(torch.cuda, "_sleep"):
+            lead_s = 2.0 * float(np.median(host[len(host) // 2 :])) + 20e-6
+            self.sleep_cycles = int(min(lead_s, 0.05) * _sleep_cycles_per_s(self.index))
+
+    @property
+    def method(self) -> str:
+        return "cuda-events+lead" if self.sleep_cycles else "cuda-events"
+
+    def sample(self, reps: int) -> list[float]:
+        """Seconds of each of the next ``reps`` calls."""
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        with torch.cuda.device(self.index):
+            for s, e in zip(starts, ends, strict=True):
+                if self.sleep_cycles:
+                    torch.cuda._sleep(self.sleep_cycles)
+                s.record()
+                _call(self.fn, self.arg_sets, self.calls)
+                self.calls += 1
+                e.record()
+            torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
+
+    def close(self) -> None:
+        self.fn = None
+
+
 def time_events(
     fn: Callable[..., Any],
     arg_sets: ArgSets,
@@ -116,39 +169,13 @@ def time_events(
     reps: int = 50,
     keep_ahead: bool = True,
 ) -> Timing:
-    """Median device time of ``fn(*arg_sets[i % len(arg_sets)])``, one CUDA event pair per call.
-
-    With ``keep_ahead`` a spin kernel sized to twice the host time of one call is queued before
-    each start event, so the GPU never waits for the host inside a timed window: the figure is the
-    device time of the call's kernels (as in triton's ``do_bench``), not Python launch overhead.
-    """
+    """Median device time of ``fn(*arg_sets[i % len(arg_sets)])``, one CUDA event pair per call
+    (``EventTimer``; ``keep_ahead`` keeps host launch time out of the windows)."""
     arg_sets = list(arg_sets) or [()]
-    device = _device_of(arg_sets)
-    if device.type != "cuda":
+    if _device_of(arg_sets).type != "cuda":
         return _time_cpu(fn, arg_sets, warmup, reps)
-    with torch.cuda.device(device):
-        index = torch.cuda.current_device()
-        host = []
-        for i in range(max(1, warmup)):
-            t0 = time.perf_counter()
-            _call(fn, arg_sets, i)
-            host.append(time.perf_counter() - t0)
-        torch.cuda.synchronize(device)
-        sleep_cycles = 0
-        if keep_ahead and hasattr(torch.cuda, "_sleep"):
-            lead_s = 2.0 * float(np.median(host[len(host) // 2 :])) + 20e-6
-            sleep_cycles = int(min(lead_s, 0.05) * _sleep_cycles_per_s(index))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            if sleep_cycles:
-                torch.cuda._sleep(sleep_cycles)
-            starts[i].record()
-            _call(fn, arg_sets, i)
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        samples = [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
-    return _timing(samples, "cuda-events+lead" if sleep_cycles else "cuda-events")
+    timer = EventTimer(fn, arg_sets, warmup, keep_ahead)
+    return _timing(timer.sample(reps), timer.method)
 
 
 class GraphTimer:
@@ -244,18 +271,23 @@ def time_graph(
     return _timing(samples, timer.method)
 
 
-def interleaved(timers: dict[str, GraphTimer], replays: int, chunks: int = 4) -> dict[str, Timing]:
-    """``replays`` replays of every timer, taken in ``chunks`` turns whose order rotates, so no
-    timer is always sampled first or last."""
+def interleaved(
+    timers: Mapping[str, GraphTimer | EventTimer],
+    counts: Mapping[str, int] | int,
+    chunks: int = 4,
+) -> dict[str, Timing]:
+    """``counts`` samples (one number, or one per timer) of every timer, taken in ``chunks`` turns
+    whose order rotates, so no timer is always sampled first or last."""
     names = list(timers)
     if not names:
         return {}
+    want = {n: counts if isinstance(counts, int) else counts[n] for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}
-    chunks = max(1, min(chunks, replays))
+    chunks = max(1, min(chunks, *want.values()))
     for i in range(chunks):
-        per = replays // chunks + (1 if i < replays % chunks else 0)
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            samples[name] += timers[name].sample(per)
+            n = want[name]
+            samples[name] += timers[name].sample(n // chunks + (1 if i < n % chunks else 0))
     return {n: _timing(samples[n], timers[n].method) for n in names}
 
 
