@@ -25,6 +25,7 @@ TINY = mlp.MLPConfig(
     strassen_min_hidden=64,
     warmup=1,
     reps=2,
+    min_samples=2,
     train_shape=(2, 32, 8),
 )
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

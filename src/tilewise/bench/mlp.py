@@ -62,6 +62,7 @@ class MLPConfig:
     reps: int = 50
     cell_budget_s: float = 0.5  # fewer reps for cells whose calls are long (estimated from flops)
     tiny_reps: int = 200  # cells of a few microseconds: their replays jitter, so take more
+    min_samples: int = 12  # long cells too: under the power cap their p20-p80 spans ~5%
     tiny_s: float = 20e-6
     compile_mode: str = "max-autotune"
     train: bool = True
@@ -174,9 +175,9 @@ def measure_cell(
         out_e = eager(sets[0]).clone()
         est_s = flops / (5e13 if device.type == "cuda" else 5e10)
         most = cfg.tiny_reps if est_s < cfg.tiny_s else cfg.reps
-        reps = max(5, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
+        reps = max(cfg.min_samples, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
         args, rounds = [(x,) for x in sets], max(1, 4 // len(sets))
-        replays = max(5, reps // (rounds * len(sets)))
+        replays = max(cfg.min_samples, reps // (rounds * len(sets)))
         timers: dict[str, GraphTimer | EventTimer] = {}
         counts: dict[str, int] = {}
         recs_by: dict[str, dict[str, Any]] = {}
