@@ -321,9 +321,10 @@ def test_time_graph_keeps_the_gpu_ahead_of_tiny_replays():
     cycles = int(5e-6 * _sleep_cycles_per_s(torch.cuda.current_device()))
     t = time_graph(lambda _x: torch.cuda._sleep(cycles), [(x,)], rounds=4, replays=40)
     assert t.method == "cuda-graph+lead" and t.reps == 40
-    assert 4e-6 < t.median_s < 7.5e-6, t
-    plain = time_graph(lambda _x: torch.cuda._sleep(cycles), [(x,)], 1, 1, 40, keep_ahead=False)
-    assert plain.method == "cuda-graph" and plain.median_s >= 4e-6
+    assert 4e-6 < t.median_s < 10e-6, t  # loose: clocks under load stretch the spin
+    plain = time_graph(lambda _x: torch.cuda._sleep(cycles), [(x,)], 1, 4, 40, keep_ahead=False)
+    assert plain.method == "cuda-graph"
+    assert t.median_s <= 1.1 * plain.median_s, (t, plain)  # the lead adds nothing to a window
 
 
 def test_interleaved_rotates_turns_and_takes_every_replay():
@@ -355,6 +356,31 @@ def test_interleaved_rotates_turns_and_takes_every_replay():
     got = interleaved({"a": Fake("a", 1.0), "b": Fake("b", 2.0)}, {"a": 5, "b": 40})
     assert (got["a"].reps, got["b"].reps) == (5, 40)
     assert [n for name, n in order if name == "b"] == [10, 10, 10, 10]
+    order.clear()  # a timer with 2 samples takes 2 turns; the others still rotate over 4
+    got = interleaved({"a": Fake("a", 1.0), "b": Fake("b", 2.0)}, {"a": 2, "b": 8})
+    assert [n for name, n in order if name == "a"] == [1, 1] and got["b"].reps == 8
+    with pytest.raises(ValueError, match="counts"):
+        interleaved({"a": Fake("a", 1.0)}, 0)
+
+
+def test_interleaved_keeps_the_others_when_one_timer_fails():
+    """An impl that raises while timed (out of memory, say) answers with its exception; the
+    other timers keep their samples and finish their turns."""
+    from tilewise.bench.timing import interleaved
+
+    class Ok:
+        method = "cuda-graph"
+
+        def sample(self, n):
+            return [1.0] * n
+
+    class Boom(Ok):
+        def sample(self, n):
+            raise RuntimeError("out of memory")
+
+    got = interleaved({"ok": Ok(), "boom": Boom(), "ok2": Ok()}, 8)
+    assert isinstance(got["boom"], RuntimeError)
+    assert got["ok"].reps == got["ok2"].reps == 8
 
 
 def test_merge_joins_parts_of_one_device(tmp_path, capsys):

@@ -26,6 +26,7 @@ TINY = mlp.MLPConfig(
     warmup=1,
     reps=2,
     min_samples=2,
+    tiny_reps=2,
     train_shape=(2, 32, 8),
 )
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

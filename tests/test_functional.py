@@ -236,19 +236,21 @@ def test_torch_func_grad_and_vmap_match_pytorch(case):
 def test_compiled_transforms_match_pytorch(case):
     """torch.compile around jvp, grad and vmap through each op gives PyTorch's results (compiled
     jvp once returned zero tangents and compiled grad raised: Dynamo hides which transform is
-    active, so under compile every transform runs the reference)."""
+    active, so under compile every transform runs the reference; fullgraph: no graph break)."""
     _, tw, ref, x = _op_cases()[case]
     tangent = torch.randn_like(x)
     torch._dynamo.reset()
-    jvp = torch.compile(lambda f, t, d: torch.func.jvp(f, (t,), (d,))[1])
+    jvp = torch.compile(lambda f, t, d: torch.func.jvp(f, (t,), (d,))[1], fullgraph=True)
     want = torch.func.jvp(ref, (x,), (tangent,))[1]
     torch.testing.assert_close(jvp(tw, x, tangent), want, rtol=1e-4, atol=1e-4)
     assert want.abs().sum() > 0
-    grad = torch.compile(lambda f, t: torch.func.grad(lambda u: f(u).square().sum())(t))
+    grad = torch.compile(
+        lambda f, t: torch.func.grad(lambda u: f(u).square().sum())(t), fullgraph=True
+    )
     want = torch.func.grad(lambda u: ref(u).square().sum())(x)
     torch.testing.assert_close(grad(tw, x), want, rtol=1e-4, atol=1e-4)
     xs = torch.stack([x, 2 * x])
-    vmap = torch.compile(lambda f, t: torch.func.vmap(f)(t))
+    vmap = torch.compile(lambda f, t: torch.func.vmap(f)(t), fullgraph=True)
     torch.testing.assert_close(vmap(tw, xs), torch.func.vmap(ref)(xs), rtol=1e-4, atol=1e-4)
 
 

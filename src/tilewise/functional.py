@@ -105,10 +105,12 @@ _NO_AUTODIFF_RULE = (
 
 
 def _reference_for_forward_mode(op: str) -> bool:
-    """True (and says so once) when ``op`` must run its PyTorch reference for forward-mode AD."""
+    """True (and says so once, outside torch.compile: Dynamo refuses logger calls under
+    ``fullgraph=True``) when ``op`` must run its PyTorch reference for forward-mode AD."""
     if not _forward_mode():
         return False
-    dispatch.fallback(op, _NO_AUTODIFF_RULE)
+    if not torch.compiler.is_compiling():
+        dispatch.fallback(op, _NO_AUTODIFF_RULE)
     return True
 
 

@@ -174,9 +174,13 @@ def measure_cell(
         ref = reference64(eager, sets[0])
         out_e = eager(sets[0]).clone()
         est_s = flops / (5e13 if device.type == "cuda" else 5e10)
-        most = cfg.tiny_reps if est_s < cfg.tiny_s else cfg.reps
+        tiny = device.type == "cuda" and est_s < cfg.tiny_s  # the jitter is a GPU replay effect
+        most = cfg.tiny_reps if tiny else cfg.reps
         reps = max(cfg.min_samples, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
-        args, rounds = [(x,) for x in sets], max(1, 4 // len(sets))
+        # a graph replay runs rounds x len(sets) calls: one round once a call passes ~1 ms, so
+        # min_samples replays of long cells do not multiply their cost by 4
+        rounds = 1 if est_s > 1e-3 else max(1, 4 // len(sets))
+        args = [(x,) for x in sets]
         replays = max(cfg.min_samples, reps // (rounds * len(sets)))
         timers: dict[str, GraphTimer | EventTimer] = {}
         counts: dict[str, int] = {}
@@ -200,7 +204,7 @@ def measure_cell(
                 rec["error"] = f"correctness check failed: {note}"
                 continue
             try:  # timed below, every impl in turns with the others
-                if graphed:  # a replay runs rounds x len(sets) calls: ~reps calls in all
+                if graphed:
                     timers[impl], counts[impl] = GraphTimer(fn, args, 1, rounds), replays
                 elif device.type == "cuda":  # host overhead included, as eager code pays it
                     timers[impl] = EventTimer(fn, args, cfg.warmup, keep_ahead=False)
@@ -209,12 +213,12 @@ def measure_cell(
                     _record_timing(rec, time_events(fn, args, cfg.warmup, reps), flops)
             except Exception as exc:
                 rec["error"] = f"{type(exc).__name__}: {exc}"
-        try:
+        try:  # one impl that fails while timed loses only its own record
             for impl, t in interleaved(timers, counts).items():
-                _record_timing(recs_by[impl], t, flops)
-        except Exception as exc:
-            for impl in timers:
-                recs_by[impl]["error"] = f"{type(exc).__name__}: {exc}"
+                if isinstance(t, Exception):
+                    recs_by[impl]["error"] = f"{type(t).__name__}: {t}"
+                else:
+                    _record_timing(recs_by[impl], t, flops)
         finally:
             for timer in timers.values():
                 timer.close()

@@ -343,7 +343,7 @@ def _ln_bwd_looped_kernel(
 
 
 def row_size(normalized_shape: Sequence[int]) -> int:
-    return math.prod(int(s) for s in normalized_shape)
+    return math.prod([int(s) for s in normalized_shape])  # a list: Dynamo traces it in transforms
 
 
 def validate(x, normalized_shape, weight, bias) -> None:
