@@ -90,6 +90,28 @@ def _narrow_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig 
     return out
 
 
+def _wide_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | None]:
+    """Backward tiles of long contiguous runs (session 17): bias_act's column blocks of 512 to
+    4096 values (the shipped 512-wide blocks read 1 KB runs at an n-value stride; its n = 64 rows,
+    one 16 KB run per tile, read 0.89 of copy against 0.87 at n = 4096) and layer_norm steps of
+    4-8 whole rows; pipelined 2-3 deep at 1-4 programs per SM, within the shared-memory budget
+    and <= 64 fp32 values per thread per accumulator."""
+    out: list[TileConfig | None] = [None]
+    bias_act = kernel.startswith("bias_act")
+    widths = (512, 1024, 2048, 4096) if bias_act else (_common.next_pow2(n),)
+    budget = 200 * 1024
+    for bn, tile, warps, pps, stages in itertools.product(
+        widths, (4096, 8192, 16384), (4, 8, 16), (2, 4) if bias_act else (1, 2, 4), (2, 3)
+    ):
+        per_thread = tile // (32 * warps)
+        if bn > _common.next_pow2(n) or tile < bn or not 8 <= per_thread <= 64:
+            continue
+        if pps * stages * 2 * tile * elem > budget or pps * warps > 32:
+            continue
+        out.append(TileConfig(tile // bn, bn, warps, pps, prefetch=False, stages=stages))
+    return out
+
+
 def _candidates(kernel: str, n: int, elem: int) -> list[TileConfig | None]:
     out: list[TileConfig | None] = [None]  # None = the heuristic default
     if kernel.startswith("bias_act"):
@@ -163,6 +185,9 @@ def main() -> None:
     )
     ap.add_argument("--narrow", action="store_true", help="layer_norm_bwd with 1-4 warps per row")
     ap.add_argument(
+        "--wide", action="store_true", help="backward tiles of long contiguous runs, pipelined"
+    )
+    ap.add_argument(
         "--streaming",
         action="store_true",
         help="the default with and without evict-first loads / .cs stores (every kernel)",
@@ -197,6 +222,8 @@ def main() -> None:
         rows = []
         if args.streaming:
             cands = [(v, False) for v in _streaming_variants(kernel, m, n, 2, args.act)]
+        elif args.wide:
+            cands = [(v, False) for v in _wide_variants(kernel, m, n, 2)]
         elif args.narrow:
             cands = [(v, False) for v in _narrow_variants(kernel, m, n, 2)]
         elif args.stages:
@@ -246,6 +273,7 @@ def main() -> None:
         results.append({"kernel": kernel, "act": args.act, "n": n, "m": m, "mb": mb, "rows": rows})
     args.out.mkdir(parents=True, exist_ok=True)
     name = "streaming" if args.streaming else "narrow" if args.narrow else None
+    name = name or ("wide" if args.wide else None)
     name = name or ("stages" if args.stages else None)
     path = args.out / (f"tune_pointwise-{name}.json" if name else "tune_pointwise.json")
     path.write_text(

@@ -238,14 +238,50 @@ def store_once(ptr, value, mask, STREAM: tl.constexpr):
         tl.store(ptr, value, mask=mask)
 
 
+def fast_act_level(dtype: torch.dtype, device: torch.device) -> int:
+    """``FAST`` for ``act_fwd``/``act_bwd``: 0 (exact forms) for fp32 outputs; for half outputs 2
+    on a GPU (approximate ``ex2``/``rcp`` instructions that flush subnormals, one instruction each)
+    and 1 under the CPU interpreter, which cannot run inline PTX (the same formulas through
+    Triton's portable ``exp2`` and ``fdiv``)."""
+    if dtype == torch.float32:
+        return 0
+    return 2 if device.type == "cuda" else 1
+
+
 @triton.jit
-def normal_cdf_given_density_exp(z, e):
+def exp2_approx(x, ASM: tl.constexpr):
+    """2^x; with ``ASM`` one ``ex2.approx.ftz`` (2 ulp, subnormal results flush to zero), where
+    Triton's ``exp2`` adds a subnormal range fix-up around the same instruction (session 17)."""
+    if ASM:
+        y = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.exp2(x)
+    return y
+
+
+@triton.jit
+def rcp_approx(x, ASM: tl.constexpr):
+    """1 / x to about 1 ulp; with ``ASM`` one ``rcp.approx.ftz`` instruction (``fdiv`` adds range
+    checks around it)."""
+    if ASM:
+        y = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        y = tl.math.fdiv(1.0, x)
+    return y
+
+
+@triton.jit
+def normal_cdf_given_density_exp(z, e, ASM: tl.constexpr):
     """The normal CDF at z given e = exp(-z^2 / 2), for the GELU backward, which needs e for the
     density anyway: Abramowitz & Stegun 7.1.26, absolute error <= 7.4e-8 (<= 3e-7 evaluated in
     fp32), one approximate division and a polynomial instead of erf's branches. The error is
     absolute: in the negative tail the tiny CDF's relative error grows (0.16% at z = -5, where
     the CDF is 3e-7; 2% at -10 and 3% at -12, where it is below 1e-23; more beyond)."""
-    t = tl.math.fdiv(1.0, 1.0 + 0.23164189750 * tl.abs(z))  # 0.3275911 / sqrt(2)
+    t = rcp_approx(1.0 + 0.23164189750 * tl.abs(z), ASM)  # 0.3275911 / sqrt(2)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
         -1.453152027 + t * 1.061405429))))  # fmt: skip
     tail = 0.5 * poly * e  # 1 - cdf(|z|)
@@ -253,7 +289,7 @@ def normal_cdf_given_density_exp(z, e):
 
 
 @triton.jit
-def act_fwd(z, ACT: tl.constexpr, FAST: tl.constexpr = False):
+def act_fwd(z, ACT: tl.constexpr, FAST: tl.constexpr = 0):
     """Activation of an fp32 tile; NaN propagates like PyTorch's.
 
     ``FAST`` (half-precision outputs): GELU's normal CDF from ``normal_cdf_given_density_exp``
@@ -265,18 +301,22 @@ def act_fwd(z, ACT: tl.constexpr, FAST: tl.constexpr = False):
         y = tl.where(z < 0.0, 0.0, z)
     elif ACT == 2:
         if FAST:
-            y = z * normal_cdf_given_density_exp(z, tl.exp(-0.5 * z * z))
+            e = exp2_approx(z * z * -0.7213475204444817, FAST == 2)  # exp(-z^2 / 2)
+            y = z * normal_cdf_given_density_exp(z, e, FAST == 2)
         else:
             y = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
     elif ACT == 3:
-        y = z * tl.sigmoid(z)
+        if FAST:
+            y = z * rcp_approx(1.0 + exp2_approx(z * -1.4426950408889634, FAST == 2), FAST == 2)
+        else:
+            y = z * tl.sigmoid(z)
     else:
         y = z
     return y
 
 
 @triton.jit
-def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = False):
+def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = 0):
     """dL/dz given dL/dy and the pre-activation z (fp32 tiles).
 
     ``FAST`` (for half-precision outputs): GELU's normal CDF from
@@ -288,14 +328,18 @@ def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = False):
     if ACT == 1:
         dz = tl.where(z <= 0.0, 0.0, dy)
     elif ACT == 2:
-        e = tl.exp(-0.5 * z * z)
         if FAST:
-            cdf = normal_cdf_given_density_exp(z, e)
+            e = exp2_approx(z * z * -0.7213475204444817, FAST == 2)  # exp(-z^2 / 2)
+            cdf = normal_cdf_given_density_exp(z, e, FAST == 2)
         else:
+            e = tl.exp(-0.5 * z * z)
             cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
         dz = dy * (cdf + z * (e * 0.3989422804014327))
     elif ACT == 3:
-        s = tl.sigmoid(z)
+        if FAST:
+            s = rcp_approx(1.0 + exp2_approx(z * -1.4426950408889634, FAST == 2), FAST == 2)
+        else:
+            s = tl.sigmoid(z)
         dz = dy * (s * (1.0 + z * (1.0 - s)))
     else:
         dz = dy

@@ -26,6 +26,7 @@ from tilewise.ops._common import (
     atomic_slots,
     backward_launch_args,
     cdiv,
+    fast_act_level,
     load_once,
     next_pow2,
     num_sms,
@@ -301,7 +302,7 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
         rows_per_prog,
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
-        FAST_ACT=x.dtype != torch.float32,  # the approximate GELU CDF for half outputs
+        FAST_ACT=fast_act_level(x.dtype, x.device),  # approximate forms for half outputs
         STREAM=cfg.streaming,
         STAGES=cfg.stages,
         BLOCK_M=cfg.block_m,
@@ -370,7 +371,9 @@ def backward(
             ACT=activation_code(activation),
             # the approximate GELU CDF only where every output is half precision (an fp32 bias
             # gradient with half x sums the dz values in fp32)
-            FAST_ACT=x.dtype != torch.float32 and (db is None or db.dtype != torch.float32),
+            FAST_ACT=fast_act_level(
+                x.dtype if db is None else torch.promote_types(x.dtype, db.dtype), x.device
+            ),
             ATOMIC=atomic,
             SLOTS=slots,
             **backward_launch_args(cfg),
