@@ -234,7 +234,17 @@ def _config(
         block_m = max(1, min(next_pow2(m), 8192 // block_n))
         stages = min(3, pipeline_smem_budget(device) // (2 * block_m * block_n * elem_bytes))
         pipelined_bwd = stages >= 2  # dy and x tiles staged at least twice
-    if pipelined_bwd:
+    if pipelined_bwd and n % 1024 == 0:  # rows of whole 1024-value blocks
+        # Session 17 (tune_pointwise --wide, 64 MB fp16, n = 4096, with the one-instruction
+        # ex2/rcp forms): column blocks of 1024 values, 4 rows per step, pipelined 3 deep at 4 per
+        # SM: SiLU 0.874 of copy (the 8 x 512 default 0.852), GELU 0.865 (best 0.869 at 2 per SM;
+        # 8 x 512 0.861). 4 KB runs per row instead of 1 KB (bias_act's n = 64 rows, one 16 KB
+        # run per tile, had read 0.89 against 0.87 at n = 4096).
+        block_n = 1024
+        block_m = max(1, min(next_pow2(m), 4))
+        stages = min(3, pipeline_smem_budget(device) // (2 * block_m * block_n * elem_bytes))
+        default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=stages)
+    elif pipelined_bwd:
         # Session 10 (tune_pointwise --stages --quick, 64 MB fp16): short rows (n = 64, a
         # 128 x 64 tile) want 8 warps (108-128 registers per thread against 182-255 at 4 warps,
         # triton_regs.py): SiLU 0.844 -> 0.876, ReLU 0.877 -> 0.876-0.878. 16 x 512 tiles stay
@@ -244,8 +254,7 @@ def _config(
         if activation in ("gelu", "silu"):
             # Session 11 (tune_pointwise --stages --quick --act gelu, 64 MB fp16, 3 input sets):
             # the transcendental derivatives want half the rows per step at 2 programs per SM:
-            # n = 4096 8 x 512 0.842 of copy (16 x 512 at 4 per SM 0.814), n = 64 64 x 64 0.868
-            # (128 x 64: 0.846)
+            # n = 64 64 x 64 0.868 (128 x 64: 0.846)
             block_m, progs = max(1, block_m // 2), 2
         default = TileConfig(
             block_m, block_n, warps, progs_per_sm=progs, prefetch=False, stages=stages
@@ -258,11 +267,13 @@ def _config(
         # Forward, session 10 (tune_pointwise --only bias_act_fwd, 64 MB fp16): one 16-byte
         # vector per thread wins (1 x 4096 / 16 warps 0.923 of copy, 32 x 64 / 8 warps 0.922)
         # over two (the previous 4096-value tiles at 8 warps: 0.902 / 0.909; torch.compile
-        # 0.905-0.915 in the same calls).
+        # 0.905-0.915 in the same calls). Evict-first loads and streaming stores (session 12,
+        # tune_pointwise --streaming, 3 interleaved runs each): n = 64 0.909-0.914 -> 0.917-0.920,
+        # n = 4096 0.919-0.921 -> 0.919-0.922; on by default since session 17.
         block_n = min(next_pow2(n), 16384 // elem_bytes)
         block_m = max(1, min(next_pow2(m), 2048 // block_n))
         warps = max(4, min(16, block_m * block_n * elem_bytes // (32 * 16)))
-        default = TileConfig(block_m=block_m, block_n=block_n, num_warps=warps, progs_per_sm=8)
+        default = TileConfig(block_m, block_n, warps, progs_per_sm=8, streaming=True)
     return pick_config(kernel, m, n, elem_bytes, default)
 
 

@@ -416,10 +416,18 @@ def _config(
     if kernel.endswith("bwd"):
         warps = min(16, max(4, block_n // 256))
         rows = max(2, 2048 // block_n)  # short rows: several per step, >= 2048 elements in flight
+        progs, deepest = 2, 4 if block_n <= 2048 else 3
+        # Session 17 (tune_pointwise --wide, 64 MB fp16): n = 1024 4 rows per step, 3 stages, 4
+        # per SM 0.872 of copy (2 rows, 4 stages, 2 per SM: 0.850); n = 4096 one program per SM
+        # 0.851 (two: 0.821-0.827)
+        if block_n == 1024 and elem_bytes <= 2:
+            rows, progs, deepest = 4, 4, 3
+        elif block_n >= 4096:
+            progs = 1
         per_stage = 2 * rows * block_n * elem_bytes  # dy and x tiles
-        stages = min(4 if block_n <= 2048 else 3, pipeline_smem_budget(device) // per_stage)
+        stages = min(deepest, pipeline_smem_budget(device) // per_stage)
         if stages >= 2:
-            default = TileConfig(rows, block_n, warps, 2, prefetch=False, stages=stages)
+            default = TileConfig(rows, block_n, warps, progs, prefetch=False, stages=stages)
         else:  # rows too long to stage twice: one row per step, 8 programs per SM (session 4)
             default = TileConfig(1, block_n, warps, progs_per_sm=8, prefetch=False)
     else:
@@ -429,7 +437,12 @@ def _config(
         rows = 8192 // block_n if block_n < 1024 else (2 if block_n <= 4096 else 1)
         block_m = max(1, min(next_pow2(m), rows))
         warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
-        default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
+        # evict-first loads and streaming stores (session 12, tune_pointwise --streaming):
+        # n = 1024 0.902-0.905 -> 0.905-0.907, n = 4096 0.889-0.895 -> 0.902-0.903; on since
+        # session 17
+        default = TileConfig(
+            block_m, block_n, warps, progs_per_sm=8, prefetch=False, streaming=True
+        )
     cfg = pick_config(kernel, m, n, elem_bytes, default)
     if cfg.block_n < n:
         raise ValueError(f"config for {kernel}: block_n={cfg.block_n} must cover n={n}")
