@@ -240,10 +240,15 @@ def _config(
         # SM: SiLU 0.874 of copy (the 8 x 512 default 0.852), GELU 0.865 (best 0.869 at 2 per SM;
         # 8 x 512 0.861). 4 KB runs per row instead of 1 KB (bias_act's n = 64 rows, one 16 KB
         # run per tile, had read 0.89 against 0.87 at n = 4096).
-        block_n = 1024
-        block_m = max(1, min(next_pow2(m), 4))
-        stages = min(3, pipeline_smem_budget(device) // (2 * block_m * block_n * elem_bytes))
-        default = TileConfig(block_m, block_n, 4, progs_per_sm=4, prefetch=False, stages=stages)
+        # GELU (tune_pointwise --stages --quick around that, same call pair): 2 rows per step, 4
+        # stages, 2 per SM 0.881 (4 rows: 0.859-0.864).
+        block_n, rows, progs, deepest = 1024, 4, 4, 3
+        if activation == "gelu":
+            rows, progs, deepest = 2, 2, 4
+        block_m = max(1, min(next_pow2(m), rows))
+        per_stage = 2 * block_m * block_n * elem_bytes
+        stages = min(deepest, pipeline_smem_budget(device) // per_stage)
+        default = TileConfig(block_m, block_n, 4, progs, prefetch=False, stages=stages)
     elif pipelined_bwd:
         # Session 10 (tune_pointwise --stages --quick, 64 MB fp16): short rows (n = 64, a
         # 128 x 64 tile) want 8 warps (108-128 registers per thread against 182-255 at 4 warps,
@@ -254,8 +259,11 @@ def _config(
         if activation in ("gelu", "silu"):
             # Session 11 (tune_pointwise --stages --quick --act gelu, 64 MB fp16, 3 input sets):
             # the transcendental derivatives want half the rows per step at 2 programs per SM:
-            # n = 64 64 x 64 0.868 (128 x 64: 0.846)
+            # n = 64 64 x 64 0.868 (128 x 64: 0.846). Session 17, GELU with the one-instruction
+            # forms: 3 per SM, 2 stages 0.875 (2 per SM, 3 stages: 0.844)
             block_m, progs = max(1, block_m // 2), 2
+            if activation == "gelu" and block_n <= 128:
+                progs, stages = 3, 2
         default = TileConfig(
             block_m, block_n, warps, progs_per_sm=progs, prefetch=False, stages=stages
         )
@@ -267,13 +275,12 @@ def _config(
         # Forward, session 10 (tune_pointwise --only bias_act_fwd, 64 MB fp16): one 16-byte
         # vector per thread wins (1 x 4096 / 16 warps 0.923 of copy, 32 x 64 / 8 warps 0.922)
         # over two (the previous 4096-value tiles at 8 warps: 0.902 / 0.909; torch.compile
-        # 0.905-0.915 in the same calls). Evict-first loads and streaming stores (session 12,
-        # tune_pointwise --streaming, 3 interleaved runs each): n = 64 0.909-0.914 -> 0.917-0.920,
-        # n = 4096 0.919-0.921 -> 0.919-0.922; on by default since session 17.
+        # 0.905-0.915 in the same calls). Evict-first loads and streaming stores gained 0.1-0.8
+        # points in session 12's sweep but lost 0.4-2 points in session 17's study: off.
         block_n = min(next_pow2(n), 16384 // elem_bytes)
         block_m = max(1, min(next_pow2(m), 2048 // block_n))
         warps = max(4, min(16, block_m * block_n * elem_bytes // (32 * 16)))
-        default = TileConfig(block_m, block_n, warps, progs_per_sm=8, streaming=True)
+        default = TileConfig(block_m, block_n, warps, progs_per_sm=8)
     return pick_config(kernel, m, n, elem_bytes, default)
 
 
