@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
-from tilewise.bench.pointwise import _arg_sets, implementation
+from tilewise.bench.pointwise import SETTLE_CALLS, _arg_sets, implementation
 from tilewise.bench.results import environment
 from tilewise.bench.timing import EventTimer, interleaved
 from tilewise.ops import _common
@@ -100,10 +100,12 @@ def main() -> None:
         sets = [(s,) for s in _arg_sets(spec, p, dev)]
         nbytes = spec.bytes(p, "fwd")
         kernel = f"{op}_fwd"
-        timers = {"compile": EventTimer(_compile_fn(spec, act), sets)}
+        timers = {"compile": EventTimer(_compile_fn(spec, act), sets, settle=SETTLE_CALLS)}
         for name, cfg in candidates(op, p).items():
             try:
-                timers[name] = EventTimer(_tilewise_fn(spec, act, kernel, cfg), sets)
+                timers[name] = EventTimer(
+                    _tilewise_fn(spec, act, kernel, cfg), sets, settle=SETTLE_CALLS
+                )
             except Exception as exc:  # a config the compiler rejects: said, not timed
                 print(f"{op} n={n} {name}: skipped ({type(exc).__name__}: {exc})"[:200])
         _common.CONFIG_OVERRIDES.pop(kernel, None)

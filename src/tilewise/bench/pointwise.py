@@ -40,6 +40,8 @@ BASE_ACTIVATIONS: dict[str, tuple[str, ...]] = {
 }
 FULL_ACTIVATIONS: dict[str, tuple[str, ...]] = {"bias_act": ("relu", "gelu", "silu")}
 TARGET_FRACTION = 0.85
+#: untimed calls after each turn's L2 read-out (``EventTimer(settle=)``)
+SETTLE_CALLS = 3
 TARGET_MIN_MB = 64.0
 
 
@@ -221,8 +223,9 @@ def _time_impls(
     answers with its exception, as does one whose timing fails). On a GPU the impls are sampled
     in rotating turns (``interleaved``), so none is always timed first, right after the
     correctness check, or last (session 17: the study, timing tilewise then eager then compile,
-    read tilewise's LayerNorm forward with streaming stores 1.4 points of copy below compile;
-    the same kernels in turns read 1.6 points above)."""
+    read tilewise's LayerNorm forward with streaming stores 1.4 points of copy below compile).
+    Each turn starts with L2 read out and a few untimed calls (``EventTimer(settle=)``): turns
+    without them let evict-first loads hit on input lines the previous impl had left in L2."""
     calls: dict[str, Any] = {}
     for impl, make in makers.items():
         try:
@@ -243,7 +246,7 @@ def _time_impls(
         try:
             if isinstance(c, Exception):
                 raise c
-            timers[impl] = EventTimer(c[0], c[1], warmup)
+            timers[impl] = EventTimer(c[0], c[1], warmup, settle=SETTLE_CALLS)
         except Exception as exc:
             out[impl] = exc
     out.update(interleaved(timers, reps, chunks=4))

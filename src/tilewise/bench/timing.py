@@ -116,12 +116,24 @@ class EventTimer:
     With ``keep_ahead`` a spin kernel sized to twice the host time of one call is queued before
     each start event, so the GPU never waits for the host inside a timed window: the figure is the
     device time of the call's kernels (as in triton's ``do_bench``), not Python launch overhead.
+
+    ``settle`` (for timers sampled in turns with others over the same inputs): each ``sample``
+    batch first reads L2 out and makes ``settle`` untimed calls. Without it, a kernel with
+    evict-first loads hit in L2 on input lines another impl had just read with normal priority
+    (session 17: a LayerNorm forward read 0.957 of copy that way, against ~0.90).
     """
 
     def __init__(
-        self, fn: Callable[..., Any], arg_sets: ArgSets, warmup: int = 10, keep_ahead: bool = True
+        self,
+        fn: Callable[..., Any],
+        arg_sets: ArgSets,
+        warmup: int = 10,
+        keep_ahead: bool = True,
+        settle: int = 0,
     ) -> None:
         self.fn, self.arg_sets = fn, list(arg_sets) or [()]
+        self.settle = settle
+        self._flush: torch.Tensor | None = None
         self.device = _device_of(self.arg_sets)
         if self.device.type != "cuda":
             raise ValueError(f"EventTimer needs CUDA arguments, got device {self.device}")
@@ -143,11 +155,26 @@ class EventTimer:
     def method(self) -> str:
         return "cuda-events+lead" if self.sleep_cycles else "cuda-events"
 
+    def _settle(self) -> None:
+        """Read L2 out (a normal-priority read of 2x L2, which evicts lines any other code left,
+        including lines that evict-first loads would never displace), then ``settle`` untimed
+        calls, so a batch starts from this code's own steady state."""
+        if self._flush is None:
+            self._flush = torch.empty(
+                max(2 * l2_cache_bytes(self.device), 1 << 26), dtype=torch.uint8, device=self.device
+            )
+        self._flush.sum(dtype=torch.int32)
+        for _ in range(self.settle):
+            _call(self.fn, self.arg_sets, self.calls)
+            self.calls += 1
+
     def sample(self, reps: int) -> list[float]:
-        """Seconds of each of the next ``reps`` calls."""
+        """Seconds of each of the next ``reps`` calls (after ``settle`` untimed ones, if asked)."""
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         with torch.cuda.device(self.index):
+            if self.settle:
+                self._settle()
             for s, e in zip(starts, ends, strict=True):
                 if self.sleep_cycles:
                     torch.cuda._sleep(self.sleep_cycles)
@@ -159,7 +186,7 @@ class EventTimer:
         return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
 
     def close(self) -> None:
-        self.fn = None
+        self.fn = self._flush = None
 
 
 def time_events(
