@@ -275,14 +275,15 @@ def _config(
         # Forward, session 10 (tune_pointwise --only bias_act_fwd, 64 MB fp16): one 16-byte
         # vector per thread wins (1 x 4096 / 16 warps 0.923 of copy, 32 x 64 / 8 warps 0.922)
         # over two (the previous 4096-value tiles at 8 warps: 0.902 / 0.909; torch.compile
-        # 0.905-0.915 in the same calls). Evict-first loads and streaming stores: +0.1-0.8
-        # points in session 12's sweep; session 17, timed in rotating turns with torch.compile
-        # (benchmarks/pointwise_fwd_ab.py, fp16 64 MB, ReLU): n = 64 0.915 against 0.904
-        # (compile 0.909), n = 4096 0.916 against 0.915 (compile 0.915). On.
+        # 0.905-0.915 in the same calls). Evict-first loads and streaming stores lose: session
+        # 17, in rotating turns that start from L2 read out (benchmarks/pointwise_ab.py, fp16
+        # 64 MB, ReLU) n = 4096 0.900 against 0.915 plain (torch.compile 0.914), n = 64 0.903
+        # against 0.915 (0.911). Session 12's sweep, which had them 0.1-0.8 points ahead, let
+        # evict-first loads hit on lines the plain runs before them had left in L2.
         block_n = min(next_pow2(n), 16384 // elem_bytes)
         block_m = max(1, min(next_pow2(m), 2048 // block_n))
         warps = max(4, min(16, block_m * block_n * elem_bytes // (32 * 16)))
-        default = TileConfig(block_m, block_n, warps, progs_per_sm=8, streaming=True)
+        default = TileConfig(block_m, block_n, warps, progs_per_sm=8)
     return pick_config(kernel, m, n, elem_bytes, default)
 
 

@@ -437,12 +437,9 @@ def _config(
         rows = 8192 // block_n if block_n < 1024 else (2 if block_n <= 4096 else 1)
         block_m = max(1, min(next_pow2(m), rows))
         warps = min(16, max(4, next_pow2(block_m * block_n // 2048)))
-        # evict-first loads and streaming stores: +0.2-0.9 points in session 12's sweep; session
-        # 17, in rotating turns with torch.compile (benchmarks/pointwise_fwd_ab.py, fp16 64 MB,
-        # n = 1024): 0.909 against 0.887 (compile 0.893). On.
-        default = TileConfig(
-            block_m, block_n, warps, progs_per_sm=8, prefetch=False, streaming=True
-        )
+        # evict-first loads and streaming stores lose (session 17, benchmarks/pointwise_ab.py,
+        # turns from L2 read out, fp16 64 MB, n = 1024: 0.878 against 0.891 plain)
+        default = TileConfig(block_m, block_n, num_warps=warps, progs_per_sm=8, prefetch=False)
     cfg = pick_config(kernel, m, n, elem_bytes, default)
     if cfg.block_n < n:
         raise ValueError(f"config for {kernel}: block_n={cfg.block_n} must cover n={n}")
