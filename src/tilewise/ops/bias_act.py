@@ -259,11 +259,14 @@ def _config(
         if activation in ("gelu", "silu"):
             # Session 11 (tune_pointwise --stages --quick --act gelu, 64 MB fp16, 3 input sets):
             # the transcendental derivatives want half the rows per step at 2 programs per SM:
-            # n = 64 64 x 64 0.868 (128 x 64: 0.846). Session 17, GELU with the one-instruction
-            # forms: 3 per SM, 2 stages 0.875 (2 per SM, 3 stages: 0.844)
+            # n = 64 64 x 64 0.868 (128 x 64: 0.846). Session 17, with the one-instruction
+            # forms, 3 per SM and 2 stages: GELU 0.875 (tune_pointwise --stages; 2 per SM, 3
+            # stages: 0.844), SiLU at 4 warps 0.881 (benchmarks/pointwise_ab.py, in turns;
+            # the previous default 0.853)
             block_m, progs = max(1, block_m // 2), 2
-            if activation == "gelu" and block_n <= 128:
+            if block_n <= 128:
                 progs, stages = 3, 2
+                warps = 4 if activation == "silu" else warps
         default = TileConfig(
             block_m, block_n, warps, progs_per_sm=progs, prefetch=False, stages=stages
         )
