@@ -62,6 +62,10 @@ def _run_case(x0, w0, b0, activation, dtype, seed, *, allow_tf32=False, bias_dty
             atol * max(1.0, red**0.5) * max(1.0, rms),
             f"linear {activation} {what}",
             seed,
+            # a correctly rounded half-precision output may sit one ulp from PyTorch's (session
+            # 17, H100: 1 of 1.02M bf16 GELU dweight elements, 0.126 against a bound of 0.111
+            # at |dW| ~ 16-32, where an ulp is 0.125; split-K tile, seed 1409859485)
+            ulps=1,
         )
 
 
