@@ -81,9 +81,17 @@ def bwd_candidates(op: str, p: RowsProblem) -> dict[str, TileConfig | None]:
     return out
 
 
-def _timer(spec, impl: str, act: str, pass_: str, sets: list[dict], cfg=None) -> EventTimer:
+def _timer(
+    spec, impl: str, act: str, pass_: str, sets: list[dict], cfg=None, variant: str = ""
+) -> EventTimer:
+    """``variant``: "deterministic" (PyTorch's deterministic mode: stored partial rows summed by
+    torch instead of fp32 atomics) or "no-affine" (layer_norm without weight and bias, so no
+    reduction over rows at all: the cost of the dw/db reductions, by difference)."""
     fn = implementation(spec, impl, act)
     kernel = f"{spec.name}_{pass_}"
+    if variant == "no-affine":
+        spec = replace(spec, grad_inputs=("x",))
+        sets = [{**s, "weight": None, "bias": None} for s in sets]
     call, args = _pass_call(fn, spec, sets, pass_)
 
     def timed(*a):
@@ -92,6 +100,12 @@ def _timer(spec, impl: str, act: str, pass_: str, sets: list[dict], cfg=None) ->
                 _common.CONFIG_OVERRIDES.pop(kernel, None)
             else:
                 _common.CONFIG_OVERRIDES[kernel] = lambda *_: cfg
+        if variant == "deterministic":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            try:
+                return call(*a)
+            finally:
+                torch.use_deterministic_algorithms(False)
         return call(*a)
 
     return EventTimer(timed, args, settle=SETTLE_CALLS)
@@ -104,6 +118,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rotating turns")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"))
+    ap.add_argument("--only-default", action="store_true", help="no config candidates")
     ap.add_argument(
         "--problems",
         nargs="+",
@@ -124,9 +139,16 @@ def main() -> None:
         kernel = f"{op}_{args.pass_}"
         timers = {"compile": _timer(spec, "compile", act, args.pass_, sets)}
         cands = candidates(op, p) if args.pass_ == "fwd" else bwd_candidates(op, p)
+        if args.only_default:
+            cands = {"default": None}
+        if args.pass_ == "bwd":
+            cands.update({"deterministic": None})
+            if op == "layer_norm":
+                cands.update({"no-affine": None})
         for name, cfg in cands.items():
+            variant = name if name in ("deterministic", "no-affine") else ""
             try:
-                timers[name] = _timer(spec, "tilewise", act, args.pass_, sets, cfg)
+                timers[name] = _timer(spec, "tilewise", act, args.pass_, sets, cfg, variant)
             except Exception as exc:  # a config the compiler rejects: said, not timed
                 print(f"{op} n={n} {name}: skipped ({type(exc).__name__}: {exc})"[:200])
         _common.CONFIG_OVERRIDES.pop(kernel, None)
