@@ -85,8 +85,9 @@ def _timer(
     spec, impl: str, act: str, pass_: str, sets: list[dict], cfg=None, variant: str = ""
 ) -> EventTimer:
     """``variant``: "deterministic" (PyTorch's deterministic mode: stored partial rows summed by
-    torch instead of fp32 atomics) or "no-affine" (layer_norm without weight and bias, so no
-    reduction over rows at all: the cost of the dw/db reductions, by difference)."""
+    torch instead of fp32 atomics), "no-affine" (layer_norm without weight and bias, so no
+    reduction over rows at all: the cost of the dw/db reductions, by difference) or "slotsK" (K
+    accumulator copies for the atomic sums instead of ``atomic_slots``'s choice)."""
     fn = implementation(spec, impl, act)
     kernel = f"{spec.name}_{pass_}"
     if variant == "no-affine":
@@ -100,6 +101,13 @@ def _timer(
                 _common.CONFIG_OVERRIDES.pop(kernel, None)
             else:
                 _common.CONFIG_OVERRIDES[kernel] = lambda *_: cfg
+        if variant.startswith("slots"):  # accumulator copies of the atomic dw/db/dbias sums
+            mod = ln if spec.name == "layer_norm" else ba
+            keep, mod.atomic_slots = mod.atomic_slots, lambda _p, k=int(variant[5:]): k
+            try:
+                return call(*a)
+            finally:
+                mod.atomic_slots = keep
         if variant == "deterministic":
             torch.use_deterministic_algorithms(True, warn_only=True)
             try:
@@ -143,10 +151,11 @@ def main() -> None:
             cands = {"default": None}
         if args.pass_ == "bwd":
             cands.update({"deterministic": None})
+            cands.update({f"slots{k}": None for k in (1, 2, 4, 8, 16)})
             if op == "layer_norm":
                 cands.update({"no-affine": None})
         for name, cfg in cands.items():
-            variant = name if name in ("deterministic", "no-affine") else ""
+            variant = name if name in ("deterministic", "no-affine") or "slots" in name else ""
             try:
                 timers[name] = _timer(spec, "tilewise", act, args.pass_, sets, cfg, variant)
             except Exception as exc:  # a config the compiler rejects: said, not timed
