@@ -103,7 +103,7 @@ def _timer(
                 _common.CONFIG_OVERRIDES[kernel] = lambda *_: cfg
         if variant.startswith("slots"):  # accumulator copies of the atomic dw/db/dbias sums
             mod = ln if spec.name == "layer_norm" else ba
-            keep, mod.atomic_slots = mod.atomic_slots, lambda _p, k=int(variant[5:]): k
+            keep, mod.atomic_slots = mod.atomic_slots, lambda *_, k=int(variant[5:]): k
             try:
                 return call(*a)
             finally:

@@ -170,7 +170,7 @@ def test_deterministic_mode_sums_partials_in_order(device, dtype, rng_seed):
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_atomic_sum_over_accumulator_copies(device, dtype, monkeypatch, rng_seed):
     """Programs spread their atomics over several accumulator copies that the last one sums."""
-    monkeypatch.setattr(ops, "atomic_slots", lambda programs: 4)
+    monkeypatch.setattr(ops, "atomic_slots", lambda *_: 4)
     for xshape, shape in CASES[2:4] if device == "cpu" else GPU_CASES[:2]:
         x = torch.randn(xshape, device=device, dtype=torch.float32)
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)

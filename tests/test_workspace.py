@@ -52,7 +52,7 @@ def many_programs():
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_backward_leaves_workspace_zero(device, dtype, many_programs):
-    assert _common.atomic_slots(200) > 1
+    assert _common.atomic_slots(200, 32) > 1
     runs = _problems(device, dtype)
     first = []
     for fn in runs:
@@ -141,3 +141,17 @@ def test_graph_capture_takes_its_own_workspace():
         torch.testing.assert_close(db, want_db, rtol=1e-3, atol=1e-2)
         torch.testing.assert_close(eager_db, want_db, rtol=1e-3, atol=1e-2)
     assert workspace.all_zero()
+
+
+def test_atomic_slots_stay_few_for_wide_rows():
+    """Copies of the accumulators: about one per 64 programs, a power of two up to 16, but few
+    enough that the finishing program reads at most SLOT_VALUES values (wide rows: one copy)."""
+    assert _common.atomic_slots(132, 4096) == 1
+    assert _common.atomic_slots(528, 1024) == 4
+    assert _common.atomic_slots(528, 64) == 16
+    assert _common.atomic_slots(10, 64) == 1
+    for programs in (1, 63, 65, 200, 5000):
+        for width in (1, 48, 1000, 1024, 3000, 8192):
+            k = _common.atomic_slots(programs, width)
+            assert 1 <= k <= 16 and k & (k - 1) == 0
+            assert k == 1 or k * width <= _common.SLOT_VALUES

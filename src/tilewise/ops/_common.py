@@ -157,10 +157,21 @@ def use_atomics() -> bool:
     return not torch.are_deterministic_algorithms_enabled()
 
 
-def atomic_slots(programs: int) -> int:
-    """Accumulator copies for ``atomic_row_sum``: about 64 programs per copy, so the atomics on
-    one address (serialized in L2) stay few; a power of two up to 16 (each value is a compile)."""
-    return min(16, next_pow2(cdiv(programs, 64)))
+#: values of all accumulator copies one finishing program of ``atomic_row_sum`` reads and zeroes
+SLOT_VALUES = 4096
+
+
+def atomic_slots(programs: int, width: int) -> int:
+    """Accumulator copies for ``atomic_row_sum`` over rows ``width`` values wide: about 64
+    programs per copy, so the atomics on one address (serialized in L2) stay few, but at most
+    ``SLOT_VALUES // width`` copies, since the one program that finishes the sum reads and zeroes
+    them all on its own; a power of two up to 16 (each value is a compile). Session 17
+    (benchmarks/pointwise_ab.py, 64 MB fp16 layer_norm backward): n = 4096 at 132 programs, 1
+    copy 0.860 of copy, 4 copies 0.828-0.846, 16 0.708; n = 1024 at 528 programs, 1-4 copies
+    0.883-0.885, 16 0.849-0.866."""
+    cap = max(1, SLOT_VALUES // max(1, width))
+    cap = 1 << (cap.bit_length() - 1)  # a power of two
+    return min(16, cap, next_pow2(cdiv(programs, 64)))
 
 
 @triton.jit

@@ -369,7 +369,7 @@ def backward(
     progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
     rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
     progs_m = cdiv(m, rows_per_prog)
-    atomic, slots = use_atomics(), atomic_slots(progs_m)
+    atomic, slots = use_atomics(), atomic_slots(progs_m, cfg.block_n)
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
     if bias is None:
         partial = count = dxv  # unused

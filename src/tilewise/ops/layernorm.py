@@ -521,7 +521,7 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     atomic = use_atomics()
     dw = alloc.empty(n, device=x.device, dtype=weight.dtype) if weight is not None else None
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
-    slots = atomic_slots(progs)
+    slots = atomic_slots(progs, cfg.block_n)
     if atomic:
         acc, count = zeroed_accumulators(2 * slots * n, 1, x.device)
         dwp, dbp = acc[: slots * n], acc[slots * n :]
