@@ -143,7 +143,9 @@ def _streaming_variants(
     kernel: str, m: int, n: int, elem: int, act: str = "relu"
 ) -> list[TileConfig | None]:
     """The default config with and without evict-first loads and streaming stores, three times
-    each, interleaved (the difference to find is ~1%)."""
+    each, interleaved (the difference to find is ~1%). Caveat (session 17): the runs share their
+    inputs and nothing reads L2 out between them, so evict-first loads hit on lines the plain
+    run before them left in L2; ``benchmarks/pointwise_ab.py`` measures this without that."""
     base = _base(kernel, m, n, elem, act)
     return [None, replace(base, streaming=True)] * 3
 
