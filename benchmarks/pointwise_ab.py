@@ -140,12 +140,17 @@ def main() -> None:
     for prob in args.problems:
         op, n, act = prob.split(":")
         n = int(n)
-        p = RowsProblem(MB64 // (n * 2), n, args.dtype, act)
+        elem = RowsProblem(1, n, args.dtype, act).elem_bytes
+        p = RowsProblem(MB64 // (n * elem), n, args.dtype, act)
         spec = OPS[op]
         sets = _arg_sets(spec, p, dev)
         nbytes = spec.bytes(p, args.pass_)
         kernel = f"{op}_{args.pass_}"
-        timers = {"compile": _timer(spec, "compile", act, args.pass_, sets)}
+        timers = {}
+        try:
+            timers["compile"] = _timer(spec, "compile", act, args.pass_, sets)
+        except Exception as exc:  # the tilewise candidates are still compared with each other
+            print(f"{op} n={n} compile: not timed ({type(exc).__name__}: {exc})"[:200])
         cands = candidates(op, p) if args.pass_ == "fwd" else bwd_candidates(op, p)
         if args.only_default:
             cands = {"default": None}
@@ -172,13 +177,14 @@ def main() -> None:
             rows.append({"name": name, "median_s": t.median_s, "p20_s": t.p20_s,
                          "p80_s": t.p80_s, "frac_copy": frac})  # fmt: skip
         rows.sort(key=lambda r: r["median_s"])
-        comp = next(r for r in rows if r["name"] == "compile")
-        print(f"{op} {args.pass_} {args.dtype} n={n} {act}: compile {comp['frac_copy']:.3f}")
+        comp = next((r for r in rows if r["name"] == "compile"), None)
+        head = f"compile {comp['frac_copy']:.3f}" if comp else "compile not timed"
+        print(f"{op} {args.pass_} {args.dtype} n={n} {act}: {head}")
         for r in rows[:16] + [r for r in rows[16:] if r["name"] == "default"]:
             print(
                 f"  {r['name']:28s} {r['frac_copy']:.3f}  {r['median_s'] * 1e6:6.1f} us "
                 f"(p20 {r['p20_s'] * 1e6:.1f}, p80 {r['p80_s'] * 1e6:.1f})  "
-                f"x compile {comp['median_s'] / r['median_s']:.3f}"
+                + (f"x compile {comp['median_s'] / r['median_s']:.3f}" if comp else "")
             )
         results.append({"op": op, "pass": args.pass_, "n": n, "m": p.m, "activation": act,
                         "rows": rows})  # fmt: skip

@@ -94,8 +94,8 @@ def _wide_variants(kernel: str, m: int, n: int, elem: int) -> list[TileConfig | 
     """Backward tiles of long contiguous runs (session 17): bias_act's column blocks of 512 to
     4096 values (the shipped 512-wide blocks read 1 KB runs at an n-value stride; its n = 64 rows,
     one 16 KB run per tile, read 0.89 of copy against 0.87 at n = 4096) and layer_norm steps of
-    4-8 whole rows; pipelined 2-3 deep at 1-4 programs per SM, within the shared-memory budget
-    and <= 64 fp32 values per thread per accumulator."""
+    whole rows (4096-16384 values); pipelined 2-3 deep at 1-4 programs per SM, within the
+    shared-memory budget and <= 64 fp32 values per thread per accumulator."""
     out: list[TileConfig | None] = [None]
     bias_act = kernel.startswith("bias_act")
     widths = (512, 1024, 2048, 4096) if bias_act else (_common.next_pow2(n),)

@@ -235,6 +235,32 @@ def test_failed_check_is_not_timed(monkeypatch):
     assert all("correctness check failed" in r["error"] for r in recs)
 
 
+def test_failing_impl_is_an_error_record_and_holds_no_frames(monkeypatch):
+    """An impl that raises while being built or timed answers with an error record; the others
+    are still timed, and the stored exception carries no traceback (whose frames would keep the
+    pass's timers and graphs alive until a garbage collection)."""
+    from tilewise.bench import pointwise
+
+    spec, p = OPS["bias_act"], RowsProblem(8, 32, "fp32")
+    sets = [spec.make_inputs(p, torch.device("cpu"))]
+
+    def boom():
+        raise RuntimeError("no such impl here")
+
+    makers = {
+        "eager": lambda: pointwise.implementation(spec, "eager", "relu"),
+        "broken": boom,
+    }
+    for pass_ in ("fwd", "bwd"):
+        got = pointwise._time_impls(makers, spec, sets, pass_, warmup=1, reps=2)
+        assert list(got) == ["eager", "broken"]
+        assert got["eager"].median_s > 0
+        assert isinstance(got["broken"], RuntimeError) and got["broken"].__traceback__ is None
+    recs = measure_case(Case("bias_act", p, 0.0), ("tilewise", "nope"), device="cpu", warmup=1,
+                        reps=2)  # fmt: skip
+    assert {r["impl"]: r["error"] is None for r in recs} == {"tilewise": True, "nope": False}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_compare_accepts_rounding_and_rejects_garbage(dtype):
     name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]

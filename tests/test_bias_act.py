@@ -251,35 +251,50 @@ def test_module_drop_in(rng_seed):
         tilewise.nn.BiasAct(10, activation="bad")
 
 
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
 @pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "float32" not in p.id])
-def test_gelu_half_precision_tails(device, dtype):
-    """Half-precision GELU's backward takes a polynomial normal CDF sharing the density's exp:
-    over z in [-12, 10], where the CDF's tails are tiny or near 1, both passes stay within the
-    three-way rule of fp64."""
-    z = torch.linspace(-12.0, 10.0, 4099, device=device).to(dtype).reshape(1, -1)
-    dy = torch.ones_like(z)
+def test_half_precision_tails(device, dtype, activation):
+    """Half-precision GELU and SiLU take approximate forms (GELU's polynomial normal CDF sharing
+    the density's exp; on a GPU one-instruction ex2/rcp approximations for both, which flush
+    subnormal results): over z in [-100, 100], where exp over- and underflows, plus +-inf and
+    NaN, both passes stay within the three-way rule of fp64 and propagate non-finite values as
+    PyTorch does."""
+    z = torch.linspace(-100.0, 100.0, 8199, device=device)
+    z = torch.cat([z, torch.linspace(-12.0, 10.0, 4099, device=device)]).to(dtype)
+    dy = torch.full_like(z, 1.5)
+    # non-finite inputs: the same outputs as PyTorch's in the same dtype (NaN where it has NaN)
+    odd = torch.tensor([float("inf"), -float("inf"), float("nan")], device=device).to(dtype)
+    z_all, dy_all = torch.cat([z, odd]).reshape(1, -1), torch.full((1, z.numel() + 3), 1.5)
     with alloc.poison_outputs():
-        y = ops.forward(z, None, "gelu")
-        dx, _ = ops.backward(dy, z, None, "gelu")
+        y = ops.forward(z_all, None, activation).flatten()
+        dx, _ = ops.backward(dy_all.to(device, dtype), z_all, None, activation)
+    dx = dx.flatten()
+    y_odd, dx_odd, y, dx = y[-3:], dx[-3:], y[:-3], dx[:-3]
+    want_y = _common.act_reference(odd, activation)
+    want_dx = _common.act_grad_reference(torch.full_like(odd, 1.5), odd, activation)
+    for got, want, what in ((y_odd, want_y, "forward"), (dx_odd, want_dx, "backward")):
+        torch.testing.assert_close(got, want, equal_nan=True, msg=f"{activation} {what} at inf/nan")
     z64 = z.double()
-    ref = torch.nn.functional.gelu(z64)
-    ref_grad = _common.act_grad_reference(dy.double(), z64, "gelu")
-    same = torch.nn.functional.gelu(z.float()).to(dtype)
-    same_grad = _common.act_grad_reference(dy.float(), z.float(), "gelu").to(dtype)
-    assert_three_way(y, same, ref, ATOL[dtype], "gelu forward tails", ulps=1)
-    assert_three_way(dx, same_grad, ref_grad, ATOL[dtype], "gelu backward tails", ulps=1)
-    # The tails' values are far below atol, so also hold every output to its own scale: one
-    # unit of the dtype's precision at |ref| plus 1e-6 (a correctly rounded value is within half
-    # of that; the approximate CDF adds <= 3e-7). A CDF cut to 0 below z = -3, or off by 1e-4,
-    # fails this.
+    ref = _common.act_reference(z64, activation)
+    ref_grad = _common.act_grad_reference(dy.double(), z64, activation)
+    same = _common.act_reference(z.float(), activation).to(dtype)
+    same_grad = _common.act_grad_reference(dy.float(), z.float(), activation).to(dtype)
+    name = f"{activation} {{}} tails"
+    assert_three_way(y, same, ref, ATOL[dtype], name.format("forward"), ulps=1)
+    assert_three_way(dx, same_grad, ref_grad, ATOL[dtype], name.format("backward"), ulps=1)
+    # The tails' values are far below atol, so also hold every finite output to its own scale:
+    # one unit of the dtype's precision at |ref| plus 1e-6 (a correctly rounded value is within
+    # half of that; the approximate forms add <= 3e-7). A CDF cut to 0 below z = -3, or off by
+    # 1e-4, fails this.
     eps = torch.finfo(dtype).eps
     for got, r, what in ((y, ref, "forward"), (dx, ref_grad, "backward")):
-        err = (got.double() - r).abs()
-        bound = eps * r.abs() + 1e-6
+        keep = torch.isfinite(r)
+        err = (got.double() - r).abs()[keep]
+        bound = eps * r.abs()[keep] + 1e-6
         worst = int((err - bound).argmax())
         assert bool((err <= bound).all()), (
-            f"gelu {what} at z={z.flatten()[worst].item():.3f}: err {err.flatten()[worst]:.3e} > "
-            f"{bound.flatten()[worst]:.3e}"
+            f"{activation} {what} at z={z[keep].flatten()[worst].item():.3f}: "
+            f"err {err.flatten()[worst]:.3e} > {bound.flatten()[worst]:.3e}"
         )
 
 

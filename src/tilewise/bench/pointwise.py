@@ -23,6 +23,7 @@ from tilewise.bench.metrics import achieved_flops, effective_bandwidth, fraction
 from tilewise.bench.timing import (
     EventTimer,
     Timing,
+    detached,
     interleaved,
     l2_cache_bytes,
     rotation_count,
@@ -226,31 +227,30 @@ def _time_impls(
     read tilewise's LayerNorm forward with streaming stores 1.4 points of copy below compile).
     Each turn starts with L2 read out and a few untimed calls (``EventTimer(settle=)``): turns
     without them let evict-first loads hit on input lines the previous impl had left in L2."""
+    # exceptions are kept without their tracebacks (``detached``): a traceback's frames would
+    # hold this frame's timers, graphs and outputs until a garbage collection
+    out: dict[str, Timing | Exception] = {}
     calls: dict[str, Any] = {}
     for impl, make in makers.items():
         try:
             calls[impl] = _pass_call(make(), spec, sets, pass_)
         except Exception as exc:
-            calls[impl] = exc
+            out[impl] = detached(exc)
     if torch.device(_device_of(sets)).type != "cuda":
-        out: dict[str, Timing | Exception] = {}
         for impl, c in calls.items():
             try:
-                out[impl] = c if isinstance(c, Exception) else time_events(*c, warmup, reps)
+                out[impl] = time_events(*c, warmup, reps)
             except Exception as exc:
-                out[impl] = exc
-        return out
+                out[impl] = detached(exc)
+        return {impl: out[impl] for impl in makers}
     timers: dict[str, EventTimer] = {}
-    out = {}
     for impl, c in calls.items():
         try:
-            if isinstance(c, Exception):
-                raise c
             timers[impl] = EventTimer(c[0], c[1], warmup, settle=SETTLE_CALLS)
         except Exception as exc:
-            out[impl] = exc
+            out[impl] = detached(exc)
     out.update(interleaved(timers, reps, chunks=4))
-    return out  # outputs die with this frame
+    return {impl: out[impl] for impl in makers}  # outputs die with this frame
 
 
 def _device_of(sets: list[dict]) -> torch.device:

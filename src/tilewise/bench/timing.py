@@ -133,7 +133,6 @@ class EventTimer:
     ) -> None:
         self.fn, self.arg_sets = fn, list(arg_sets) or [()]
         self.settle = settle
-        self._flush: torch.Tensor | None = None
         self.device = _device_of(self.arg_sets)
         if self.device.type != "cuda":
             raise ValueError(f"EventTimer needs CUDA arguments, got device {self.device}")
@@ -159,11 +158,7 @@ class EventTimer:
         """Read L2 out (a normal-priority read of 2x L2, which evicts lines any other code left,
         including lines that evict-first loads would never displace), then ``settle`` untimed
         calls, so a batch starts from this code's own steady state."""
-        if self._flush is None:
-            self._flush = torch.empty(
-                max(2 * l2_cache_bytes(self.device), 1 << 26), dtype=torch.uint8, device=self.device
-            )
-        self._flush.sum(dtype=torch.int32)
+        _flush_buffer(self.device).sum(dtype=torch.int32)
         for _ in range(self.settle):
             _call(self.fn, self.arg_sets, self.calls)
             self.calls += 1
@@ -186,7 +181,30 @@ class EventTimer:
         return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends, strict=True)]
 
     def close(self) -> None:
-        self.fn = self._flush = None
+        self.fn = None
+
+
+_FLUSH_BUFFERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    """One buffer of 2x L2 (>= 64 MB) per device, shared by every timer that reads L2 out."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    buf = _FLUSH_BUFFERS.get(device)
+    if buf is None:
+        size = max(2 * l2_cache_bytes(device), 1 << 26)
+        buf = _FLUSH_BUFFERS[device] = torch.empty(size, dtype=torch.uint8, device=device)
+    return buf
+
+
+def detached(exc: BaseException) -> BaseException:
+    """``exc`` without its traceback and chained exceptions, whose frames would keep every
+    timer, graph and buffer of the failed measurement alive until a garbage collection."""
+    exc.__traceback__ = None
+    exc.__context__ = exc.__cause__ = None
+    return exc
 
 
 def time_events(
@@ -332,7 +350,7 @@ def interleaved(
             try:
                 samples[name] += timers[name].sample(take)
             except Exception as exc:  # e.g. out of memory in one impl: the others keep theirs
-                failed[name] = exc
+                failed[name] = detached(exc)
     return {n: failed[n] if n in failed else _timing(samples[n], timers[n].method) for n in names}
 
 

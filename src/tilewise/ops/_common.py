@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.runtime import workspace
+from tilewise.runtime import dispatch, workspace
 
 #: Activation name -> code baked into kernels as a constexpr.
 ACTIVATIONS: dict[str, int] = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
@@ -157,18 +157,19 @@ def use_atomics() -> bool:
     return not torch.are_deterministic_algorithms_enabled()
 
 
-#: values of all accumulator copies one finishing program of ``atomic_row_sum`` reads and zeroes
+#: values over all copies of one accumulated vector that the finishing program of
+#: ``atomic_row_sum`` reads and zeroes (layer_norm accumulates two vectors, dw and db)
 SLOT_VALUES = 4096
 
 
 def atomic_slots(programs: int, width: int) -> int:
     """Accumulator copies for ``atomic_row_sum`` over rows ``width`` values wide: about 64
     programs per copy, so the atomics on one address (serialized in L2) stay few, but at most
-    ``SLOT_VALUES // width`` copies, since the one program that finishes the sum reads and zeroes
-    them all on its own; a power of two up to 16 (each value is a compile). Session 17
-    (benchmarks/pointwise_ab.py, 64 MB fp16 layer_norm backward): n = 4096 at 132 programs, 1
-    copy 0.860 of copy, 4 copies 0.828-0.846, 16 0.708; n = 1024 at 528 programs, 1-4 copies
-    0.883-0.885, 16 0.849-0.866."""
+    ``SLOT_VALUES // width`` copies of each accumulated vector, since the one program that
+    finishes the sum reads and zeroes them all on its own; a power of two up to 16 (each value
+    is a compile). Session 17 (benchmarks/pointwise_ab.py, 64 MB fp16 layer_norm backward):
+    n = 4096 at 132 programs, 1 copy 0.860 of copy, 4 copies 0.828-0.846, 16 0.708; n = 1024 at
+    528 programs, 1-4 copies 0.883-0.885, 16 0.849-0.866."""
     cap = max(1, SLOT_VALUES // max(1, width))
     cap = 1 << (cap.bit_length() - 1)  # a power of two
     return min(16, cap, next_pow2(cdiv(programs, 64)))
@@ -251,12 +252,13 @@ def store_once(ptr, value, mask, STREAM: tl.constexpr):
 
 def fast_act_level(dtype: torch.dtype, device: torch.device) -> int:
     """``FAST`` for ``act_fwd``/``act_bwd``: 0 (exact forms) for fp32 outputs; for half outputs 2
-    on a GPU (approximate ``ex2``/``rcp`` instructions that flush subnormals, one instruction each)
-    and 1 under the CPU interpreter, which cannot run inline PTX (the same formulas through
-    Triton's portable ``exp2`` and ``fdiv``)."""
+    on an NVIDIA GPU (approximate ``ex2``/``rcp`` instructions that flush subnormals, one
+    instruction each) and 1 elsewhere: under the interpreter, which cannot run inline PTX, and on
+    ROCm (the same formulas through Triton's portable ``exp2`` and ``fdiv``)."""
     if dtype == torch.float32:
         return 0
-    return 2 if device.type == "cuda" else 1
+    ptx = device.type == "cuda" and not dispatch.INTERPRET and torch.version.hip is None
+    return 2 if ptx else 1
 
 
 @triton.jit
@@ -303,8 +305,10 @@ def normal_cdf_given_density_exp(z, e, ASM: tl.constexpr):
 def act_fwd(z, ACT: tl.constexpr, FAST: tl.constexpr = 0):
     """Activation of an fp32 tile; NaN propagates like PyTorch's.
 
-    ``FAST`` (half-precision outputs): GELU's normal CDF from ``normal_cdf_given_density_exp``
-    (one exp, one approximate division, a 5-term polynomial; absolute error <= 3e-7 in fp32).
+    ``FAST`` (``fast_act_level``: 0 exact; 1 and 2 for half-precision outputs): GELU's normal CDF
+    from ``normal_cdf_given_density_exp`` (one exp, one approximate division, a 5-term
+    polynomial; absolute error <= 3e-7 in fp32) and SiLU's sigmoid as 1 / (1 + 2^(-z log2 e)),
+    both through ``exp2_approx``/``rcp_approx`` (single PTX instructions at level 2).
     Nsight Compute put the erf forward at 73% issue-slot use with the integer/logic pipe busiest
     (session 10: 0.78 of copy, instruction-bound like the backward was). A 10-term erfc fit
     with an exact division measured no gain in session 7."""
@@ -330,9 +334,11 @@ def act_fwd(z, ACT: tl.constexpr, FAST: tl.constexpr = 0):
 def act_bwd(dy, z, ACT: tl.constexpr, FAST: tl.constexpr = 0):
     """dL/dz given dL/dy and the pre-activation z (fp32 tiles).
 
-    ``FAST`` (for half-precision outputs): GELU's normal CDF from
-    ``normal_cdf_given_density_exp``, which reuses the density's exp(-z^2/2) (the erf form left
-    the GELU backward at 0.67 of copy, instruction-bound; 0.79-0.81 with this, session 7).
+    ``FAST`` (``fast_act_level``: 0 exact; 1 and 2 for half-precision outputs): GELU's normal CDF
+    from ``normal_cdf_given_density_exp``, which reuses the density's exp(-z^2/2) (the erf form
+    left the GELU backward at 0.67 of copy, instruction-bound; 0.79-0.81 with this, session 7),
+    and SiLU's sigmoid as in ``act_fwd``; at level 2 through single ``ex2``/``rcp`` PTX
+    instructions (session 17: GELU backward 1170 -> 815 SASS instructions per 32 values).
     Absolute error <= 3e-7 of dL/dz per unit dL/dy in fp32, below half an fp16/bf16 ulp at any
     |dL/dz| >= 2^-10.
     """

@@ -393,8 +393,8 @@ def backward(
             HAS_BIAS=bias is not None,
             ADD_BIAS=bias is not None and add_bias,
             ACT=activation_code(activation),
-            # the approximate GELU CDF only where every output is half precision (an fp32 bias
-            # gradient with half x sums the dz values in fp32)
+            # the approximate GELU/SiLU forms only where every output is half precision (an
+            # fp32 bias gradient with half x sums the dz values in fp32)
             FAST_ACT=fast_act_level(
                 x.dtype if db is None else torch.promote_types(x.dtype, db.dtype), x.device
             ),
