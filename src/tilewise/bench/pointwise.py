@@ -236,7 +236,7 @@ def _time_impls(
             calls[impl] = _pass_call(make(), spec, sets, pass_)
         except Exception as exc:
             out[impl] = detached(exc)
-    if torch.device(_device_of(sets)).type != "cuda":
+    if sets and not any(isinstance(v, torch.Tensor) and v.is_cuda for v in sets[0].values()):
         for impl, c in calls.items():
             try:
                 out[impl] = time_events(*c, warmup, reps)
@@ -251,14 +251,6 @@ def _time_impls(
             out[impl] = detached(exc)
     out.update(interleaved(timers, reps, chunks=4))
     return {impl: out[impl] for impl in makers}  # outputs die with this frame
-
-
-def _device_of(sets: list[dict]) -> torch.device:
-    for s in sets:
-        for v in s.values():
-            if isinstance(v, torch.Tensor):
-                return v.device
-    return torch.device("cpu")
 
 
 def measure_case(
