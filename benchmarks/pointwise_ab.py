@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from tune_pointwise import _base  # the shipped config of a kernel (benchmarks/ is on sys.path)
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.pointwise import SETTLE_CALLS, _arg_sets, _pass_call, implementation
@@ -34,17 +35,10 @@ from tilewise.registry import OPS, RowsProblem
 MB64 = 64 << 20
 
 
-def _default(op: str, pass_: str, p: RowsProblem) -> TileConfig:
-    kernel = f"{op}_{pass_}"
-    if op == "bias_act":
-        return ba._config(kernel, p.m, p.n, p.elem_bytes, torch.device("cuda"), p.activation)
-    return ln._config(kernel, p.m, p.n, p.elem_bytes, torch.device("cuda"))
-
-
 def candidates(op: str, p: RowsProblem) -> dict[str, TileConfig | None]:
     """Forward: the shipped config (None), streaming, and tiles of 1-4 16-byte vectors per thread
     at 4-16 warps, one tile per program or a persistent grid pipelined 2-3 deep."""
-    base = _default(op, "fwd", p)
+    base = _base(f"{op}_fwd", p.m, p.n, p.elem_bytes, p.activation)
     vec = 16 // p.elem_bytes
     out: dict[str, TileConfig | None] = {"default": None}
     out["streaming"] = replace(base, streaming=not base.streaming)
