@@ -80,12 +80,8 @@ def _timer(
 ) -> EventTimer:
     """``variant``: "deterministic" (PyTorch's deterministic mode: stored partial rows summed by
     torch instead of fp32 atomics), "no-affine" (layer_norm without weight and bias, so no
-    reduction over rows at all: the cost of the dw/db reductions, by difference), "slotsK" (K
-    accumulator copies for the atomic sums instead of ``atomic_slots``'s choice) or
-    "tile-rounded" (the grid before session 18: each program's rows rounded up to whole tiles,
-    so fewer programs than SMs can take them) or "tile-acc" (layer_norm's dw/db accumulated as
-    whole tiles, reduced over rows once at the end, where ``rows_within_threads`` would sum
-    each step's rows in registers)."""
+    reduction over rows at all: the cost of the dw/db reductions, by difference) or "slotsK" (K
+    accumulator copies for the atomic sums instead of ``atomic_slots``'s choice)."""
     fn = implementation(spec, impl, act)
     kernel = f"{spec.name}_{pass_}"
     if variant == "no-affine":
@@ -106,26 +102,6 @@ def _timer(
                 return call(*a)
             finally:
                 mod.atomic_slots = keep
-        if variant == "tile-rounded":
-            mod = ln if spec.name == "layer_norm" else ba
-            keep = mod.row_programs
-
-            def rounded(m, cfg, *rest, **kw):
-                progs = keep(m, cfg, *rest, **kw)
-                per_prog = _common.cdiv(_common.cdiv(m, progs), cfg.block_m) * cfg.block_m
-                return _common.cdiv(m, per_prog)
-
-            mod.row_programs = rounded
-            try:
-                return call(*a)
-            finally:
-                mod.row_programs = keep
-        if variant == "tile-acc":
-            keep_acc, ln.rows_within_threads = ln.rows_within_threads, lambda *_: False
-            try:
-                return call(*a)
-            finally:
-                ln.rows_within_threads = keep_acc
         if variant == "deterministic":
             torch.use_deterministic_algorithms(True, warn_only=True)
             try:
@@ -173,13 +149,12 @@ def main() -> None:
         if args.only_default:
             cands = {"default": None}
         if args.pass_ == "bwd":
-            cands.update({"deterministic": None, "tile-rounded": None})
+            cands.update({"deterministic": None})
             cands.update({f"slots{k}": None for k in (1, 2, 4, 8, 16)})
             if op == "layer_norm":
-                cands.update({"no-affine": None, "tile-acc": None})
+                cands.update({"no-affine": None})
         for name, cfg in cands.items():
-            special = ("deterministic", "no-affine", "tile-rounded", "tile-acc")
-            variant = name if name in special or "slots" in name else ""
+            variant = name if name in ("deterministic", "no-affine") or "slots" in name else ""
             try:
                 timers[name] = _timer(spec, "tilewise", act, args.pass_, sets, cfg, variant)
             except Exception as exc:  # a config the compiler rejects: said, not timed

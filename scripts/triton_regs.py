@@ -75,8 +75,7 @@ def main() -> None:
         for relu in (False, True):
             consts = dict(HAS_W=True, HAS_B=True, RELU=relu, ATOMIC=True, SLOTS=8,
                           PREFETCH=False, STAGES=cfg.stages, BLOCK_M=cfg.block_m,
-                          BLOCK_N=cfg.block_n, STREAM=cfg.streaming,
-                          ROW_ACC=layernorm.rows_within_threads(cfg, 2))  # fmt: skip
+                          BLOCK_N=cfg.block_n, STREAM=cfg.streaming)  # fmt: skip
             kern = layernorm._ln_bwd_kernel
             report = ptxas_report(kern, types, consts, cfg.num_warps, args.ptxas)
             print(f"layer_norm bwd n={n} relu={relu} {cfg}: {report}", flush=True)

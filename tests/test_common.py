@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from tilewise.ops import _common
 
@@ -47,37 +45,3 @@ def test_pipelined_defaults_fit_a_smaller_gpu(monkeypatch):
     ):
         per_stage = 2 * cfg.block_m * cfg.block_n * 2
         assert cfg.stages == 1 or cfg.stages * per_stage <= small, cfg
-
-
-@triton.jit
-def _spans_kernel(out_ptr, M):
-    start, end = _common.program_rows(M)
-    tl.store(out_ptr + 2 * tl.program_id(0), start)
-    tl.store(out_ptr + 2 * tl.program_id(0) + 1, end)
-
-
-@pytest.mark.parametrize("m,programs", [(8192, 132), (7, 7), (37, 5), (1000, 999), (65, 2)])
-def test_program_rows_split_evenly(m, programs):
-    """Each program's rows follow the last's, cover [0, m) and differ in count by at most one."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the interpreter
-    out = torch.full((programs, 2), -1, dtype=torch.int32, device=dev)
-    _spans_kernel[(programs,)](out, m)
-    starts, ends = out[:, 0].tolist(), out[:, 1].tolist()
-    assert starts[0] == 0 and ends[-1] == m
-    assert all(starts[i + 1] == ends[i] for i in range(programs - 1))
-    counts = [e - s for s, e in zip(starts, ends, strict=True)]
-    assert max(counts) - min(counts) <= 1
-
-
-def test_persistent_grids_use_every_sm(monkeypatch):
-    """A persistent grid gets ``progs_per_sm`` programs per SM over the column blocks, however
-    the rows divide (8192 rows of 2-row tiles on 132 SMs: 132 programs, not 128 of 64 rows)."""
-    monkeypatch.setattr(_common, "num_sms", lambda device: 132)
-    cpu = torch.device("cpu")
-    cfg = _common.TileConfig(2, 4096, 16, progs_per_sm=1, stages=3)
-    assert _common.row_programs(8192, cfg, 1, cpu, persistent=True) == 132
-    assert _common.row_programs(100, cfg, 1, cpu, persistent=True) == 50  # one tile each
-    four = _common.TileConfig(4, 1024, 4, progs_per_sm=4, stages=3)
-    assert _common.row_programs(8192, four, 4, cpu, persistent=True) == 132
-    plain = _common.TileConfig(64, 64, 4, progs_per_sm=8)  # one tile per program
-    assert _common.row_programs(1000, plain, 1, cpu, persistent=False) == 16

@@ -216,23 +216,6 @@ def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
 
 
-@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-@pytest.mark.parametrize("row_acc", [True, False], ids=["row-acc", "tile-acc"])
-def test_backward_accumulator_forms(device, dtype, row_acc, monkeypatch, rng_seed):
-    """dw/db summed over each step's rows into one accumulator row (wide tiles) or accumulated
-    as whole tiles and reduced once at the end: the same gradients, over uneven row splits."""
-    monkeypatch.setattr(ops, "rows_within_threads", lambda *_: row_acc)
-
-    def override(m, n, elem):
-        return ops.TileConfig(2, ops.next_pow2(n), 4, progs_per_sm=2, prefetch=False, stages=2)
-
-    monkeypatch.setitem(_common.CONFIG_OVERRIDES, "layer_norm_bwd", override)
-    for xshape, shape in CASES[1:4] if device == "cpu" else GPU_CASES:
-        x = torch.randn(xshape, device=device, dtype=torch.float32)
-        for affine in ("wb", "w"):
-            _run_case(x, shape, affine, True, dtype, dtype, rng_seed)
-
-
 @pytest.mark.gpu
 def test_atomic_weight_grads_are_complete_on_every_call(rng_seed):
     """The last program casts the atomically summed dw/db; a missed partial (a memory-ordering

@@ -119,29 +119,14 @@ def backward_launch_args(cfg: TileConfig) -> dict:
     )
 
 
-def row_programs(
-    m: int, cfg: TileConfig, col_blocks: int, device: torch.device, persistent: bool
-) -> int:
-    """Programs along the rows of an ``m``-row problem: one per ``block_m``-row tile, or, for a
-    persistent grid (every backward; a forward whose config pipelines, ``cfg.stages > 1``),
-    ``progs_per_sm`` per SM over all column blocks, never more than there are tiles. Kernels
-    split the rows evenly over these programs (``program_rows``)."""
-    tiles = max(1, cdiv(m, cfg.block_m))
-    if not persistent and cfg.stages <= 1:
-        return tiles
-    return min(tiles, max(1, cfg.progs_per_sm * num_sms(device) // max(1, col_blocks)))
-
-
-@triton.jit
-def program_rows(M):
-    """Rows [start, end) of this program: ``M`` rows split over the grid's first axis in runs
-    that differ by at most one row. Rounding each run up to whole tiles (as before session 18)
-    left SMs idle: 8192 rows at 62.06 per SM became 64-row runs on 128 of 132 SMs."""
-    pid = tl.program_id(0).to(tl.int64)
-    n_progs = tl.num_programs(0).to(tl.int64)
-    start = (pid * M // n_progs).to(tl.int32)
-    end = ((pid + 1) * M // n_progs).to(tl.int32)
-    return start, end
+def persistent_rows(m: int, cfg: TileConfig, col_blocks: int, device: torch.device) -> int:
+    """Rows per program of a forward kernel: one tile (``block_m`` rows) per program, or, when
+    ``cfg.stages > 1``, a persistent grid of ``progs_per_sm`` programs per SM (over all column
+    blocks) walking whole tiles through a software-pipelined loop."""
+    if cfg.stages <= 1:
+        return cfg.block_m
+    progs = max(1, cfg.progs_per_sm * num_sms(device) // max(1, col_blocks))
+    return cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
 
 
 #: Config overrides by kernel name ("bias_act_fwd", ...): a hook for tuning sweeps.

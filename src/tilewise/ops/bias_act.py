@@ -29,10 +29,10 @@ from tilewise.ops._common import (
     fast_act_level,
     load_once,
     next_pow2,
+    num_sms,
+    persistent_rows,
     pick_config,
     pipeline_smem_budget,
-    program_rows,
-    row_programs,
     store_once,
     unit_stride,
     use_atomics,
@@ -50,6 +50,7 @@ def _bias_act_fwd_kernel(
     y_ptr,
     M,
     N,
+    ROWS_PER_PROG,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     FAST_ACT: tl.constexpr,
@@ -58,13 +59,14 @@ def _bias_act_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile per step over this program's rows (one step unless a config
-    asks for a persistent, software-pipelined grid)."""
+    """One [BLOCK_M, BLOCK_N] tile per step over this program's ``ROWS_PER_PROG`` rows (one step
+    unless a config asks for a persistent, software-pipelined grid)."""
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    row0, row_end = program_rows(M)
+    row0 = tl.program_id(0) * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
     for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
         rows = r + tl.arange(0, BLOCK_M)
         mask = (rows[:, None] < row_end) & cmask[None, :]
@@ -87,6 +89,7 @@ def _bias_act_bwd_kernel(
     count_ptr,
     M,
     N,
+    ROWS_PER_PROG,
     HAS_BIAS: tl.constexpr,
     ADD_BIAS: tl.constexpr,
     ACT: tl.constexpr,
@@ -109,7 +112,8 @@ def _bias_act_bwd_kernel(
     if ADD_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows once, at the end
-    row0, row_end = program_rows(M)
+    row0 = pid_m * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
     if PREFETCH:  # the next step's tile is loaded before this step's math and store
         offs = (row0 + tl.arange(0, BLOCK_M))[:, None].to(tl.int64) * N + cols[None, :]
         nmask = ((row0 + tl.arange(0, BLOCK_M)) < row_end)[:, None] & cmask[None, :]
@@ -312,13 +316,14 @@ def forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "relu"
     m, n = xv.shape
     cfg = _config("bias_act_fwd", m, n, x.element_size())
     n_blocks = cdiv(n, cfg.block_n)
-    progs_m = row_programs(m, cfg, n_blocks, x.device, persistent=False)
-    _bias_act_fwd_kernel[(progs_m, n_blocks)](
+    rows_per_prog = persistent_rows(m, cfg, n_blocks, x.device)
+    _bias_act_fwd_kernel[(cdiv(m, rows_per_prog), n_blocks)](
         xv,
         xv if bias is None else bias,
         yv,
         m,
         n,
+        rows_per_prog,
         HAS_BIAS=bias is not None,
         ACT=activation_code(activation),
         FAST_ACT=fast_act_level(x.dtype, x.device),  # approximate forms for half outputs
@@ -361,7 +366,9 @@ def backward(
     m, n = xv.shape
     cfg = _config("bias_act_bwd", m, n, x.element_size(), x.device, activation)
     n_blocks = cdiv(n, cfg.block_n)
-    progs_m = row_programs(m, cfg, n_blocks, x.device, persistent=True)
+    progs_m = min(cdiv(m, cfg.block_m), max(1, cfg.progs_per_sm * num_sms(x.device) // n_blocks))
+    rows_per_prog = cdiv(cdiv(m, progs_m), cfg.block_m) * cfg.block_m
+    progs_m = cdiv(m, rows_per_prog)
     atomic, slots = use_atomics(), atomic_slots(progs_m, cfg.block_n)
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
     if bias is None:
@@ -382,6 +389,7 @@ def backward(
             count,
             m,
             n,
+            rows_per_prog,
             HAS_BIAS=bias is not None,
             ADD_BIAS=bias is not None and add_bias,
             ACT=activation_code(activation),

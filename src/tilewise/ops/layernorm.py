@@ -22,12 +22,13 @@ from tilewise.ops._common import (
     atomic_row_sum,
     atomic_slots,
     backward_launch_args,
+    cdiv,
     load_once,
     next_pow2,
+    num_sms,
+    persistent_rows,
     pick_config,
     pipeline_smem_budget,
-    program_rows,
-    row_programs,
     store_once,
     use_atomics,
     zeroed_accumulators,
@@ -50,6 +51,7 @@ def _ln_fwd_kernel(
     M,
     N,
     eps,
+    ROWS_PER_PROG,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
@@ -58,15 +60,16 @@ def _ln_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """BLOCK_M whole rows per step over this program's rows (one step unless a config asks for a
-    persistent, software-pipelined grid)."""
+    """BLOCK_M whole rows per step over this program's ``ROWS_PER_PROG`` rows (one step unless a
+    config asks for a persistent, software-pipelined grid)."""
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    row0, row_end = program_rows(M)
+    row0 = tl.program_id(0) * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
     for r in tl.range(row0, row_end, BLOCK_M, num_stages=STAGES):
         rows = r + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
@@ -188,6 +191,7 @@ def _ln_bwd_kernel(
     count_ptr,
     M,
     N,
+    ROWS_PER_PROG,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
@@ -198,7 +202,6 @@ def _ln_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     STREAM: tl.constexpr,
-    ROW_ACC: tl.constexpr,
 ):
     """dx per row; dw/db summed over this program's rows, then either stored as one fp32 partial
     row per program (deterministic) or added into fp32 accumulators with atomics, the last program
@@ -208,13 +211,10 @@ def _ln_bwd_kernel(
     cmask = cols < N
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_W else None
     b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_B else None
-    if ROW_ACC:  # tiles whose rows lie within threads: the per-step row sum costs no exchange
-        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    else:
-        dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows at the end
-        db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    row0, row_end = program_rows(M)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # reduced over rows at the end
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row0 = pid * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
     # the next step's rows are loaded before this step's reductions, so a program always has
     # loads in flight (Triton does not pipeline loads that feed no dot)
     if PREFETCH:
@@ -260,21 +260,12 @@ def _ln_bwd_kernel(
         s1, s2 = tl.reduce((xhat * g, g), 1, _add_pairs)  # one cross-warp exchange, not two
         dx = (g - xhat * (s1 / N)[:, None] - (s2 / N)[:, None]) * rstd[:, None]
         store_once(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask, STREAM)
-        if ROW_ACC:
-            if HAS_W:
-                dw_acc += tl.sum(dy * xhat, axis=0)
-            if HAS_B:
-                db_acc += tl.sum(dy, axis=0)
-        else:
-            if HAS_W:
-                dw_acc += dy * xhat
-            if HAS_B:
-                db_acc += dy
-    if ROW_ACC:
-        dw_part, db_part = dw_acc, db_acc
-    else:
-        dw_part = tl.sum(dw_acc, axis=0)
-        db_part = tl.sum(db_acc, axis=0)
+        if HAS_W:
+            dw_acc += dy * xhat
+        if HAS_B:
+            db_acc += dy
+    dw_part = tl.sum(dw_acc, axis=0)
+    db_part = tl.sum(db_acc, axis=0)
     if ATOMIC:
         atomic_row_sum(
             dwp_ptr,
@@ -455,14 +446,6 @@ def _config(
     return cfg
 
 
-def rows_within_threads(cfg: TileConfig, elem_bytes: int) -> bool:
-    """Whether a backward tile's columns spread over every thread and warp (Triton's layout of a
-    wide tile: 16-byte vectors along the row, warps side by side), so that each thread holds all
-    ``block_m`` rows of its columns and the per-step dw/db row sums need no exchange: the
-    kernel's ``ROW_ACC``, which keeps one accumulator row instead of ``block_m``."""
-    return cfg.block_n >= (16 // elem_bytes) * 32 * cfg.num_warps
-
-
 def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu: bool = False):
     """Returns (y, mean, rstd); ``mean``/``rstd`` are fp32 per row, saved for the backward."""
     validate(x, normalized_shape, weight, bias)
@@ -479,7 +462,8 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n <= MAX_FUSED_N:
         cfg = _config("layer_norm_fwd", m, n, x.element_size())
-        _ln_fwd_kernel[(row_programs(m, cfg, 1, x.device, persistent=False),)](
+        rows_per_prog = persistent_rows(m, cfg, 1, x.device)
+        _ln_fwd_kernel[(cdiv(m, rows_per_prog),)](
             xv,
             w,
             b,
@@ -489,6 +473,7 @@ def forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, relu
             m,
             n,
             eps,
+            rows_per_prog,
             **flags,
             STREAM=cfg.streaming,
             STAGES=cfg.stages,
@@ -530,7 +515,9 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         db = db.view(bias.shape) if db is not None else None
         return dx.view(x.shape), dw, db
     cfg = _config("layer_norm_bwd", m, n, x.element_size(), x.device)
-    progs = row_programs(m, cfg, 1, x.device, persistent=True)
+    progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
+    rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
+    progs = cdiv(m, rows_per_prog)
     atomic = use_atomics()
     dw = alloc.empty(n, device=x.device, dtype=weight.dtype) if weight is not None else None
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
@@ -558,10 +545,10 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
             count,
             m,
             n,
+            rows_per_prog,
             **flags,
             ATOMIC=atomic,
             SLOTS=slots,
-            ROW_ACC=rows_within_threads(cfg, x.element_size()),
             **backward_launch_args(cfg),
         )
     if not atomic:
