@@ -56,19 +56,21 @@ def candidates(op: str, p: RowsProblem) -> dict[str, TileConfig | None]:
     return out
 
 
-def bwd_candidates(op: str, p: RowsProblem) -> dict[str, TileConfig | None]:
+def bwd_candidates(op: str, p: RowsProblem, wide: bool = False) -> dict[str, TileConfig | None]:
     """Backward: the shipped config (None) and pipelined tiles of 1-4 rows (layer_norm: whole
     rows; bias_act: 1024-value column blocks; rows under 1024 values: 2048-8192-value tiles) at
-    4-16 warps, 1-4 programs per SM, 2-4 stages, within the shared-memory budget."""
+    4-16 warps, 1-4 programs per SM, 2-4 stages, within the shared-memory budget. ``wide``
+    also tries up to 64 warps per SM and register loops (stages 1) at 4-16 programs per SM."""
     bn = _common.next_pow2(p.n) if op == "layer_norm" else min(1024, _common.next_pow2(p.n))
     out: dict[str, TileConfig | None] = {"default": None}
     row_counts = (1, 2, 4) if bn >= 1024 else tuple(t // bn for t in (2048, 4096, 8192))
+    per_sm = (1, 2, 3, 4, 8, 16) if wide else (1, 2, 3, 4)
     for rows, warps, pps, stages in itertools.product(
-        row_counts, (4, 8, 16), (1, 2, 3, 4), (2, 3, 4)
+        row_counts, (4, 8, 16), per_sm, (1, 2, 3, 4) if wide else (2, 3, 4)
     ):
         per_thread = rows * bn // (32 * warps)
-        smem = pps * stages * 2 * rows * bn * p.elem_bytes
-        if not 8 <= per_thread <= 32 or smem > 200 * 1024 or pps * warps > 32:
+        smem = pps * stages * 2 * rows * bn * p.elem_bytes if stages > 1 else 0
+        if not 8 <= per_thread <= 32 or smem > 220 * 1024 or pps * warps > (64 if wide else 32):
             continue
         name = f"{rows}x{bn}/w{warps} {pps}/SM st{stages}"
         out[name] = TileConfig(rows, bn, warps, pps, prefetch=False, stages=stages)
@@ -84,9 +86,9 @@ def _timer(
     accumulator copies for the atomic sums instead of ``atomic_slots``'s choice)."""
     fn = implementation(spec, impl, act)
     kernel = f"{spec.name}_{pass_}"
-    if variant == "no-affine":
+    if variant == "no-affine":  # layer_norm without weight and bias; bias_act without bias
         spec = replace(spec, grad_inputs=("x",))
-        sets = [{**s, "weight": None, "bias": None} for s in sets]
+        sets = [{**s, **{k: None for k in ("weight", "bias") if k in s}} for s in sets]
     call, args = _pass_call(fn, spec, sets, pass_)
 
     def timed(*a):
@@ -121,6 +123,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"))
     ap.add_argument("--only-default", action="store_true", help="no config candidates")
+    ap.add_argument("--wide", action="store_true", help="backward: up to 64 warps per SM")
+    ap.add_argument("--no-variants", action="store_true", help="backward: no reduction variants")
+    ap.add_argument(
+        "--all-no-affine", action="store_true", help="every candidate without weight/bias"
+    )
     ap.add_argument(
         "--problems",
         nargs="+",
@@ -145,16 +152,20 @@ def main() -> None:
             timers["compile"] = _timer(spec, "compile", act, args.pass_, sets)
         except Exception as exc:  # the tilewise candidates are still compared with each other
             print(f"{op} n={n} compile: not timed ({type(exc).__name__}: {exc})"[:200])
-        cands = candidates(op, p) if args.pass_ == "fwd" else bwd_candidates(op, p)
+        cands = candidates(op, p) if args.pass_ == "fwd" else bwd_candidates(op, p, args.wide)
         if args.only_default:
             cands = {"default": None}
-        if args.pass_ == "bwd":
-            cands.update({"deterministic": None})
+        if args.pass_ == "bwd" and not args.no_variants:
+            cands.update({"deterministic": None, "no-affine": None})
             cands.update({f"slots{k}": None for k in (1, 2, 4, 8, 16)})
-            if op == "layer_norm":
-                cands.update({"no-affine": None})
+        if args.pass_ == "bwd":  # plain streaming with the same traffic: 2 reads, 1 write
+            ab = [tuple(torch.randn(p.m, p.n, device=dev).to(sets[0]["x"].dtype) for _ in "abo")]
+            timers["eager add 2R1W"] = EventTimer(
+                lambda a, b, o: torch.add(a, b, out=o), ab, settle=SETTLE_CALLS
+            )
         for name, cfg in cands.items():
             variant = name if name in ("deterministic", "no-affine") or "slots" in name else ""
+            variant = "no-affine" if args.all_no_affine and not variant else variant
             try:
                 timers[name] = _timer(spec, "tilewise", act, args.pass_, sets, cfg, variant)
             except Exception as exc:  # a config the compiler rejects: said, not timed
