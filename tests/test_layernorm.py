@@ -216,6 +216,18 @@ def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16])
+@pytest.mark.parametrize("n", [1000, 2500])
+def test_no_affine_backward_register_loop(dtype, n, rng_seed):
+    """Without weight and bias the half-precision backward of 1024- and 4096-wide blocks runs the
+    register loop at several programs per SM (session 18's config), over ragged rows."""
+    cfg = ops._config("layer_norm_bwd", 5, n, 2, torch.device("cpu"), affine=False)
+    assert cfg.stages == 1 and cfg.progs_per_sm >= 4 and not cfg.prefetch
+    x = torch.randn(5, n)
+    for relu in (False, True):
+        _run_case(x, (n,), "none", relu, dtype, dtype, rng_seed)
+
+
 @pytest.mark.gpu
 def test_atomic_weight_grads_are_complete_on_every_call(rng_seed):
     """The last program casts the atomically summed dw/db; a missed partial (a memory-ordering

@@ -242,9 +242,13 @@ def _config(
         # run per tile, had read 0.89 against 0.87 at n = 4096).
         # GELU (tune_pointwise --stages --quick around that, same call pair): 2 rows per step, 4
         # stages, 2 per SM 0.881 (4 rows: 0.859-0.864).
-        block_n, rows, progs, deepest = 1024, 4, 4, 3
-        if activation == "gelu":
-            rows, progs, deepest = 2, 2, 4
+        # Session 18 (benchmarks/pointwise_ab.py --wide, in turns, fp16 64 MB, n = 4096): one
+        # row per step. GELU and SiLU 3 per SM, 4 stages: 0.901 both (those defaults: 0.867,
+        # 0.868); ReLU 4 per SM, 3 stages: 0.900 (4 rows: 0.884). An eager add with the same
+        # traffic (2 reads, 1 write) read 0.957-0.961 in those turns.
+        block_n, rows, progs, deepest = 1024, 1, 4, 3
+        if activation in ("gelu", "silu"):
+            progs, deepest = 3, 4
         block_m = max(1, min(next_pow2(m), rows))
         per_stage = 2 * block_m * block_n * elem_bytes
         stages = min(deepest, pipeline_smem_budget(device) // per_stage)

@@ -405,7 +405,12 @@ def reference_backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: 
 
 
 def _config(
-    kernel: str, m: int, n: int, elem_bytes: int, device: torch.device | None = None
+    kernel: str,
+    m: int,
+    n: int,
+    elem_bytes: int,
+    device: torch.device | None = None,
+    affine: bool = True,
 ) -> TileConfig:
     # Measured on an H100 (benchmarks/tune_pointwise.py, fp16): the forward likes ~8K elements
     # per program. The backward (tune_pointwise --stages, 64 MB, session 6): two rows per step,
@@ -426,7 +431,17 @@ def _config(
             progs = 1
         per_stage = 2 * rows * block_n * elem_bytes  # dy and x tiles
         stages = min(deepest, pipeline_smem_budget(device) // per_stage)
-        if stages >= 2:
+        if not affine and elem_bytes <= 2 and block_n in (1024, 4096):
+            # Session 18 (benchmarks/pointwise_ab.py --wide --all-no-affine, fp16 64 MB, in
+            # turns): without dw/db accumulators the register loop needs fewer registers (n =
+            # 4096: 60 against 124, ptxas offline), so several programs share an SM and overlap
+            # their row-reduction barriers: n = 1024 4 rows at 4 warps, 16 per SM 0.903 of copy
+            # (the affine config: 0.859); n = 4096 2 rows at 16 warps, 4 per SM 0.911 (0.887).
+            # Other widths: not measured, so the affine config.
+            warps = 4 if block_n == 1024 else 16
+            rows = 4 if block_n == 1024 else 2
+            default = TileConfig(rows, block_n, warps, 64 // warps, prefetch=False)
+        elif stages >= 2:
             default = TileConfig(rows, block_n, warps, progs, prefetch=False, stages=stages)
         else:  # rows too long to stage twice: one row per step, 8 programs per SM (session 4)
             default = TileConfig(1, block_n, warps, progs_per_sm=8, prefetch=False)
@@ -514,7 +529,8 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         dw = dw.view(weight.shape) if dw is not None else None
         db = db.view(bias.shape) if db is not None else None
         return dx.view(x.shape), dw, db
-    cfg = _config("layer_norm_bwd", m, n, x.element_size(), x.device)
+    affine = weight is not None or bias is not None
+    cfg = _config("layer_norm_bwd", m, n, x.element_size(), x.device, affine)
     progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = cdiv(m, rows_per_prog)
