@@ -36,14 +36,14 @@ MB64 = 64 << 20
 
 
 def candidates(op: str, p: RowsProblem) -> dict[str, TileConfig | None]:
-    """Forward: the shipped config (None), streaming, and tiles of 1-4 16-byte vectors per thread
+    """Forward: the shipped config (None), streaming, and tiles of 1-8 16-byte vectors per thread
     at 4-16 warps, one tile per program or a persistent grid pipelined 2-3 deep."""
     base = _base(f"{op}_fwd", p.m, p.n, p.elem_bytes, p.activation)
     vec = 16 // p.elem_bytes
     out: dict[str, TileConfig | None] = {"default": None}
     out["streaming"] = replace(base, streaming=not base.streaming)
     for warps in (4, 8, 16):
-        for per_thread in (1, 2, 4):
+        for per_thread in (1, 2, 4, 8):
             tile = 32 * warps * vec * per_thread
             bn = base.block_n if op == "layer_norm" else min(base.block_n, tile)
             if tile < bn or (op == "layer_norm" and tile // bn > 16):
