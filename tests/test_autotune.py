@@ -406,3 +406,27 @@ def test_cold_timing_flush_is_named():
     before anything runs."""
     with pytest.raises(ValueError, match="flush_by"):
         autotune._bench_cold(lambda: None, torch.device("cpu"), flush_by="sweep")
+
+
+def test_near_ties_of_long_problems_are_timed_again_in_turns(tuner, monkeypatch):
+    """A long candidate timed first (cool GPU) reads fast once; the near-ties are timed again in
+    rotating rounds and the median decides. Short problems and clear winners are timed once."""
+    true_ms = {Cfg(16): 1.00, Cfg(32): 0.98, Cfg(64): 2.0}
+    calls: list = []
+
+    def first_reads_fast(fn):
+        cfg = fn()
+        calls.append(cfg)
+        return true_ms[cfg] * (0.94 if len(calls) == 1 else 1.0)
+
+    monkeypatch.setattr(autotune, "_bench", first_reads_fast)
+    assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)
+    rounds = autotune.CLOSE_ROUNDS
+    assert calls[:3] == CANDS and len(calls) == 3 + 2 * rounds
+    assert Cfg(64) not in calls[3:]  # not within CLOSE_RATIO of the fastest
+    assert calls[3:5] == [Cfg(16), Cfg(32)] and calls[5:7] == [Cfg(32), Cfg(16)]  # rotating
+
+    calls.clear()
+    true_ms.update({Cfg(16): 0.100, Cfg(32): 0.098, Cfg(64): 0.2})  # short: timed once each
+    assert autotune.choose_config("op", Prob(2), CANDS, run, device=DEV) == Cfg(16)
+    assert calls == CANDS
