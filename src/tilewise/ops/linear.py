@@ -237,7 +237,8 @@ def _choose(
     nbytes = (m * k + k * n + m * n) * a.element_size()
     cold, warm_too = timing_mode(nbytes, l2_bytes(a.device))
     # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K; in session
-    # 14 cuBLAS split-K; fwd4, session 15: L2 flushed by reading, the few-row CUDA GEMV) under
+    # 14 cuBLAS split-K; fwd4, session 15: L2 flushed by reading, the few-row CUDA GEMV; fwd5,
+    # session 18: near-ties of long problems timed again in rotating rounds) under
     # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
@@ -253,7 +254,7 @@ def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
     the shape) apart from those that were not, so neither overwrites the other's cached choice."""
     if not forward:
         return OP + ".gemm"
-    return OP + ".gemm.fwd4" + (".gemv" if gemv_offered else "")
+    return OP + ".gemm.fwd5" + (".gemv" if gemv_offered else "")
 
 
 def timing_mode(nbytes: int, l2: int) -> tuple[bool, bool]:
