@@ -126,7 +126,10 @@ def main() -> None:
     ap.add_argument("--wide", action="store_true", help="backward: up to 64 warps per SM")
     ap.add_argument("--no-variants", action="store_true", help="backward: no reduction variants")
     ap.add_argument(
-        "--all-no-affine", action="store_true", help="every candidate without weight/bias"
+        "--all-no-affine",
+        action="store_true",
+        help="every candidate without weight/bias (torch.compile keeps them: its 'x compile' "
+        "then compares different problems)",
     )
     ap.add_argument(
         "--problems",

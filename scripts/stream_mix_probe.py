@@ -40,6 +40,9 @@ def main() -> None:
         got = interleaved(timers, args.reps, chunks=4)
         for name, (_, streams) in KINDS.items():
             t = got[name]
+            if isinstance(t, Exception):  # e.g. out of memory: said, the others still reported
+                print(f"{mb:4d} MB  {name:14s} failed: {type(t).__name__}: {t}")
+                continue
             frac = streams * n * 2 / t.median_s / ceiling
             rows.append({"mb": mb, "kind": name, "median_s": t.median_s, "frac_copy": frac})
             print(f"{mb:4d} MB  {name:14s} {t.median_s * 1e6:7.1f} us  {frac:.3f} of copy")

@@ -430,3 +430,19 @@ def test_near_ties_of_long_problems_are_timed_again_in_turns(tuner, monkeypatch)
     true_ms.update({Cfg(16): 0.100, Cfg(32): 0.098, Cfg(64): 0.2})  # short: timed once each
     assert autotune.choose_config("op", Prob(2), CANDS, run, device=DEV) == Cfg(16)
     assert calls == CANDS
+
+
+def test_near_tie_failing_in_a_round_is_out(tuner, monkeypatch):
+    """A near-tie that raises when timed again is not chosen, however fast its first reading."""
+    calls: list = []
+
+    def flaky(fn):
+        cfg = fn()
+        calls.append(cfg)
+        if cfg == Cfg(32) and calls.count(Cfg(32)) == 3:
+            raise RuntimeError("launch failed")
+        return {Cfg(16): 1.00, Cfg(32): 0.95, Cfg(64): 1.02}[cfg]
+
+    monkeypatch.setattr(autotune, "_bench", flaky)
+    assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV) == Cfg(16)
+    assert calls.count(Cfg(64)) == 1 + autotune.CLOSE_ROUNDS  # within CLOSE_RATIO: re-timed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -216,16 +217,19 @@ def test_launch_variants(device, dtype, kernel, variant, monkeypatch, rng_seed):
         _run_case(x, shape, "wb", True, dtype, dtype, rng_seed)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16])
+@pytest.mark.parametrize("device,dtype", [p for p in DEVICE_DTYPES if "float32" not in p.id])
 @pytest.mark.parametrize("n", [1000, 2500])
-def test_no_affine_backward_register_loop(dtype, n, rng_seed):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-mode", "deterministic"])
+def test_no_affine_backward_register_loop(device, dtype, n, deterministic, rng_seed):
     """Without weight and bias the half-precision backward of 1024- and 4096-wide blocks runs the
-    register loop at several programs per SM (session 18's config), over ragged rows."""
-    cfg = ops._config("layer_norm_bwd", 5, n, 2, torch.device("cpu"), affine=False)
+    register loop at several programs per SM (session 18's config), over ragged rows, in either
+    reduction mode (neither has anything to reduce)."""
+    cfg = ops._config("layer_norm_bwd", 5, n, 2, torch.device(device), affine=False)
     assert cfg.stages == 1 and cfg.progs_per_sm >= 4 and not cfg.prefetch
-    x = torch.randn(5, n)
-    for relu in (False, True):
-        _run_case(x, (n,), "none", relu, dtype, dtype, rng_seed)
+    x = torch.randn(5 if device == "cpu" else 4099, n, device=device)
+    with deterministic_algorithms() if deterministic else contextlib.nullcontext():
+        for relu in (False, True):
+            _run_case(x, (n,), "none", relu, dtype, dtype, rng_seed)
 
 
 @pytest.mark.gpu

@@ -434,10 +434,11 @@ def _config(
         if not affine and elem_bytes <= 2 and block_n in (1024, 4096):
             # Session 18 (benchmarks/pointwise_ab.py --wide --all-no-affine, fp16 64 MB, in
             # turns): without dw/db accumulators the register loop needs fewer registers (n =
-            # 4096: 60 against 124, ptxas offline), so several programs share an SM and overlap
-            # their row-reduction barriers: n = 1024 4 rows at 4 warps, 16 per SM 0.903 of copy
-            # (the affine config: 0.859); n = 4096 2 rows at 16 warps, 4 per SM 0.911 (0.887).
-            # Other widths: not measured, so the affine config.
+            # 4096: 60 against 124, ptxas offline), so two 16-warp programs fit an SM and one
+            # computes while the other waits at its row-reduction barrier. Grids of 16 (n = 1024:
+            # 4 rows, 4 warps) or 4 (n = 4096: 2 rows, 16 warps) programs per SM, more than fit
+            # at once: 0.903 / 0.911 of copy against the affine config's 0.859 / 0.887. bf16
+            # takes the same config (not measured); other widths the affine one.
             warps = 4 if block_n == 1024 else 16
             rows = 4 if block_n == 1024 else 2
             default = TileConfig(rows, block_n, warps, 64 // warps, prefetch=False)
@@ -534,16 +535,17 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     progs = min(cdiv(m, cfg.block_m), cfg.progs_per_sm * num_sms(x.device))
     rows_per_prog = cdiv(cdiv(m, progs), cfg.block_m) * cfg.block_m
     progs = cdiv(m, rows_per_prog)
-    atomic = use_atomics()
+    atomic = use_atomics() and affine  # without weight and bias there is nothing to reduce
     dw = alloc.empty(n, device=x.device, dtype=weight.dtype) if weight is not None else None
     db = alloc.empty(n, device=x.device, dtype=bias.dtype) if bias is not None else None
     slots = atomic_slots(progs, cfg.block_n)
     if atomic:
         acc, count = zeroed_accumulators(2 * slots * n, 1, x.device)
         dwp, dbp = acc[: slots * n], acc[slots * n :]
-    else:
-        dwp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
-        dbp = alloc.empty((progs, n), device=x.device, dtype=torch.float32)
+    else:  # per-program partial rows (deterministic mode), none without weight and bias
+        rows = (progs, n) if affine else (1,)
+        dwp = alloc.empty(rows, device=x.device, dtype=torch.float32)
+        dbp = alloc.empty(rows, device=x.device, dtype=torch.float32)
         count = dwp
     with workspace.guarded(x.device):  # the atomic mode's accumulators
         _ln_bwd_kernel[(progs,)](
