@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,20 +61,27 @@ def bwd_candidates(op: str, p: RowsProblem, wide: bool = False) -> dict[str, Til
     """Backward: the shipped config (None) and pipelined tiles of 1-4 rows (layer_norm: whole
     rows; bias_act: 1024-value column blocks; rows under 1024 values: 2048-8192-value tiles) at
     4-16 warps, 1-4 programs per SM, 2-4 stages, within the shared-memory budget. ``wide``
-    also tries up to 64 warps per SM and register loops (stages 1) at 4-16 programs per SM."""
+    also tries up to 64 warps per SM, 32-warp programs and register loops (stages 1, with and
+    without the next step's tile prefetched into registers) at 1-16 programs per SM."""
     bn = _common.next_pow2(p.n) if op == "layer_norm" else min(1024, _common.next_pow2(p.n))
     out: dict[str, TileConfig | None] = {"default": None}
     row_counts = (1, 2, 4) if bn >= 1024 else tuple(t // bn for t in (2048, 4096, 8192))
     per_sm = (1, 2, 3, 4, 8, 16) if wide else (1, 2, 3, 4)
     for rows, warps, pps, stages in itertools.product(
-        row_counts, (4, 8, 16), per_sm, (1, 2, 3, 4) if wide else (2, 3, 4)
+        row_counts,
+        (4, 8, 16, 32) if wide else (4, 8, 16),
+        per_sm,
+        (1, 2, 3, 4) if wide else (2, 3, 4),
     ):
         per_thread = rows * bn // (32 * warps)
         smem = pps * stages * 2 * rows * bn * p.elem_bytes if stages > 1 else 0
-        if not 8 <= per_thread <= 32 or smem > 220 * 1024 or pps * warps > (64 if wide else 32):
+        least = 4 if wide else 8
+        if not least <= per_thread <= 32 or smem > 220 * 1024 or pps * warps > (64 if wide else 32):
             continue
         name = f"{rows}x{bn}/w{warps} {pps}/SM st{stages}"
         out[name] = TileConfig(rows, bn, warps, pps, prefetch=False, stages=stages)
+        if stages == 1 and wide:
+            out[name + " pf"] = TileConfig(rows, bn, warps, pps, prefetch=True, stages=1)
     return out
 
 
@@ -125,6 +133,7 @@ def main() -> None:
     ap.add_argument("--only-default", action="store_true", help="no config candidates")
     ap.add_argument("--wide", action="store_true", help="backward: up to 64 warps per SM")
     ap.add_argument("--no-variants", action="store_true", help="backward: no reduction variants")
+    ap.add_argument("--match", default=None, help="only candidates whose name matches this regex")
     ap.add_argument(
         "--all-no-affine",
         action="store_true",
@@ -158,6 +167,8 @@ def main() -> None:
         cands = candidates(op, p) if args.pass_ == "fwd" else bwd_candidates(op, p, args.wide)
         if args.only_default:
             cands = {"default": None}
+        if args.match:
+            cands = {k: v for k, v in cands.items() if k == "default" or re.search(args.match, k)}
         if args.pass_ == "bwd" and not args.no_variants:
             cands.update({"deterministic": None, "no-affine": None})
             cands.update({f"slots{k}": None for k in (1, 2, 4, 8, 16)})
