@@ -543,9 +543,9 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
         acc, count = zeroed_accumulators(2 * slots * n, 1, x.device)
         dwp, dbp = acc[: slots * n], acc[slots * n :]
     else:  # per-program partial rows (deterministic mode), none without weight and bias
-        rows = (progs, n) if affine else (1,)
-        dwp = alloc.empty(rows, device=x.device, dtype=torch.float32)
-        dbp = alloc.empty(rows, device=x.device, dtype=torch.float32)
+        partial_shape = (progs, n) if affine else (1,)
+        dwp = alloc.empty(partial_shape, device=x.device, dtype=torch.float32)
+        dbp = alloc.empty(partial_shape, device=x.device, dtype=torch.float32)
         count = dwp
     with workspace.guarded(x.device):  # the atomic mode's accumulators
         _ln_bwd_kernel[(progs,)](
