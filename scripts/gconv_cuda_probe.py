@@ -49,6 +49,27 @@ def _judge(out, same, ref, atol, what) -> str:
     return f"{what}: {'ok' if bad == 0 else f'{bad} BAD'} (max err {err.max().item():.2e})"
 
 
+def _agreement(impls: dict, make_args) -> dict[str, float]:
+    """Each implementation's largest difference from cuDNN's output on ``make_args()`` (fresh
+    per call: outputs poisoned each time), relative to
+    cuDNN's largest magnitude: a quick check of tiles ``check`` does not cover (the timing loops
+    poison nothing, so a wrong tile would otherwise time as well as a right one)."""
+    if "cudnn" not in impls:
+        return {}
+    out = {}
+    with torch.no_grad():
+        ref = impls["cudnn"](*make_args())
+        ref = (ref[0] if isinstance(ref, tuple) else ref).float()
+        for name, fn in impls.items():
+            try:
+                got = fn(*make_args())
+                got = (got[0] if isinstance(got, tuple) else got).float()
+                out[name] = ((got - ref).abs().max() / ref.abs().max()).item()
+            except Exception:  # reported by the timing loop
+                pass
+    return out
+
+
 def check(tile: CudaTile) -> bool:
     ok = True
     cases = GCONV_ODD_SHAPES
@@ -133,6 +154,9 @@ def bench(tiles: list[CudaTile], n: int, copy_bw: float) -> list[dict]:
                     res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
                 except Exception as exc:  # a tile that fails to compile or launch is reported
                     print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+            agree = _agreement(
+                impls, lambda s=sets[0]: (s[0], s[1], _cl(torch.full_like(s[0], float("nan"))))
+            )
             for name, s in res.items():
                 row = dict(
                     c=c,
@@ -144,18 +168,40 @@ def bench(tiles: list[CudaTile], n: int, copy_bw: float) -> list[dict]:
                     gbps=nbytes / s / 1e9,
                     frac_copy=nbytes / s / copy_bw,
                     x_cudnn=res["cudnn"] / s if "cudnn" in res else None,
+                    rel_err_vs_cudnn=agree.get(name),
                 )
                 rows.append(row)
                 print(
                     f"C={c:3d} {hw}x{hw} N={n} {dname} {name:24s} {s * 1e6:8.1f} us "
                     f"{row['gbps']:7.0f} GB/s  {row['frac_copy']:.3f} of copy  "
-                    f"{row['x_cudnn'] or 0:.2f}x cuDNN"
+                    f"{row['x_cudnn'] or 0:.2f}x cuDNN  err {agree.get(name, float('nan')):.1e}"
                 )
             del sets
     return rows
 
 
-def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
+#: TMA wgrad tiles beyond the candidates (``--wgrad-extra``). Session 19's first sweep made the
+#: 64-channel 16x16 tile a candidate (0.80-0.91 of copy at C=64); its neighbours (3 stages,
+#: 8x16 / 16x8 / 8x32 tiles, 2 warps per group) were within 1-2% of it. These take 128-channel
+#: blocks: 256-byte pixels, two 128-byte rows each (5-d tensor maps)
+WGRAD_EXTRA_TILES = (
+    CudaTile(8, 16, 128, 16, 1, 2, tma=1),
+    CudaTile(16, 8, 128, 16, 1, 2, tma=1),
+    CudaTile(8, 8, 128, 16, 2, 2, tma=1),
+    CudaTile(8, 8, 128, 16, 1, 3, tma=1),
+    CudaTile(4, 16, 128, 16, 2, 2, tma=1),
+)
+
+#: row-pair fprop tiles with 128-channel TMA boxes (``--fprop-extra``), as the wgrad's
+FPROP_EXTRA_TILES = (
+    CudaTile(8, 16, 128, 16, 1, 2, rowpair=True, tma=2),
+    CudaTile(16, 8, 128, 16, 1, 2, rowpair=True, tma=2),
+    CudaTile(8, 8, 128, 16, 2, 2, rowpair=True, tma=2),
+    CudaTile(8, 16, 128, 16, 1, 2, rowpair=True, tma=1),
+)
+
+
+def bench_wgrad(n: int, copy_bw: float, extra: tuple = ()) -> list[dict]:
     """wgrad (non-deterministic) beside cuDNN: each NVRTC tile, and tilewise's autotuned pick."""
     rows = []
     for c, hw in ((64, 64), (128, 32), (256, 16)):
@@ -173,7 +219,8 @@ def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
                 "tilewise": lambda x, dy, p=prob: gconv_wgrad.wgrad(dy, x, p, False, False),
             }
             experimental = (
-                gconv_cuda._fitted(t, c, True) for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES
+                gconv_cuda._fitted(t, c, True)
+                for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES + tuple(extra)
             )
             tma = gconv_cuda.tma_usable(sets[0][0])
             tiles = list(gconv_cuda.wgrad_candidates(c, 3, 3)) + [
@@ -191,14 +238,17 @@ def bench_wgrad(n: int, copy_bw: float) -> list[dict]:
                     res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
                 except Exception as exc:
                     print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+            agree = _agreement(impls, lambda s=sets[0]: s)
             for name, sec in res.items():
                 row = dict(pass_="wgrad", c=c, hw=hw, n=n, dtype=dname, impl=name, median_s=sec,
                            gbps=nbytes / sec / 1e9, frac_copy=nbytes / sec / copy_bw,
-                           x_cudnn=res["cudnn"] / sec if "cudnn" in res else None)  # fmt: skip
+                           x_cudnn=res["cudnn"] / sec if "cudnn" in res else None,
+                           rel_err_vs_cudnn=agree.get(name))  # fmt: skip
                 rows.append(row)
                 print(
                     f"wgrad C={c:3d} {hw}x{hw} N={n} {dname} {name:26s} {sec * 1e6:8.1f} us "
-                    f"{row['frac_copy']:.3f} of copy  {row['x_cudnn'] or 0:.2f}x cuDNN"
+                    f"{row['frac_copy']:.3f} of copy  {row['x_cudnn'] or 0:.2f}x cuDNN  "
+                    f"err {agree.get(name, float('nan')):.1e}"
                 )
             del sets
     return rows
@@ -215,6 +265,12 @@ def main() -> None:
     ap.add_argument("--wgrad-only", action="store_true", help="skip the fprop timing")
     ap.add_argument(
         "--shipped", action="store_true", help="with --rowpair: time only gconv_cuda.TILES"
+    )
+    ap.add_argument(
+        "--wgrad-extra", action="store_true", help="time WGRAD_EXTRA_TILES too (TMA variants)"
+    )
+    ap.add_argument(
+        "--fprop-extra", action="store_true", help="with --rowpair: time FPROP_EXTRA_TILES too"
     )
     ap.add_argument("--json", default=None)
     ap.add_argument(
@@ -241,6 +297,8 @@ def main() -> None:
                 CudaTile(8, 16, 32, 4, 3, 4, rowpair=True),
                 CudaTile(16, 16, 32, 4, 2, 3, rowpair=True),
             ]
+    if args.rowpair and args.fprop_extra:
+        tiles += list(FPROP_EXTRA_TILES)
     print("correctness:", "not checked" if args.no_check else "all ok" if ok else "FAILURES")
     if args.tiles:
         tiles += [
@@ -255,7 +313,7 @@ def main() -> None:
     print(f"copy {copy_bw / 1e12:.2f} TB/s")
     rows = [] if args.wgrad_only else bench(tiles, args.n, copy_bw)
     if not args.fprop_only:
-        rows += bench_wgrad(args.n, copy_bw)
+        rows += bench_wgrad(args.n, copy_bw, WGRAD_EXTRA_TILES if args.wgrad_extra else ())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -97,7 +97,14 @@ def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, tma=2))
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 8, 1, 8, 2, cluster=8, tma=1))
     assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=1))
-    assert not any(t.tma for t in gconv_cuda.wgrad_candidates(64, 3, 3))  # not candidates
+    # the TMA wgrad tiles are candidates only where asked (a GPU with TMA), first
+    assert not any(t.tma for t in gconv_cuda.wgrad_candidates(64, 3, 3, tma=False))
+    with_tma = gconv_cuda.wgrad_candidates(64, 3, 3, tma=True)
+    assert with_tma[0].tma == 1 and with_tma[0].cb == 64
+    assert set(gconv_cuda.wgrad_candidates(64, 3, 3, tma=False)) < set(with_tma)
+    for c in (8, 24, 48, 96, 256):  # fitted channel blocks: powers of two, one warp per group
+        for t in gconv_cuda.wgrad_candidates(c, 3, 3, tma=True):
+            assert not t.tma or (t.cb in (8, 16, 32, 64) and t.warps == t.cb // 8)
     # TMA boxes take power-of-two channel blocks (a 24-channel tile has no swizzle mode)
     assert not gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True, tma=1))
     assert gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True))
@@ -275,6 +282,37 @@ def test_every_tma_tile_has_a_legal_twin():
                 assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
     big = gconv_cuda.CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2)
     assert gconv_cuda.non_tma_twin(big, 64, 3, 3).th == 16
+
+
+def test_every_tma_wgrad_tile_has_a_legal_twin():
+    """Without the lean launcher a TMA wgrad tile runs as its non-TMA twin: the same tap kernel,
+    channel block and warps, fewer rows where the per-chunk staging needs more shared memory."""
+    for c in (8, 64, 256):
+        for r in range(1, 8):
+            for tile in gconv_cuda.wgrad_candidates(c, r, r, small=False, tma=True):
+                if tile.tma:
+                    twin = gconv_cuda.wgrad_twin(tile, c, r, r)
+                    assert gconv_cuda.wgrad_tile_ok(c, r, r, twin) and not twin.tma, (c, r)
+                    assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16], ids=str)
+def test_tma_wgrad_tiles_fall_back_without_the_lean_launcher(dtype, rng_seed, monkeypatch, caplog):
+    """PyTorch's launcher cannot pass tensor maps: a TMA wgrad tile then runs as its non-TMA
+    twin (said once per tile), still right by the three-way rule on the odd shapes."""
+    if not gconv_cuda._tma.supported(torch.cuda.current_device()):
+        pytest.skip("no TMA on this GPU")
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    gconv_cuda._log_once.cache_clear()
+
+    def tiles_for(c, r, s):
+        return [t for t in gconv_cuda.wgrad_candidates(c, r, s, False, True) if t.tma]
+
+    with caplog.at_level("WARNING", logger=gconv_cuda.log.name):
+        assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+    assert any("runs without TMA" in r.message for r in caplog.records)
+    gconv_cuda._log_once.cache_clear()
 
 
 def test_tma_needs_the_row_pair_kernel():

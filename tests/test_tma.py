@@ -27,6 +27,19 @@ def test_halo_map_of_a_channels_last_tensor(channels, swizzle):
     spec.validate()
 
 
+def test_wide_pixels_split_into_128_byte_rows():
+    """128 half-precision channels (256-byte pixels, wider than any swizzle row): a 5-d map of
+    64-channel rows whose box covers the block's two rows of each pixel, in memory order."""
+    x = _cl(torch.zeros(3, 256, 11, 13, dtype=torch.bfloat16))
+    spec = tma.nhwc_halo_map(x, 128, 18, 10)
+    assert spec.sizes == (64, 4, 13, 11, 3)
+    assert spec.strides == (128, x.stride(3) * 2, x.stride(2) * 2, x.stride(0) * 2)
+    assert spec.box == (64, 2, 18, 10, 1) and spec.swizzle == 3
+    spec.validate()
+    with pytest.raises(ValueError, match="'channels'"):  # 96 channels: no whole 128-byte rows
+        tma.nhwc_halo_map(_cl(torch.zeros(1, 96, 8, 8, dtype=torch.float16)), 96, 8, 8)
+
+
 def test_bad_maps_are_refused_naming_the_argument():
     x = _cl(torch.zeros(1, 64, 8, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="'channels'"):

@@ -47,9 +47,10 @@ class CudaTile:
     ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
     groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
     that many CTAs per channel block, summing through distributed shared memory (0: persistent
-    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad only): 1, the halo tiles arrive by
-    Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense buffer)
-    instead of per-chunk ``cp.async``; 2, the output tiles leave by it too. ``tap_rows`` (wgrad,
+    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad:
+    and the dy tiles) arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into
+    a swizzled dense buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output
+    tiles leave by it too. ``tap_rows`` (wgrad,
     tap kernel, no TMA): each CTA takes that many of the kernel's rows of taps (a divisor of R;
     0: all), so R / tap_rows times the CTAs share the work of a small problem and each reduces
     fewer sums; the input is read once per row block."""
@@ -77,10 +78,20 @@ class CudaTile:
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
 
 
+#: channel blocks a TMA tile takes: a power of two whose pixel row the swizzle modes cover (8-64
+#: channels: one 16-128 byte box row), or 128 channels as two 128-byte rows per pixel (a 5-d map)
+TMA_CHANNEL_BLOCKS = (8, 16, 32, 64, 128)
+
+
+def _tma_period(cb: int) -> int:
+    """The swizzle's period for a ``cb``-channel TMA tile: 128 B x (SWM + 1) = 16 x CB bytes,
+    1024 for the 128-byte mode (64 and 128 channels); the kernels place stages on it."""
+    return min(16 * cb, 1024)
+
+
 def _tma_stage(nbytes: int, cb: int) -> int:
-    """``nbytes`` of a TMA stage rounded up to the swizzle's period, 128 B x (SWM + 1) = 16 x CB
-    bytes (the swizzle mode follows the channel block); the kernels place stages on it."""
-    return cdiv(nbytes, 16 * cb) * 16 * cb
+    """``nbytes`` of a TMA stage rounded up to the swizzle's period (``_tma_period``)."""
+    return cdiv(nbytes, _tma_period(cb)) * _tma_period(cb)
 
 
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
@@ -93,7 +104,7 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         if tile.tma:  # dense swizzled stages (+ one period to align them), mbarriers
             stage = _tma_stage(rows * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
             out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
-            return 16 * tile.cb + tile.stages * (stage + 8) + out
+            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out
         return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
@@ -112,7 +123,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
         return False
     box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
-    if tile.tma and (not tile.rowpair or tile.cb not in (8, 16, 32, 64) or box_too_big):
+    if tile.tma and (not tile.rowpair or tile.cb not in TMA_CHANNEL_BLOCKS or box_too_big):
         return False
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
@@ -152,7 +163,10 @@ TILES = (
 #: 16x16 tile one tile per CTA and nothing to overlap). The 32x32 16-warp tile (session 13: one
 #: CTA per SM, 128 registers and 210 KB of shared memory by ptxas and ``smem_bytes``) re-reads
 #: 1.13x its pixels as halo against the 16x32 tile's 1.20x, for the L2, which was 88% busy at 70%
-#: of DRAM bandwidth with the 16x16 tile (ncu, session 9).
+#: of DRAM bandwidth with the 16x16 tile (ncu, session 9). The 64-channel tiles (session 19,
+#: ``--fprop-extra``: 128-byte pixel rows, the 128-byte swizzle, one CTA per SM) read 0.866-0.879
+#: of copy at C=64 N=256 against the 32-channel tiles' best 0.796-0.817, 0.785-0.797 at C=128
+#: N=256 against 0.768-0.771 (fprop, fp16 / bf16).
 TMA_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2),
@@ -162,6 +176,8 @@ TMA_TILES = (
     CudaTile(8, 8, 32, 4, 6, 2, rowpair=True, tma=2),
     CudaTile(16, 32, 32, 8, 2, 2, rowpair=True, tma=2),
     CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2),
+    CudaTile(16, 16, 64, 8, 1, 2, rowpair=True, tma=2),
+    CudaTile(8, 32, 64, 16, 1, 2, rowpair=True, tma=2),
 )
 
 
@@ -234,7 +250,7 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     if tile.tma:
         halo = _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
         dy = _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb)
-        return 16 * tile.cb + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
+        return _tma_period(tile.cb) + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * (r // 2 + 1) - 2
         return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
@@ -396,6 +412,19 @@ WGRAD_TILES = (
     CudaTile(8, 8, 8, 1, 8, 2),
 )
 
+#: wgrad tiles whose input halo and dy tile arrive by TMA (``tma=1``: two tensor copies per
+#: stage on one mbarrier, dense swizzled stages), candidates on GPUs that have it beside
+#: ``WGRAD_TILES``. Session 19 (``scripts/gconv_cuda_probe.py --wgrad-only --wgrad-extra``, 3x3,
+#: H100, fraction of copy, fp16 / bf16): the 64-channel 16x16 tile (8 warps, one CTA per SM:
+#: 128-byte pixels, whole lines, the 128-byte swizzle) read C=64 N=128 0.804 / 0.803, N=256
+#: 0.906 / 0.909, C=128 N=256 0.790 / 0.799, C=256 N=256 0.654 / 0.651, against the best
+#: non-TMA tile's 0.71 / 0.75 / 0.71 / 0.61; the 32-channel 8x16 tile (session 9, experimental
+#: until then) came second at C=64 and C=128 (0.79 / 0.82 / 0.75 / 0.59).
+TMA_WGRAD_TILES = (
+    CudaTile(16, 16, 64, 8, 1, 2, tma=1),
+    CudaTile(8, 16, 32, 4, 4, 2, tma=1),
+)
+
 #: cluster wgrad tiles, candidates for small problems only (``CLUSTER_MAX_PIXELS``): one cluster
 #: of 8 CTAs per channel block, no atomics, workspace or last-CTA pass (each an L2 round trip on
 #: a ~6 us kernel). Session 8, batch 1, fp16, profiler device time against cuDNN: C=128 32x32
@@ -440,7 +469,6 @@ EXPERIMENTAL_WGRAD_TILES = (
     # session 9 after the device budget ran out: not yet run on a GPU
     CudaTile(8, 16, 8, 1, 8, 2, cluster=16),
     CudaTile(8, 8, 8, 1, 8, 2, cluster=16),
-    CudaTile(8, 16, 32, 4, 4, 2, tma=1),
     CudaTile(16, 16, 32, 4, 3, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 3, tma=1),
     # the fastest at C=64 64x64 5x5 batch 1 (9.4 us against 10.0 for the best candidate), but a
@@ -470,6 +498,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 TILES,
                 TMA_TILES,
                 WGRAD_TILES,
+                TMA_WGRAD_TILES,
                 CLUSTER_WGRAD_TILES,
                 ROW_WGRAD_TILES,
                 EXPERIMENTAL_WGRAD_TILES,
@@ -501,7 +530,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         tile.tma != 1
         or tile.rowpair
         or tile.cluster
-        or tile.cb not in (8, 16, 32, 64)
+        or tile.cb not in TMA_CHANNEL_BLOCKS
         or max(tile.th + r - 1, tile.tw + s - 1) > 256
     ):
         return False
@@ -511,14 +540,18 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     return tile.th % 2 == 0 and tile.tw % 16 == 0 and fragments <= ROWPAIR_WGRAD_MAX_FRAGMENTS
 
 
-def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTile, ...]:
-    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), and the
+def wgrad_candidates(
+    c: int, r: int, s: int, small: bool = True, tma: bool | None = None
+) -> tuple[CudaTile, ...]:
+    """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), the
+    ``TMA_WGRAD_TILES`` with ``tma`` (None: whether the current GPU has TMA), and the
     ``CLUSTER_WGRAD_TILES`` and ``ROW_WGRAD_TILES`` for a ``small`` problem (at most
     ``CLUSTER_MAX_PIXELS``).
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
-    choice already cached on disk is not timed again; its TMA tiles only on a GPU with TMA)."""
+    choice already cached on disk is not timed again; its TMA tiles only with ``tma``)."""
     experimental = os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1"
-    tma = experimental and torch.cuda.is_available() and _tma.supported(torch.cuda.current_device())
+    if tma is None:
+        tma = torch.cuda.is_available() and _tma.supported(torch.cuda.current_device())
     return _wgrad_candidates(c, r, s, small, experimental, tma)
 
 
@@ -526,11 +559,27 @@ def wgrad_candidates(c: int, r: int, s: int, small: bool = True) -> tuple[CudaTi
 def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False
 ) -> tuple:
-    tiles = WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
+    tiles = (TMA_WGRAD_TILES if tma else ()) + WGRAD_TILES
+    tiles += CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ()
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
+
+
+def wgrad_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:
+    """A TMA wgrad ``tile`` without TMA, its rows halved until its per-chunk staging (16 bytes
+    more per pixel) fits shared memory: what runs where no lean launcher can pass a tensor map."""
+    twin = dataclasses.replace(tile, tma=0)
+    while not wgrad_tile_ok(c, r, s, twin) and twin.th > 2:
+        twin = dataclasses.replace(twin, th=twin.th // 2)
+    if not wgrad_tile_ok(c, r, s, twin):
+        raise ValueError(f"argument 'tile' {tile.name}: no non-TMA twin fits C={c}, {r}x{s}")
+    return twin
+
+
+#: the wgrad kernels' argument kinds (a TMA tile adds the input's and dy's tensor maps, "tt")
+_WGRAD_SIGNATURE = "ppppppp" + "i" * 10
 
 
 def wgrad(
@@ -558,6 +607,13 @@ def wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
+    if tile.tma and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
+        # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
+        _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
+        tile = wgrad_twin(tile, c, r, s)
+        kernel = _kernel(
+            r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad"
+        )
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
@@ -574,10 +630,8 @@ def wgrad(
         counters = counters.view(torch.int32)
     args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
     args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
-    signature = "ppppppp" + "i" * 10 + ("tt" if tile.tma else "")
+    signature = _WGRAD_SIGNATURE + ("tt" if tile.tma else "")
     if tile.tma:
-        if _launcher(kernel, signature) is None:
-            raise RuntimeError("tilewise gconv_cuda: a TMA wgrad tile needs the lean launcher")
         args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
         args.append(_tensor_map(dy, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)

@@ -192,7 +192,7 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
 // map (32/64/128-byte mode by CB: chunk bits ^= address bits 7.., which keeps an ldmatrix's 8
 // consecutive pixels on 8 bank groups); stages start on the swizzle's period, TALIGN
 #define PIXT (CB * 2)
-#define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)
+#define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)  // CB = 128: 128-byte mode too
 #define TALIGN (128 * (SWM + 1))
 
 // the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)
@@ -205,13 +205,22 @@ __device__ __forceinline__ u32 hoff(int pix, int ch) {{
 }}
 
 // one 4-d box (channels, w, h, n) of ``map`` from (c, w, h, n) into ``dst``, completing on
-// ``mbar`` (whose expected bytes the caller has set); issued by one thread
+// ``mbar`` (whose expected bytes the caller has set); issued by one thread. Pixels wider than
+// 128 bytes (CB = 128): a 5-d map of 64-channel rows (row channel, row, w, h, n), the same bytes
+// in the same order
 __device__ __forceinline__ void tma_load(u32 dst, u32 mbar, const TmaDesc* map, int c, int w,
                                          int h, int n) {{
+#if PIXT > 128
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {{%2, %3, %4, %5, %6}}], [%7];\n"
+                 :: "r"(dst), "l"(map), "r"(0), "r"(c / 64), "r"(w), "r"(h), "r"(n), "r"(mbar)
+                 : "memory");
+#else
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
                  :: "r"(dst), "l"(map), "r"(c), "r"(w), "r"(h), "r"(n), "r"(mbar)
                  : "memory");
+#endif
 }}
 
 __device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
@@ -775,10 +784,18 @@ __device__ __forceinline__ void tma_rows(u32 dst, u32 mbar, const TmaDesc* map, 
 __device__ __forceinline__ void tma_store(u32 src, const TmaDesc* map, int t, int c0,
                                           int tiles_h, int tiles_w) {{
     const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+#if PIXT > 128  // 64-channel rows, as tma_load
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group"
+                 " [%0, {{%1, %2, %3, %4, %5}}], [%6];\n"
+                 :: "l"(map), "r"(0), "r"(c0 / 64), "r"(tw_i * TW), "r"(th_i * TH), "r"(n),
+                    "r"(src)
+                 : "memory");
+#else
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
                  " [%0, {{%1, %2, %3, %4}}], [%5];\n"
                  :: "l"(map), "r"(c0), "r"(tw_i * TW), "r"(th_i * TH), "r"(n), "r"(src)
                  : "memory");
+#endif
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }}
 #if TMA == 2

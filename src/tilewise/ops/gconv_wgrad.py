@@ -250,7 +250,7 @@ def wgrad(
     without determinism, the NVRTC kernel's tiles."""
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
-    candidates = _candidates(problem, sms, with_cuda)
+    candidates = _candidates(problem, sms, with_cuda, with_cuda and gconv_cuda.tma_usable(x))
     cfg = autotune.choose_config(
         f"{OP}.{'det' if deterministic else 'one-launch'}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
@@ -263,14 +263,14 @@ def wgrad(
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidates(problem: GConvProblem, sms: int, with_cuda: bool) -> tuple:
+def _candidates(problem: GConvProblem, sms: int, with_cuda: bool, tma: bool = False) -> tuple:
     base = wgrad_candidates(problem, sms)
     if not with_cuda:
         return base
     ho = problem.h + 2 * problem.pad_h - problem.r + 1
     wo = problem.w + 2 * problem.pad_w - problem.s + 1
     small = problem.n * ho * wo <= gconv_cuda.CLUSTER_MAX_PIXELS
-    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small) + base
+    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small, tma) + base
 
 
 def _launch(

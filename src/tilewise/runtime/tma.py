@@ -58,10 +58,22 @@ class TiledMap:
 
 def nhwc_halo_map(x: torch.Tensor, channels: int, box_w: int, box_h: int) -> TiledMap:
     """The map of a channels_last [N, C, H, W] tensor whose box is ``channels`` channels by
-    ``box_w`` x ``box_h`` pixels of one image, swizzled by the box's row bytes."""
+    ``box_w`` x ``box_h`` pixels of one image, swizzled by the box's row bytes. A pixel of more
+    than 128 bytes (the widest swizzled row) is split into 128-byte rows: a 5-d map (row
+    elements, rows, w, h, n) whose box lands in shared memory in the same order, each pixel's
+    rows back to back, so the kernel's addressing does not change."""
     n, c, h, w = x.shape
     elem = x.element_size()
     row = channels * elem
+    if row > 128 and row % 128 == 0 and c % (128 // elem) == 0:
+        inner = 128 // elem
+        return TiledMap(
+            dtype=x.dtype,
+            sizes=(inner, c // inner, w, h, n),
+            strides=(inner * elem, c * elem, w * c * elem, h * w * c * elem),
+            box=(inner, channels // inner, box_w, box_h, 1),
+            swizzle=SWIZZLE_BY_ROW_BYTES[128],
+        )
     if row not in SWIZZLE_BY_ROW_BYTES:
         raise ValueError(f"tensor map: argument 'channels' {channels} gives a {row}-byte row")
     return TiledMap(
