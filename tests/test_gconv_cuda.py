@@ -218,17 +218,27 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
         pytest.skip("no TMA on this GPU")
     caplog.set_level("WARNING", logger=gconv_cuda.log.name)
     gconv_cuda._log_once.cache_clear()
-    x = _cl(torch.randn(64, 64, 33, 35, device="cuda", dtype=dtype))
+    for c in (64, 256):  # 256: the 128-channel tiles (two 128-byte rows per pixel, 5-d maps)
+        _check_tma_pipeline(c, dtype)
+    # the TMA tiles ran as such (without the lean launcher they run as their twins, and the
+    # comparisons above would compare a twin with itself)
+    assert not any("runs without TMA" in r.message for r in caplog.records)
+
+
+def _check_tma_pipeline(c: int, dtype: torch.dtype) -> None:
+    x = _cl(torch.randn(64, c, 33, 35, device="cuda", dtype=dtype))
     x[3, 5, 7, 9], x[40, 60, 32, 34], x[63, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
-    w = torch.randn(64, 8, 3, 3, device="cuda", dtype=dtype) * 0.1
-    b = torch.randn(64, device="cuda", dtype=dtype)
+    w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dtype) * 0.1
+    b = torch.randn(c, device="cuda", dtype=dtype)
     finite = x.nan_to_num(posinf=0.0, neginf=0.0)
-    for tile in gconv_cuda.candidates(64, 3, 3, tma=True):
-        if not tile.tma:
-            continue
-        twin = gconv_cuda.non_tma_twin(tile, 64, 3, 3)
+    tiles = [t for t in gconv_cuda.candidates(c, 3, 3, tma=True) if t.tma]
+    if c > 64:  # the wide tiles only (the others ran at C = 64)
+        tiles = [t for t in tiles if t.cb * 2 > 128]
+    assert tiles, c
+    for tile in tiles:
+        twin = gconv_cuda.non_tma_twin(tile, c, 3, 3)
         n_tiles = 64 * -(-33 // tile.th) * -(-35 // tile.tw)
-        ctas_per_block = -(-tile.min_ctas * gconv_cuda.num_sms(x.device) // (64 // tile.cb))
+        ctas_per_block = -(-tile.min_ctas * gconv_cuda.num_sms(x.device) // (c // tile.cb))
         assert n_tiles > 2 * min(n_tiles, ctas_per_block)  # several tiles per CTA
         for dgrad, bias in ((False, b), (True, None)):
             for inp in (x, finite):
@@ -245,9 +255,6 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
                     continue
                 same = torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
                 assert same, (tile.name, dgrad, inp is x)
-    # the TMA tiles ran as such (without the lean launcher they run as their twins, and the
-    # comparisons above would compare a twin with itself)
-    assert not any("runs without TMA" in r.message for r in caplog.records)
 
 
 @pytest.mark.gpu
@@ -282,6 +289,18 @@ def test_every_tma_tile_has_a_legal_twin():
                 assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
     big = gconv_cuda.CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2)
     assert gconv_cuda.non_tma_twin(big, 64, 3, 3).th == 16
+
+
+def test_wgrad_tiles_give_every_warp_a_16_pixel_row():
+    """The wgrad kernels compile from a source that also holds the fprop tap kernel, whose warps
+    each take at least one 16-pixel row of the tile (session 19: 8x8 tiles of 8 warps and
+    128-channel tiles of 16 warps failed to compile); such tiles are not legal."""
+    assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 8, 64, 8, 2, 2, tma=1))
+    assert not gconv_cuda.wgrad_tile_ok(128, 3, 3, CudaTile(8, 16, 128, 16, 1, 2, tma=1))
+    assert gconv_cuda.wgrad_tile_ok(64, 3, 3, CudaTile(8, 16, 64, 8, 2, 2, tma=1))
+    for c in (8, 64, 256):
+        for t in gconv_cuda.wgrad_candidates(c, 3, 3, tma=True):
+            assert t.th * t.tw >= 16 * t.warps, t
 
 
 def test_every_tma_wgrad_tile_has_a_legal_twin():

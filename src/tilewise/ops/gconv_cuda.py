@@ -166,7 +166,9 @@ TILES = (
 #: of DRAM bandwidth with the 16x16 tile (ncu, session 9). The 64-channel tiles (session 19,
 #: ``--fprop-extra``: 128-byte pixel rows, the 128-byte swizzle, one CTA per SM) read 0.866-0.879
 #: of copy at C=64 N=256 against the 32-channel tiles' best 0.796-0.817, 0.785-0.797 at C=128
-#: N=256 against 0.768-0.771 (fprop, fp16 / bf16).
+#: N=256 against 0.768-0.771 (fprop, fp16 / bf16). The 128-channel 8x16 tile (16 warps; 256-byte
+#: pixels as two 128-byte rows, a 5-d tensor map): 0.814-0.819 at C=128 N=256 against the
+#: 64-channel tiles' 0.79-0.80 in the same run; no gain at N=128 or C=256.
 TMA_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2),
@@ -178,6 +180,7 @@ TMA_TILES = (
     CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2),
     CudaTile(16, 16, 64, 8, 1, 2, rowpair=True, tma=2),
     CudaTile(8, 32, 64, 16, 1, 2, rowpair=True, tma=2),
+    CudaTile(8, 16, 128, 16, 1, 2, rowpair=True, tma=2),
 )
 
 
@@ -513,11 +516,14 @@ ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 @functools.lru_cache(maxsize=4096)  # asked on every wgrad launch
 def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     """Warps per group dividing the tile's 16-pixel chunks (the row-pair kernel: one), channel
-    block dividing C, shared memory within the H100's limit, clusters of at most
+    block dividing C, shared memory within the H100's limit, at least 16 pixels per warp (the
+    tap source's fprop kernel gives each warp a 16-pixel row), clusters of at most
     ``NON_PORTABLE_MAX_CLUSTER`` (tap kernel only; above ``MAX_CLUSTER`` experimental);
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if c % tile.cb or tile.warps % groups or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
+        return False
+    if tile.th * tile.tw < 16 * tile.warps:  # the source's fprop tap kernel: a row per warp
         return False
     split = tile.warps // groups
     if ((tile.th * tile.tw) // 16) % split or (tile.rowpair and split != 1):
