@@ -595,6 +595,7 @@ def test_compiled_kernels_are_cached(monkeypatch):
         return FakeKernel()
 
     gconv_cuda._kernel.cache_clear()
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")  # this test counts compiles (no disk cache)
     monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
     monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -34,7 +34,7 @@ from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
-from tilewise.runtime import alloc, cuda_launch, workspace
+from tilewise.runtime import alloc, cuda_launch, nvrtc_cache, workspace
 from tilewise.runtime import tma as _tma
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,9 @@ def source(
     return src, entry
 
 
-@functools.cache  # one NVRTC compile per kernel variant and device (an uncached one cost ~19 ms)
+# one NVRTC compile per kernel variant and device (an uncached one cost ~19 ms), its binary kept
+# on disk for the next process (``runtime.nvrtc_cache``)
+@functools.cache
 def _kernel(
     r: int,
     s: int,
@@ -311,7 +313,7 @@ def _kernel(
     """The compiled kernel (arguments as ``source``)."""
     src, entry = source(r, s, tile, bf16, bias, dgrad, entry)
     with torch.cuda.device(device):
-        kernel = torch.cuda._compile_kernel(src, entry)
+        kernel = nvrtc_cache.compile_kernel(src, entry)
         size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
         kernel.set_shared_memory_config(size(r, s, tile))
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops._common import activation_code, cdiv, next_pow2, unit_stride
-from tilewise.runtime import alloc, cuda_launch, workspace
+from tilewise.runtime import alloc, cuda_launch, nvrtc_cache, workspace
 
 #: the most rows of x: all of them sit in every lane's registers
 MAX_ROWS = 16
@@ -218,7 +218,7 @@ def candidates(m: int, n: int, k: int, sms: int) -> tuple[GemvConfig, ...]:
 def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int):
     src = _SOURCE.format(MP=mp, NPW=npw, WARPS=warps, ACT=act, HAS_BIAS=int(has_bias))
     with torch.cuda.device(device):
-        return torch.cuda._compile_kernel(src, "tw_gemv")
+        return nvrtc_cache.compile_kernel(src, "tw_gemv")
 
 
 def forward(

@@ -1,0 +1,122 @@
+"""NVRTC kernels whose binaries are kept on disk, so a new process loads a kernel instead of
+compiling it again.
+
+``torch.cuda._compile_kernel`` compiles every kernel variant in every process: the grouped conv's
+autotuner compiles each candidate tile per kernel size, dtype and pass (about 0.5 s each on the
+H100 host; a first training step of session 7 took 37 s), and a program whose choices are all
+in the autotune cache still compiled the chosen kernels on each start. Here the NVRTC output (a
+cubin for the device's architecture) is written under ``$TILEWISE_CACHE_DIR/nvrtc/``, named by
+a digest of everything that shapes it: the source, the entry point, the GPU's compute
+capability, and the torch, CUDA and file-format versions. ``TILEWISE_NVRTC_CACHE=0`` turns it
+off. Anything unexpected (a torch without the private helpers used here, an unreadable or
+corrupt file) falls back to compiling, as before: the cache can cost a compile, never a wrong
+kernel, since a file is only ever found under the digest of the source it was built from.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilewise.runtime.autotune import cache_dir
+
+log = logging.getLogger(__name__)
+
+ENV_NVRTC_CACHE = "TILEWISE_NVRTC_CACHE"
+#: bumped when the file layout changes (files of another format are then never looked up)
+FORMAT = 1
+
+
+def enabled() -> bool:
+    """Whether binaries are kept on disk (``TILEWISE_NVRTC_CACHE`` is not "0")."""
+    return os.environ.get(ENV_NVRTC_CACHE, "1") != "0"
+
+
+def _helpers() -> tuple[Any, Any] | None:
+    """PyTorch's NVRTC compile and module-load helpers (private API: None where absent)."""
+    utils = getattr(torch.cuda, "_utils", None)
+    compile_fn = getattr(utils, "_nvrtc_compile", None)
+    load_fn = getattr(utils, "_cuda_load_module", None)
+    return (compile_fn, load_fn) if compile_fn and load_fn else None
+
+
+def binary_path(source: str, entry: str, capability: tuple[int, int]) -> Path:
+    """Where the binary of ``entry`` in ``source`` for a GPU of ``capability`` is kept."""
+    key = json.dumps(
+        [FORMAT, source, entry, list(capability), torch.__version__, torch.version.cuda]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:40]
+    return cache_dir() / "nvrtc" / f"{entry}-{digest}.bin"
+
+
+def compile_kernel(source: str, entry: str) -> Any:
+    """``torch.cuda._compile_kernel(source, entry)`` on the current device, its binary read
+    from or written to the disk cache. Compile errors raise as from PyTorch."""
+    helpers = _helpers() if enabled() else None
+    if helpers is None:
+        return torch.cuda._compile_kernel(source, entry)
+    compile_fn, load_fn = helpers
+    path = binary_path(source, entry, torch.cuda.get_device_capability(torch.cuda.current_device()))
+    kernel = _load(path, load_fn)
+    if kernel is not None:
+        return kernel
+    try:
+        binary, name = compile_fn(source, entry)
+    except RuntimeError:  # the kernel's own compile errors, as PyTorch raises them
+        raise
+    except Exception as exc:  # a private helper of another signature: PyTorch's public path
+        _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
+        return torch.cuda._compile_kernel(source, entry)
+    try:
+        kernel = load_fn(binary, [name])[name]
+    except (TypeError, KeyError, IndexError) as exc:  # likewise (a CUDA error would raise)
+        _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
+        return torch.cuda._compile_kernel(source, entry)
+    _store(path, name, binary)
+    return kernel
+
+
+def _load(path: Path, load_fn) -> Any | None:
+    """The kernel in ``path`` (its first line the mangled name, then the binary), or None."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    name, sep, binary = data.partition(b"\n")
+    try:
+        if not sep or not binary:
+            raise ValueError("truncated file")
+        text = name.decode()
+        return load_fn(binary, [text])[text]
+    except Exception as exc:  # a damaged file: compile again (and overwrite it)
+        _log_once(f"tilewise nvrtc cache: {path.name} unusable ({type(exc).__name__}); compiling")
+        return None
+
+
+def _store(path: Path, name: str, binary: bytes) -> None:
+    """Write atomically (a reader sees the old file or the whole new one); failures only log."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(name.encode() + b"\n" + bytes(binary))
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        _log_once(f"tilewise nvrtc cache: not written under {path.parent} ({exc})")
+
+
+@functools.cache
+def _log_once(message: str) -> None:
+    log.warning(message)
