@@ -166,9 +166,9 @@ TILES = (
 #: of DRAM bandwidth with the 16x16 tile (ncu, session 9). The 64-channel tiles (session 19,
 #: ``--fprop-extra``: 128-byte pixel rows, the 128-byte swizzle, one CTA per SM) read 0.866-0.879
 #: of copy at C=64 N=256 against the 32-channel tiles' best 0.796-0.817, 0.785-0.797 at C=128
-#: N=256 against 0.768-0.771 (fprop, fp16 / bf16). The 128-channel 8x16 tile (16 warps; 256-byte
+#: N=256 against 0.763-0.771 (fprop, fp16 / bf16). The 128-channel 8x16 tile (16 warps; 256-byte
 #: pixels as two 128-byte rows, a 5-d tensor map): 0.814-0.819 at C=128 N=256 against the
-#: 64-channel tiles' 0.79-0.80 in the same run; no gain at N=128 or C=256.
+#: 64-channel tiles' 0.785-0.804 in the same run; no gain at N=128 or C=256.
 TMA_TILES = (
     CudaTile(16, 16, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2),
@@ -423,8 +423,8 @@ WGRAD_TILES = (
 #: H100, fraction of copy, fp16 / bf16): the 64-channel 16x16 tile (8 warps, one CTA per SM:
 #: 128-byte pixels, whole lines, the 128-byte swizzle) read C=64 N=128 0.804 / 0.803, N=256
 #: 0.906 / 0.909, C=128 N=256 0.790 / 0.799, C=256 N=256 0.654 / 0.651, against the best
-#: non-TMA tile's 0.71 / 0.75 / 0.71 / 0.61; the 32-channel 8x16 tile (session 9, experimental
-#: until then) came second at C=64 and C=128 (0.79 / 0.82 / 0.75 / 0.59).
+#: non-TMA tile's 0.71 / 0.75 / 0.68-0.71 / 0.61; the 32-channel 8x16 tile (session 9,
+#: experimental until then) came second at C=64 and C=128 (0.79 / 0.81-0.82 / 0.75 / 0.58-0.59).
 TMA_WGRAD_TILES = (
     CudaTile(16, 16, 64, 8, 1, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
