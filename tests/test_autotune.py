@@ -446,3 +446,54 @@ def test_near_tie_failing_in_a_round_is_out(tuner, monkeypatch):
     monkeypatch.setattr(autotune, "_bench", flaky)
     assert autotune.choose_config("op", Prob(3), CANDS, run, device=DEV) == Cfg(16)
     assert calls.count(Cfg(64)) == 1 + autotune.CLOSE_ROUNDS  # within CLOSE_RATIO: re-timed
+
+
+def test_screening_times_in_full_only_the_briefly_fastest(tuner, monkeypatch):
+    """``screen=True``: every candidate is read briefly; the ``SCREEN_KEEP`` fastest within
+    ``SCREEN_RATIO`` of the fastest reading are timed in full, and the choice is the fastest full
+    timing among them (a candidate screened out is never chosen)."""
+    cands = tuple(Cfg(b) for b in range(1, 11))  # 10 >= SCREEN_MIN
+    quick = {Cfg(b): 1.0 + 0.05 * b for b in range(1, 11)}  # 1.05 .. 1.5
+    quick[Cfg(10)] = 9.0  # far behind in the brief reading
+    full = {c: 2.0 for c in cands}
+    full[Cfg(6)] = 1.0  # within the kept six: wins the full timing
+    full[Cfg(10)] = 0.5  # screened out: never timed in full, never chosen
+    screened, timed = [], []
+    monkeypatch.setattr(
+        autotune, "_bench_screen", lambda fn: screened.append(fn()) or quick[screened[-1]]
+    )
+    monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or full[timed[-1]])
+    assert autotune.choose_config("op", Prob(3), cands, run, device=DEV, screen=True) == Cfg(6)
+    assert screened == list(cands)
+    assert sorted(timed, key=lambda c: c.block) == [Cfg(b) for b in range(1, 7)]
+    assert autotune.SCREEN_KEEP == 6 and len(timed) == autotune.SCREEN_KEEP
+
+
+def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch):
+    cands = tuple(Cfg(b) for b in range(1, 9))
+    quick = {c: 10.0 for c in cands}
+    quick[Cfg(1)], quick[Cfg(2)] = 1.0, 1.2  # the rest are > SCREEN_RATIO x slower
+    screened, timed = [], []
+    monkeypatch.setattr(
+        autotune, "_bench_screen", lambda fn: screened.append(fn()) or quick[screened[-1]]
+    )
+    monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or 1.0)
+    autotune.choose_config("op", Prob(4), cands, run, device=DEV, screen=True)
+    assert set(timed) == {Cfg(1), Cfg(2)}  # (near-ties of >= 0.2 ms are timed in rounds too)
+    # fewer than SCREEN_MIN candidates, or cold timing: no screening
+    screened.clear()
+    assert autotune.choose_config("op", Prob(5), tuple(CANDS), run, device=DEV, screen=True)
+    assert not screened
+
+
+def test_screening_that_reads_nothing_times_every_candidate(tuner, monkeypatch):
+    cands = tuple(Cfg(b) for b in range(1, 9))
+
+    def broken(fn):
+        raise RuntimeError("no brief reading")
+
+    timed = []
+    monkeypatch.setattr(autotune, "_bench_screen", broken)
+    monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or float(timed[-1].block))
+    assert autotune.choose_config("op", Prob(6), cands, run, device=DEV, screen=True) == Cfg(1)
+    assert len(timed) == len(cands)

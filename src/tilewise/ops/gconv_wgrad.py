@@ -258,6 +258,7 @@ def wgrad(
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
+        screen=True,  # Triton configs and NVRTC tiles: a brief reading first (session 19)
     )
     return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype)
 

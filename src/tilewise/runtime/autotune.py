@@ -86,7 +86,17 @@ def _capturing(device: torch.device) -> bool:
 
 
 def _bench(fn: Callable[[], object]) -> float:
-    """Median device milliseconds of ``fn``: replays of a CUDA graph of it.
+    """Median device milliseconds of ``fn`` over ~20 ms of graph replays (``_graph_median``)."""
+    return _graph_median(fn, 20)
+
+
+def _bench_screen(fn: Callable[[], object]) -> float:
+    """A first, brief reading of ``fn`` (``SCREEN_REP_MS`` of graph replays) for screening."""
+    return _graph_median(fn, SCREEN_REP_MS)
+
+
+def _graph_median(fn: Callable[[], object], rep_ms: float) -> float:
+    """Median device milliseconds of ``fn``: replays of a CUDA graph of it (``rep_ms`` each).
 
     Event timing of single launches (``do_bench``) charges the host's launch cost to every
     candidate; on the H100 host a Triton launch costs 15-50 us against a few us of kernel, so
@@ -104,7 +114,7 @@ def _bench(fn: Callable[[], object]) -> float:
     # queued kernels still read.
     torch.cuda.synchronize()
     try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     except RuntimeError as exc:
         log.debug("tilewise.autotune: graph timing failed (%s); timing launches instead", exc)
         repair_after_failed_capture()
@@ -314,6 +324,7 @@ def choose_config(
     default: C | None = None,
     cold_l2: bool = False,
     warm_too: bool = False,
+    screen: bool = False,
 ) -> C:
     """The config to launch ``op`` on ``problem`` with (see the module docstring).
 
@@ -321,11 +332,16 @@ def choose_config(
     tensors (only called when timing). A candidate that raises (e.g. out of shared memory) is
     skipped; if all do, the default is returned and nothing is stored. ``cold_l2`` times each
     candidate with L2 flushed first (for problems too large to stay in L2 inside a model); such
-    choices are cached under their own key. ``warm_too`` (with ``cold_l2``) times each candidate
-    both ways and keeps the one whose worse ratio to the fastest, warm or cold, is smallest: for
-    layers whose weights stay in L2 in one model and stream from DRAM in another (session 15: a
-    bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that ran 15.1 us where
-    cuBLAS's 10.4 us path won with the weights in L2); cached under a third key.
+    choices are cached under their own key. ``screen`` (warm timing only, lists of at least
+    ``SCREEN_MIN``): every candidate is first read briefly (``_bench_screen``) and only the
+    ``SCREEN_KEEP`` fastest within ``SCREEN_RATIO`` of the fastest are timed in full; for long
+    candidate lists such as the grouped conv's (28 for a 3x3 fprop: 12 Triton configs and 16
+    NVRTC tiles at ~20 ms of replays each, plus graph capture). ``warm_too`` (with ``cold_l2``)
+    times each candidate both ways and keeps the one whose worse ratio to the fastest, warm or
+    cold, is smallest: for layers whose weights stay in L2 in one model and stream from DRAM in
+    another (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that
+    ran 15.1 us where cuBLAS's 10.4 us path won with the weights in L2); cached under a third
+    key.
     """
     # The per-call fast path: a launch must not pay for keys, JSON or config comparisons (those
     # cost ~0.3 ms, which dominated small layers' time). Problems are frozen dataclasses. Callers
@@ -364,9 +380,13 @@ def choose_config(
     if both:
         timers.append(_bench)
     table = []  # per timer, per candidate
+    kept = _screen(op, candidates, run_fn) if screen and not cold_l2 else None
     for timer in timers:
         times = []
-        for cand in candidates:
+        for i, cand in enumerate(candidates):
+            if kept is not None and i not in kept:  # screened out
+                times.append(math.inf)
+                continue
             try:
                 times.append(timer(lambda cand=cand: run_fn(cand)))
             except Exception as exc:  # a config the compiler or the device rejects
@@ -386,6 +406,38 @@ def choose_config(
     _resolved[memo_key] = candidates[best]
     log.info("tilewise.autotune: %s %s -> %s (%.4f ms)", op, problem, candidates[best], times[best])
     return candidates[best]
+
+
+#: screening (``choose_config(screen=True)``): lists of at least ``SCREEN_MIN`` candidates are
+#: read for ``SCREEN_REP_MS`` each first, and the ``SCREEN_KEEP`` fastest within ``SCREEN_RATIO``
+#: of the fastest reading are timed in full
+SCREEN_MIN = 8
+SCREEN_REP_MS = 2
+SCREEN_RATIO = 1.3
+SCREEN_KEEP = 6
+
+
+def _screen(op: str, candidates: Sequence, run_fn: Callable) -> set[int] | None:
+    """Indices of the candidates worth a full timing, or None (time every one) for a short list
+    or where no candidate gave a brief reading."""
+    if len(candidates) < SCREEN_MIN:
+        return None
+    quick = []
+    for cand in candidates:
+        try:
+            quick.append(_valid(_bench_screen(lambda cand=cand: run_fn(cand))))
+        except Exception as exc:  # rejected now: rejected in the full timing too
+            log.debug("tilewise.autotune: %s %s failed: %s", op, cand, exc)
+            quick.append(math.inf)
+    best = min(quick)
+    if not math.isfinite(best):
+        return None
+    order = sorted(
+        (i for i, t in enumerate(quick) if t <= SCREEN_RATIO * best), key=quick.__getitem__
+    )
+    kept = set(order[:SCREEN_KEEP])
+    log.debug("tilewise.autotune: %s screened %d of %d candidates in", op, len(kept), len(quick))
+    return kept
 
 
 #: candidates whose first timing is at least this long (ms) and within ``CLOSE_RATIO`` of the
