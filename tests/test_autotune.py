@@ -480,10 +480,13 @@ def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch
     monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or 1.0)
     autotune.choose_config("op", Prob(4), cands, run, device=DEV, screen=True)
     assert set(timed) == {Cfg(1), Cfg(2)}  # (near-ties of >= 0.2 ms are timed in rounds too)
-    # fewer than SCREEN_MIN candidates, or cold timing: no screening
+    # fewer than SCREEN_MIN candidates, or the switch at "0": no screening
     screened.clear()
     assert autotune.choose_config("op", Prob(5), tuple(CANDS), run, device=DEV, screen=True)
-    assert not screened
+    monkeypatch.setenv("TILEWISE_AUTOTUNE_SCREEN", "0")
+    timed.clear()
+    autotune.choose_config("op", Prob(7), cands, run, device=DEV, screen=True)
+    assert not screened and set(timed) == set(cands)
 
 
 def test_screening_that_reads_nothing_times_every_candidate(tuner, monkeypatch):

@@ -33,6 +33,8 @@ log = logging.getLogger("tilewise")
 
 ENV_AUTOTUNE = "TILEWISE_AUTOTUNE"
 ENV_CACHE_DIR = "TILEWISE_CACHE_DIR"
+#: "0" turns ``choose_config``'s screening off (every candidate timed in full)
+ENV_SCREEN = "TILEWISE_AUTOTUNE_SCREEN"
 CACHE_FILE = "autotune.json"
 FORMAT = 1
 
@@ -380,7 +382,8 @@ def choose_config(
     if both:
         timers.append(_bench)
     table = []  # per timer, per candidate
-    kept = _screen(op, candidates, run_fn) if screen and not cold_l2 else None
+    screen = screen and not cold_l2 and os.environ.get(ENV_SCREEN, "1") != "0"
+    kept = _screen(op, candidates, run_fn) if screen else None
     for timer in timers:
         times = []
         for i, cand in enumerate(candidates):
