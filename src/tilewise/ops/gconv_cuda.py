@@ -198,14 +198,16 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     return dataclasses.replace(tile, cb=cb, warps=warps)
 
 
-def non_tma_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:
+def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile:
     """``tile`` without TMA, its rows halved until its per-chunk staging (16 bytes more per
     pixel than the dense TMA stages) fits shared memory: what runs where no lean launcher can
-    pass a tensor map."""
+    pass a tensor map. ``legal``: the legality check (``tile_ok``; the wgrad's
+    ``wgrad_tile_ok``)."""
+    legal = legal or tile_ok
     twin = dataclasses.replace(tile, tma=0)
-    while not tile_ok(c, r, s, twin) and twin.th > 2:
+    while not legal(c, r, s, twin) and twin.th > 2:
         twin = dataclasses.replace(twin, th=twin.th // 2)
-    if not tile_ok(c, r, s, twin):
+    if not legal(c, r, s, twin):
         raise ValueError(f"argument 'tile' {tile.name}: no non-TMA twin fits C={c}, {r}x{s}")
     return twin
 
@@ -576,14 +578,8 @@ def _wgrad_candidates(
 
 
 def wgrad_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:
-    """A TMA wgrad ``tile`` without TMA, its rows halved until its per-chunk staging (16 bytes
-    more per pixel) fits shared memory: what runs where no lean launcher can pass a tensor map."""
-    twin = dataclasses.replace(tile, tma=0)
-    while not wgrad_tile_ok(c, r, s, twin) and twin.th > 2:
-        twin = dataclasses.replace(twin, th=twin.th // 2)
-    if not wgrad_tile_ok(c, r, s, twin):
-        raise ValueError(f"argument 'tile' {tile.name}: no non-TMA twin fits C={c}, {r}x{s}")
-    return twin
+    """A TMA wgrad ``tile`` without TMA (``non_tma_twin`` by the wgrad's legality check)."""
+    return non_tma_twin(tile, c, r, s, wgrad_tile_ok)
 
 
 #: the wgrad kernels' argument kinds (a TMA tile adds the input's and dy's tensor maps, "tt")
