@@ -128,55 +128,84 @@ def check(tile: CudaTile) -> bool:
     return ok
 
 
-def bench(tiles: list[CudaTile], n: int, copy_bw: float) -> list[dict]:
+def _fprop_impls(c: int, tiles: list[CudaTile]) -> dict:
+    impls = {
+        "cudnn": lambda x, w, o, g=c // 8: F.conv2d(x, w, None, padding=1, groups=g),
+        # tilewise's autotuned choice among the Triton configs and every NVRTC tile
+        # (labelled "triton" in results before session 6)
+        "tilewise": lambda x, w, o: gconv.forward(x, w, None, 1, 1),
+    }
+    for tile in tiles:
+        t = _tile_for(c, tile)
+        impls[t.name] = lambda x, w, o, t=t: gconv_cuda.fprop(x, w, None, o, 1, 1, t)
+    return impls
+
+
+def _dgrad_impls(c: int, tiles: list[CudaTile]) -> dict:
+    """dx of a 3x3, padding-1 conv given dy (``x`` of the input set: the same shape)."""
+    need = (True, False, False)
+    impls = {
+        "cudnn": lambda dy, w, o, g=c // 8: torch.nn.grad.conv2d_input(
+            dy.shape, w, dy, padding=1, groups=g
+        ),
+        "tilewise": lambda dy, w, o: gconv.backward(dy, dy, w, None, 1, 1, need)[0],
+    }
+    for tile in tiles:
+        t = _tile_for(c, tile)
+        impls[t.name] = lambda dy, w, o, t=t: gconv_cuda.fprop(dy, w, None, o, 1, 1, t, True)
+    return impls
+
+
+def bench(
+    tiles: list[CudaTile], n: int, copy_bw: float, passes: tuple[str, ...] = ("fprop",)
+) -> list[dict]:
+    """fprop (and with ``passes`` dgrad) of every tile beside cuDNN and tilewise's pick."""
     torch.backends.cudnn.benchmark = True
     rows = []
-    for c, hw in ((64, 64), (128, 32), (256, 16)):
-        for dname, dt in DTYPES.items():
-            sets = []
-            for _ in range(3):  # 3 x >= 64 MB activations: past the 50 MB L2
-                x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
-                w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dt) * 0.1
-                sets.append((x, w, _cl(torch.empty_like(x))))
-            nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
-            impls = {
-                "cudnn": lambda x, w, o, g=c // 8: F.conv2d(x, w, None, padding=1, groups=g),
-                # tilewise's autotuned choice among the Triton configs and every NVRTC tile
-                # (labelled "triton" in results before session 6)
-                "tilewise": lambda x, w, o: gconv.forward(x, w, None, 1, 1),
-            }
-            for tile in tiles:
-                t = _tile_for(c, tile)
-                impls[t.name] = lambda x, w, o, t=t: gconv_cuda.fprop(x, w, None, o, 1, 1, t)
-            res = {}
-            for name, fn in impls.items():
-                try:
-                    res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
-                except Exception as exc:  # a tile that fails to compile or launch is reported
-                    print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
-            agree = _agreement(
-                impls, lambda s=sets[0]: (s[0], s[1], _cl(torch.full_like(s[0], float("nan"))))
+    for c, hw, dname, dt, pass_ in (
+        (c, hw, dname, dt, pass_)
+        for c, hw in ((64, 64), (128, 32), (256, 16))
+        for dname, dt in DTYPES.items()
+        for pass_ in passes
+    ):
+        sets = []
+        for _ in range(3):  # 3 x >= 64 MB activations: past the 50 MB L2
+            x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+            w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dt) * 0.1
+            sets.append((x, w, _cl(torch.empty_like(x))))
+        nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
+        impls = (_fprop_impls if pass_ == "fprop" else _dgrad_impls)(c, tiles)
+        res = {}
+        for name, fn in impls.items():
+            try:
+                res[name] = time_events(fn, sets, warmup=5, reps=30).median_s
+            except Exception as exc:  # a tile that fails to compile or launch is reported
+                print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+        agree = _agreement(
+            impls, lambda s=sets[0]: (s[0], s[1], _cl(torch.full_like(s[0], float("nan"))))
+        )
+        for name, s in res.items():
+            row = dict(
+                pass_=pass_,
+                c=c,
+                hw=hw,
+                n=n,
+                dtype=dname,
+                impl=name,
+                median_s=s,
+                gbps=nbytes / s / 1e9,
+                frac_copy=nbytes / s / copy_bw,
+                x_cudnn=res["cudnn"] / s if "cudnn" in res else None,
+                rel_err_vs_cudnn=agree.get(name),
             )
-            for name, s in res.items():
-                row = dict(
-                    c=c,
-                    hw=hw,
-                    n=n,
-                    dtype=dname,
-                    impl=name,
-                    median_s=s,
-                    gbps=nbytes / s / 1e9,
-                    frac_copy=nbytes / s / copy_bw,
-                    x_cudnn=res["cudnn"] / s if "cudnn" in res else None,
-                    rel_err_vs_cudnn=agree.get(name),
-                )
-                rows.append(row)
-                print(
-                    f"C={c:3d} {hw}x{hw} N={n} {dname} {name:24s} {s * 1e6:8.1f} us "
-                    f"{row['gbps']:7.0f} GB/s  {row['frac_copy']:.3f} of copy  "
-                    f"{row['x_cudnn'] or 0:.2f}x cuDNN  err {agree.get(name, float('nan')):.1e}"
-                )
-            del sets
+            rows.append(row)
+            print(
+                f"{'' if pass_ == 'fprop' else 'dgrad '}"
+                f"C={c:3d} {hw}x{hw} N={n} {dname} {name:24s} {s * 1e6:8.1f} us "
+                f"{row['gbps']:7.0f} GB/s  {row['frac_copy']:.3f} of copy  "
+                f"{row['x_cudnn'] or 0:.2f}x cuDNN  err {agree.get(name, float('nan')):.1e}"
+            )
+        del sets
     return rows
 
 
@@ -269,6 +298,7 @@ def main() -> None:
     ap.add_argument(
         "--wgrad-extra", action="store_true", help="time WGRAD_EXTRA_TILES too (TMA variants)"
     )
+    ap.add_argument("--dgrad", action="store_true", help="time dgrad beside fprop")
     ap.add_argument(
         "--fprop-extra", action="store_true", help="with --rowpair: time FPROP_EXTRA_TILES too"
     )
@@ -311,7 +341,8 @@ def main() -> None:
         ]
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.2f} TB/s")
-    rows = [] if args.wgrad_only else bench(tiles, args.n, copy_bw)
+    passes = ("fprop", "dgrad") if args.dgrad else ("fprop",)
+    rows = [] if args.wgrad_only else bench(tiles, args.n, copy_bw, passes)
     if not args.fprop_only:
         rows += bench_wgrad(args.n, copy_bw, WGRAD_EXTRA_TILES if args.wgrad_extra else ())
     if args.json:
