@@ -4,7 +4,9 @@
     TILEWISE_AUTOTUNE_SCREEN=1 python scripts/autotune_screen_probe.py --json screen_on.json
     TILEWISE_AUTOTUNE_SCREEN=0 python scripts/autotune_screen_probe.py --json screen_off.json
 
-Per problem (3x3, the issue's three shapes at ``--n``, fp16 / bf16) and pass: the wall time of the
+Each run uses fresh autotune and Triton cache directories (whatever the environment says), so
+both settings start cold. Per problem (3x3, the issue's three shapes at ``--n``, fp16 / bf16) and
+pass: the wall time of the
 first call (compiles and autotuning), the chosen config, and the chosen config's device time
 afterwards (CUDA events, three input sets rotated past L2) as a fraction of the copy bandwidth
 measured in the same run; the two JSON files compared show what screening saves and whether it
@@ -48,7 +50,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    os.environ.setdefault(autotune.ENV_CACHE_DIR, tempfile.mkdtemp(prefix="tw-screen-"))
+    # fresh autotune and Triton caches every run: a cache the other setting filled would make
+    # this run's first calls cheap and its picks the other run's
+    os.environ[autotune.ENV_CACHE_DIR] = tempfile.mkdtemp(prefix="tw-screen-")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tw-screen-triton-")
     screen = os.environ.get(autotune.ENV_SCREEN, "1") != "0"
     copy_bw = measure_copy_bandwidth()
     rows = []

@@ -483,6 +483,11 @@ def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch
     # fewer than SCREEN_MIN candidates, or the switch at "0": no screening
     screened.clear()
     assert autotune.choose_config("op", Prob(5), tuple(CANDS), run, device=DEV, screen=True)
+    assert not screened
+    # cold timing is never screened
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: timed.append(fn()) or 1.0)
+    autotune.choose_config("op", Prob(8), cands, run, device=DEV, screen=True, cold_l2=True)
+    assert not screened
     monkeypatch.setenv("TILEWISE_AUTOTUNE_SCREEN", "0")
     timed.clear()
     autotune.choose_config("op", Prob(7), cands, run, device=DEV, screen=True)
@@ -500,3 +505,23 @@ def test_screening_that_reads_nothing_times_every_candidate(tuner, monkeypatch):
     monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or float(timed[-1].block))
     assert autotune.choose_config("op", Prob(6), cands, run, device=DEV, screen=True) == Cfg(1)
     assert len(timed) == len(cands)
+
+
+def test_when_every_kept_candidate_fails_the_rest_are_timed(tuner, monkeypatch):
+    """A screened-in candidate may fail its full timing (rejected by the device): if all do, the
+    screened-out ones are timed instead of falling back to the heuristic default."""
+    cands = tuple(Cfg(b) for b in range(1, 9))
+    quick = {c: (1.0 if c.block <= 2 else 5.0) for c in cands}
+    timed = []
+
+    def full(fn):
+        cfg = fn()
+        timed.append(cfg)
+        if cfg.block <= 2:
+            raise RuntimeError("out of resources")
+        return float(cfg.block)
+
+    monkeypatch.setattr(autotune, "_bench_screen", lambda fn: quick[fn()])
+    monkeypatch.setattr(autotune, "_bench", full)
+    got = autotune.choose_config("op", Prob(9), cands, run, device=DEV, screen=True)
+    assert got == Cfg(3) and set(timed) == set(cands)

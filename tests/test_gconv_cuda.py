@@ -32,6 +32,7 @@ def test_source_template_formats_for_every_kernel_size():
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
                 assert f"#define TMA {int(tile.tma)}" in src
             extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
+            extra += gconv_cuda.TMA_WGRAD_TILES
             for tile in gconv_cuda.WGRAD_TILES + gconv_cuda.ROW_WGRAD_TILES + extra:
                 for bias in (0, 1, 2):
                     src, entry = gconv_cuda.source(r, s, tile, True, bias, False, "tw_gconv_wgrad")
@@ -289,6 +290,23 @@ def test_every_tma_tile_has_a_legal_twin():
                 assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
     big = gconv_cuda.CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2)
     assert gconv_cuda.non_tma_twin(big, 64, 3, 3).th == 16
+
+
+def test_wide_tiles_are_offered_only_unshrunk():
+    """The 64/128-channel one-CTA-per-SM tiles are candidates only where their channel block
+    divides C (fitted down they would run one CTA of a few warps per SM, never measured)."""
+    wide_shapes = {(16, 16), (8, 32), (8, 16)}  # the wide tiles' (none of another width)
+    for c in (8, 24, 32, 96):
+        for t in gconv_cuda.candidates(c, 3, 3, tma=True) + gconv_cuda.wgrad_candidates(
+            c, 3, 3, small=False, tma=True
+        ):
+            assert not (t.min_ctas == 1 and t.tma and (t.th, t.tw) in wide_shapes), (c, t)
+    wide = {t.cb for t in gconv_cuda.candidates(256, 3, 3, tma=True) if t.tma}
+    assert {64, 128} <= wide
+    assert 128 not in {t.cb for t in gconv_cuda.candidates(64, 3, 3, tma=True)}
+    assert 64 not in {t.cb for t in gconv_cuda.candidates(96, 3, 3, tma=True) if t.tma}
+    assert 64 in {t.cb for t in gconv_cuda.wgrad_candidates(64, 3, 3, small=False, tma=True)}
+    assert 64 not in {t.cb for t in gconv_cuda.wgrad_candidates(96, 3, 3, tma=True)}
 
 
 def test_wgrad_tiles_give_every_warp_a_16_pixel_row():

@@ -31,7 +31,8 @@ def fakes(monkeypatch, tmp_path):
         return {names[0]: _Kernel(binary)}
 
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TILEWISE_NVRTC_CACHE", raising=False)
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "1")
+    monkeypatch.setattr(nvrtc_cache, "_broken", False)
     monkeypatch.setattr(nvrtc_cache, "_helpers", lambda: (compile_fn, load_fn))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     capability = [(9, 0)]
@@ -110,8 +111,15 @@ def test_helpers_of_another_signature_fall_back_to_pytorch(fakes, monkeypatch):
     )
     monkeypatch.setattr(nvrtc_cache, "_helpers", lambda: (lambda source: b"", None))
     assert nvrtc_cache.compile_kernel("src A", "k") == "k"
+    monkeypatch.setattr(nvrtc_cache, "_broken", False)
     monkeypatch.setattr(
         nvrtc_cache, "_helpers", lambda: (lambda s, e: (b"CUBIN", e), lambda binary: None)
     )
     assert nvrtc_cache.compile_kernel("src A", "k") == "k"
     assert through == ["k", "k"]
+    assert not nvrtc_cache.enabled()  # off for the rest of the process: no double compiles
+
+
+def test_off_by_default(monkeypatch):
+    monkeypatch.delenv("TILEWISE_NVRTC_CACHE", raising=False)
+    assert not nvrtc_cache.enabled()

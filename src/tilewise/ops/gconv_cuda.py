@@ -216,8 +216,15 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
 def candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...]:
     """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
     kernel (empty if none fits)."""
-    tiles = TILES + (TMA_TILES if tma else ())
+    tiles = [t for t in TILES + (TMA_TILES if tma else ()) if _offered(t, c)]
     return tuple(dict.fromkeys(t for t in (_fitted(t, c) for t in tiles) if tile_ok(c, r, s, t)))
+
+
+def _offered(tile: CudaTile, c: int) -> bool:
+    """A wide one-CTA-per-SM tile (64 or 128 channels) only where its block divides C: fitted
+    down to fewer channels it would keep one CTA per SM with a fraction of the warps, a tile
+    nobody measured (session 19's review)."""
+    return not (tile.min_ctas == 1 and tile.cb >= 64 and c % tile.cb)
 
 
 def tma_usable(x: torch.Tensor) -> bool:
@@ -426,7 +433,8 @@ WGRAD_TILES = (
 #: 128-byte pixels, whole lines, the 128-byte swizzle) read C=64 N=128 0.804 / 0.803, N=256
 #: 0.906 / 0.909, C=128 N=256 0.790 / 0.799, C=256 N=256 0.654 / 0.651, against the best
 #: non-TMA tile's 0.71 / 0.75 / 0.68-0.71 / 0.61; the 32-channel 8x16 tile (session 9,
-#: experimental until then) came second at C=64 and C=128 (0.79 / 0.81-0.82 / 0.75 / 0.58-0.59).
+#: experimental until then) came second at N=128 (C=64 and C=128); its readings in the same four
+#: cells: 0.79 / 0.81-0.82 / 0.75 / 0.58-0.59.
 TMA_WGRAD_TILES = (
     CudaTile(16, 16, 64, 8, 1, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
@@ -569,8 +577,8 @@ def wgrad_candidates(
 def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False
 ) -> tuple:
-    tiles = (TMA_WGRAD_TILES if tma else ()) + WGRAD_TILES
-    tiles += CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ()
+    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+    tiles += WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
     fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)

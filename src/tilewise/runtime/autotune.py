@@ -338,7 +338,7 @@ def choose_config(
     ``SCREEN_MIN``): every candidate is first read briefly (``_bench_screen``) and only the
     ``SCREEN_KEEP`` fastest within ``SCREEN_RATIO`` of the fastest are timed in full; for long
     candidate lists such as the grouped conv's (28 for a 3x3 fprop: 12 Triton configs and 16
-    NVRTC tiles at ~20 ms of replays each, plus graph capture). ``warm_too`` (with ``cold_l2``)
+    NVRTC tiles at ~200 ms of replays each, plus graph capture). ``warm_too`` (with ``cold_l2``)
     times each candidate both ways and keeps the one whose worse ratio to the fastest, warm or
     cold, is smallest: for layers whose weights stay in L2 in one model and stream from DRAM in
     another (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that
@@ -385,16 +385,9 @@ def choose_config(
     screen = screen and not cold_l2 and os.environ.get(ENV_SCREEN, "1") != "0"
     kept = _screen(op, candidates, run_fn) if screen else None
     for timer in timers:
-        times = []
-        for i, cand in enumerate(candidates):
-            if kept is not None and i not in kept:  # screened out
-                times.append(math.inf)
-                continue
-            try:
-                times.append(timer(lambda cand=cand: run_fn(cand)))
-            except Exception as exc:  # a config the compiler or the device rejects
-                log.debug("tilewise.autotune: %s %s failed: %s", op, cand, exc)
-                times.append(math.inf)
+        times = _time_each(op, timer, candidates, run_fn, kept)
+        if kept is not None and not any(math.isfinite(_valid(t)) for t in times):
+            times = _time_each(op, timer, candidates, run_fn, None)  # the kept all failed
         table.append(_retime_close(times, timer, candidates, run_fn))
     times = table[0]  # what is stored: the cold time when timed cold
     if both:
@@ -411,9 +404,29 @@ def choose_config(
     return candidates[best]
 
 
+def _time_each(
+    op: str, timer: Callable, candidates: Sequence, run_fn: Callable, kept: set[int] | None
+) -> list[float]:
+    """``timer``'s reading of each candidate (of those in ``kept`` unless None; inf for the rest
+    and for any that raises: a config the compiler or the device rejects)."""
+    times = []
+    for i, cand in enumerate(candidates):
+        if kept is not None and i not in kept:  # screened out
+            times.append(math.inf)
+            continue
+        try:
+            times.append(timer(lambda cand=cand: run_fn(cand)))
+        except Exception as exc:
+            log.debug("tilewise.autotune: %s %s failed: %s", op, cand, exc)
+            times.append(math.inf)
+    return times
+
+
 #: screening (``choose_config(screen=True)``): lists of at least ``SCREEN_MIN`` candidates are
-#: read for ``SCREEN_REP_MS`` each first, and the ``SCREEN_KEEP`` fastest within ``SCREEN_RATIO``
-#: of the fastest reading are timed in full
+#: read with ``SCREEN_REP_MS`` of replays each first (``do_bench_cudagraph`` replays that budget
+#: 10 times: ~20 ms per candidate against the full timing's ~200 ms), and the ``SCREEN_KEEP``
+#: fastest within ``SCREEN_RATIO`` of the fastest reading are timed in full (all of them if none
+#: of those gives a time)
 SCREEN_MIN = 8
 SCREEN_REP_MS = 2
 SCREEN_RATIO = 1.3

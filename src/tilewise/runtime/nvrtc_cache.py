@@ -8,10 +8,12 @@ per variant by session 3's measure, so ~2 s for a model of 30 grouped convs x 3 
 measured with this cache). Here the NVRTC output (a
 cubin for the device's architecture) is written under ``$TILEWISE_CACHE_DIR/nvrtc/``, named by
 a digest of everything that shapes it: the source, the entry point, the GPU's compute
-capability, and the torch, CUDA and file-format versions. ``TILEWISE_NVRTC_CACHE=0`` turns it
-off. Anything unexpected (a torch without the private helpers used here, an unreadable or
-corrupt file) falls back to compiling, as before: the cache can cost a compile, never a wrong
-kernel, since a file is only ever found under the digest of the source it was built from.
+capability, and the torch, CUDA and file-format versions. ``TILEWISE_NVRTC_CACHE=1`` turns it
+on; it is off by default until a GPU run has checked it (written in session 19 after the
+device budget was spent). Anything unexpected (a torch without the private helpers used here, an
+unreadable or corrupt file) falls back to compiling, as before: the cache can cost a compile,
+never a wrong kernel, since a file is only ever found under the digest of the source it was
+built from.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ ENV_NVRTC_CACHE = "TILEWISE_NVRTC_CACHE"
 FORMAT = 1
 
 
+#: set when PyTorch's private helpers turned out to take other arguments: compile as before
+_broken = False
+
+
 def enabled() -> bool:
-    """Whether binaries are kept on disk (``TILEWISE_NVRTC_CACHE`` is not "0")."""
-    return os.environ.get(ENV_NVRTC_CACHE, "1") != "0"
+    """Whether binaries are kept on disk (``TILEWISE_NVRTC_CACHE=1``, and the helpers work)."""
+    return os.environ.get(ENV_NVRTC_CACHE, "0") == "1" and not _broken
 
 
 def _helpers() -> tuple[Any, Any] | None:
@@ -65,7 +71,12 @@ def compile_kernel(source: str, entry: str) -> Any:
     if helpers is None:
         return torch.cuda._compile_kernel(source, entry)
     compile_fn, load_fn = helpers
-    path = binary_path(source, entry, torch.cuda.get_device_capability(torch.cuda.current_device()))
+    try:
+        capability = torch.cuda.get_device_capability(torch.cuda.current_device())
+        path = binary_path(source, entry, capability)
+    except (RuntimeError, OSError) as exc:  # e.g. no home directory for the default cache dir
+        _log_once(f"tilewise nvrtc cache: no cache directory ({exc}); compiling")
+        return torch.cuda._compile_kernel(source, entry)
     kernel = _load(path, load_fn)
     if kernel is not None:
         return kernel
@@ -74,15 +85,21 @@ def compile_kernel(source: str, entry: str) -> Any:
     except RuntimeError:  # the kernel's own compile errors, as PyTorch raises them
         raise
     except Exception as exc:  # a private helper of another signature: PyTorch's public path
-        _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
-        return torch.cuda._compile_kernel(source, entry)
+        return _give_up(exc, source, entry)
     try:
         kernel = load_fn(binary, [name])[name]
     except (TypeError, KeyError, IndexError) as exc:  # likewise (a CUDA error would raise)
-        _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
-        return torch.cuda._compile_kernel(source, entry)
+        return _give_up(exc, source, entry)
     _store(path, name, binary)
     return kernel
+
+
+def _give_up(exc: Exception, source: str, entry: str) -> Any:
+    """Turn the cache off for this process (the helpers take other arguments) and compile."""
+    global _broken
+    _broken = True
+    _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
+    return torch.cuda._compile_kernel(source, entry)
 
 
 def _load(path: Path, load_fn) -> Any | None:
@@ -110,6 +127,7 @@ def _store(path: Path, name: str, binary: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(name.encode() + b"\n" + bytes(binary))
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users of the dir
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
