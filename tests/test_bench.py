@@ -329,6 +329,59 @@ def test_study_runner_wiring(tmp_path, monkeypatch, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_a_study_cut_short_leaves_its_records_so_far(tmp_path, monkeypatch):
+    """Each finished problem is checkpointed to ``<study>.partial__<device>.json``; a study
+    stopped by a time limit (here: an exception in the third problem) leaves the first two;
+    one that finishes removes the partial file."""
+    import argparse
+
+    from tilewise.bench import ceilings as ceilings_mod
+    from tilewise.bench.grid import run_grid
+
+    fake = Ceilings(3e12, {"fp16": 7e14}, device="test", method="x")
+    monkeypatch.setattr(cli, "_needs_cuda", lambda what: True)
+    monkeypatch.setattr(ceilings_mod, "measure_ceilings", lambda *a, **k: fake)
+
+    def measure(i):
+        if i == 3:
+            raise KeyboardInterrupt  # a stop mid-grid (SIGTERM ends it after the same writes)
+        return [{"problem": i, "median_s": 1e-3 * i}]
+
+    def run(ceilings):
+        return run_grid([1, 2, 3], measure, desc="demo", progress=False)
+
+    args = argparse.Namespace(out=tmp_path, plot=False)
+    with pytest.raises(KeyboardInterrupt):
+        cli._run_study(args, "cut", run, lambda r, t: None, "cut study", "cut")
+    (partial,) = tmp_path.glob("cut.partial__*.json")
+    saved = json.loads(partial.read_text())
+    assert [r["problem"] for r in saved["records"]] == [1, 2]
+    assert not list(tmp_path.glob("cut__*.json"))
+    # a whole run: the final file, and the partial one gone
+    ok = lambda c: run_grid([1, 2], measure, desc="demo", progress=False)  # noqa: E731
+    assert cli._run_study(args, "whole", ok, lambda r, t: None, "whole study", "whole") == 0
+    assert len(list(tmp_path.glob("whole__*.json"))) == 1
+    assert not list(tmp_path.glob("whole.partial__*.json"))
+
+
+def test_checkpoint_failures_do_not_stop_the_grid(caplog):
+    from tilewise.bench.grid import checkpointing, run_grid
+
+    def full_disk(records):
+        raise OSError("No space left on device")
+
+    with checkpointing(full_disk), caplog.at_level("WARNING"):
+        got = run_grid([1, 2], lambda i: [{"i": i}], desc="d", progress=False)
+    assert got == [{"i": 1}, {"i": 2}]
+    assert any("checkpoint not written" in r.message for r in caplog.records)
+    # outside the context nothing is checkpointed
+    seen = []
+    with checkpointing(seen.append):
+        pass
+    run_grid([1], lambda i: [{"i": i}], desc="d", progress=False)
+    assert seen == []
+
+
 def test_host_us_per_call_counts_every_call():
     from tilewise.bench.timing import host_us_per_call
 

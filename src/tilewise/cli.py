@@ -151,14 +151,32 @@ def _run_study(
     if not _needs_cuda(f"bench {name}"):
         return 2
     from tilewise.bench.ceilings import format_ceilings, measure_ceilings
+    from tilewise.bench.grid import checkpointing
 
     ceilings = measure_ceilings("cuda", dtypes=dtypes)
     print(format_ceilings(ceilings))
     t0 = time.perf_counter()
-    records = run(ceilings)
+    save_partial, partial = _partial_saver(study, ceilings, args.out)
+    with checkpointing(save_partial):
+        records = run(ceilings)
     report(records, f"{title}, {time.perf_counter() - t0:.0f} s")
     _save(study, records, ceilings, args.out, args.plot, plot_fn)
+    partial().unlink(missing_ok=True)  # the whole file is written
     return 0
+
+
+def _partial_saver(study: str, ceilings, out: Path):
+    """(save, path): ``save(records)`` writes ``<study>.partial__<device>.json`` in ``out`` (the
+    records so far, a results file ``tilewise bench merge`` and ``report`` read), ``path()`` is
+    where, once a save has named it."""
+    from tilewise.bench.results import save_results
+
+    where: list[Path] = [Path(out) / f"{study}.partial.json"]
+
+    def save(records: list[dict]) -> None:
+        where[0] = save_results(f"{study}.partial", records, ceilings, out)
+
+    return save, lambda: where[0]
 
 
 def run_pointwise_command(args: argparse.Namespace) -> int:
