@@ -92,6 +92,9 @@ for b in "${benches[@]}"; do
   esac
 done
 
+# the kernel-config choices this run made or used, to ship back (`tilewise cache import FILE`)
+"$PY" -m tilewise.cli cache export "$OUT/autotune-cache.json" >>"$OUT/bench.log" 2>&1 || true
+
 echo
 echo "================ summary ================"
 echo "GPU tests:$test_status"
