@@ -44,6 +44,32 @@ def test_source_template_formats_for_every_kernel_size():
                     assert f"#define ROWSPLIT {int(rows != r)}" in src
 
 
+def test_wide_pixels_take_the_5d_tensor_copies(tmp_path):
+    """128-channel TMA tiles (256-byte pixels) load and store through 5-d tensor copies,
+    narrower ones through 4-d copies: the CUDA source run through the C preprocessor (where one
+    is installed; NVRTC is not needed) keeps only the matching forms."""
+    import shutil
+    import subprocess
+
+    cpp = shutil.which("cpp")
+    if cpp is None:
+        pytest.skip("no C preprocessor on this machine")
+    wide = CudaTile(8, 16, 128, 16, 1, 2, rowpair=True, tma=2)
+    narrow = CudaTile(16, 16, 64, 8, 1, 2, rowpair=True, tma=2)
+    for tile, five, four in ((wide, 2, 0), (narrow, 0, 2)):
+        src, _ = gconv_cuda.source(3, 3, tile, False, False, False, "tw_gconv_fprop")
+        path = tmp_path / f"{tile.name}.cu"
+        path.write_text(src)
+        out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True, check=True)
+        assert out.stdout.count("cp.async.bulk.tensor.5d") == five, tile.name  # load, store
+        assert out.stdout.count("cp.async.bulk.tensor.4d") == four, tile.name
+    assert gconv_cuda.tile_ok(128, 3, 3, wide) and gconv_cuda.TMA_CHANNEL_BLOCKS[-1] == 128
+    assert not gconv_cuda.tile_ok(256, 3, 3, dataclasses.replace(wide, cb=256, warps=32))
+    # stages on the 128-byte swizzle's 1024-byte period, as the kernel's TALIGN
+    assert gconv_cuda._tma_period(128) == gconv_cuda._tma_period(64) == 1024
+    assert gconv_cuda._tma_period(32) == 512 and gconv_cuda._tma_period(8) == 128
+
+
 def test_row_split_wgrad_tiles_legality_and_grid():
     """``tap_rows`` divides R, takes neither TMA nor the row-pair kernel nor fprop; a row-split
     tile's shared memory holds the halo of its rows only; the candidates for small problems
