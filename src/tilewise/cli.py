@@ -169,12 +169,13 @@ def _partial_saver(study: str, ceilings, out: Path):
     """(save, path): ``save(records)`` writes ``<study>.partial__<device>.json`` in ``out`` (the
     records so far, a results file ``tilewise bench merge`` and ``report`` read), ``path()`` is
     where, once a save has named it."""
-    from tilewise.bench.results import save_results
+    from tilewise.bench.results import environment, save_results
 
     where: list[Path] = [Path(out) / f"{study}.partial.json"]
+    env = environment()  # once, not per problem
 
     def save(records: list[dict]) -> None:
-        where[0] = save_results(f"{study}.partial", records, ceilings, out)
+        where[0] = save_results(f"{study}.partial", records, ceilings, out, env)
 
     return save, lambda: where[0]
 
