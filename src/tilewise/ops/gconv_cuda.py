@@ -47,13 +47,13 @@ class CudaTile:
     ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
     groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
     that many CTAs per channel block, summing through distributed shared memory (0: persistent
-    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad:
-    and the dy tiles) arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into
-    a swizzled dense buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output
-    tiles leave by it too. ``tap_rows`` (wgrad,
-    tap kernel, no TMA): each CTA takes that many of the kernel's rows of taps (a divisor of R;
-    0: all), so R / tap_rows times the CTAs share the work of a small problem and each reduces
-    fewer sums; the input is read once per row block."""
+    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles
+    (wgrad: and the dy tiles) arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per
+    tile into a swizzled dense buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the
+    output tiles leave by it too. ``tap_rows`` (wgrad, tap kernel, no TMA): each CTA takes that
+    many of the kernel's rows of taps (a divisor of R; 0: all), so R / tap_rows times the CTAs
+    share the work of a small problem and each reduces fewer sums; the input is read once per
+    row block."""
 
     th: int = 8
     tw: int = 16
