@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -309,6 +310,9 @@ def main() -> None:
         "--no-check", action="store_true", help="time only (tests/test_gconv_cuda.py checks)"
     )
     args = ap.parse_args()
+    # the autotuner's picks for the "tilewise" rows ("tilewise.autotune: op problem -> config")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("tilewise").setLevel(logging.INFO)
     base = CudaTile()
     check_ = (lambda tile: None) if args.no_check else check
     ok = check_(base) is not False
