@@ -525,3 +525,18 @@ def test_when_every_kept_candidate_fails_the_rest_are_timed(tuner, monkeypatch):
     monkeypatch.setattr(autotune, "_bench", full)
     got = autotune.choose_config("op", Prob(9), cands, run, device=DEV, screen=True)
     assert got == Cfg(3) and set(timed) == set(cands)
+
+
+def test_recording_collects_every_answer_inside_its_context(tuner):
+    """``recording`` lists (op, problem, config) for each answer, timed or cached, and nothing
+    outside it (a benchmark uses it to say which config ran)."""
+    autotune.choose_config("op", Prob(10), tuple(CANDS), run, device=DEV)  # not recorded
+    with autotune.recording() as picks:
+        autotune.choose_config("op", Prob(11), tuple(CANDS), run, device=DEV)  # timed
+        autotune.choose_config("op", Prob(10), tuple(CANDS), run, device=DEV)  # cached
+        with autotune.recording() as inner:
+            autotune.choose_config("op2", Prob(12), tuple(CANDS), run, device=DEV)
+    assert picks == [("op", Prob(11), Cfg(32)), ("op", Prob(10), Cfg(32))]
+    assert inner == [("op2", Prob(12), Cfg(32))]
+    autotune.choose_config("op", Prob(13), tuple(CANDS), run, device=DEV)
+    assert len(picks) == 2

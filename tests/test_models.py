@@ -185,6 +185,8 @@ def test_measure_problem_on_cpu_checks_and_counts_bytes():
         assert r["eff_bw"] == pytest.approx(r["bytes"] / r["median_s"])
         assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
         assert r["prof_s"] is None  # no profiler kernels on a CPU
+        if r["impl"] == "cudnn":  # no autotuned config behind PyTorch's rows
+            assert r["configs"] == ()
 
 
 def _iso_records(copy_bw=3e12):
@@ -421,6 +423,7 @@ class TestGPU:
             assert r["median_s"] > 0 and r["prof_s"] > 0 and r["kernels"], r
         tw = [r for r in recs if r["impl"] == "tilewise"]
         assert all(any("gconv" in k[0] for k in r["kernels"]) for r in tw)
+        assert all(len(r["configs"]) == 1 for r in tw), [r["configs"] for r in tw]
 
     @pytest.mark.parametrize("kind", ["convfirst", "mbconv"])
     def test_insitu_attribution_finds_every_layer(self, kind):

@@ -39,6 +39,7 @@ from tilewise.bench.timing import l2_cache_bytes, profile_kernels, rotation_coun
 from tilewise.ops import gconv as _gconv
 from tilewise.ops.gconv_config import GROUP_WIDTH, PASSES, GConvProblem
 from tilewise.registry import DTYPES
+from tilewise.runtime import autotune
 
 SHAPES: tuple[tuple[int, int, int], ...] = ((64, 64, 64), (128, 32, 32), (256, 16, 16))
 BATCHES: tuple[int, ...] = (1, 8, 32, 64, 128, 256)
@@ -126,6 +127,7 @@ class Record:
     prof_eff_bw: float | None = None
     prof_frac_copy: float | None = None
     kernels: tuple[KernelRow, ...] = ()
+    configs: tuple[str, ...] = ()  # tilewise: the configs the autotuner answered with
     error: str | None = None
     check_note: str | None = None
 
@@ -141,6 +143,7 @@ class Record:
         kw = {k: v for k, v in d.items() if k in known}
         kw["pass_"] = d["pass"]
         kw["kernels"] = tuple((str(n), float(c), float(s)) for n, c, s in d.get("kernels", ()))
+        kw["configs"] = tuple(d.get("configs", ()))
         return cls(**kw)
 
 
@@ -286,6 +289,9 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
     w = w_tw if impl == "tilewise" else w_cu
     args = [(x, w, dy) for x, dy in sets]
     try:
+        with autotune.recording() as picks:  # which config runs (chosen on this first call)
+            fn(*args[0])
+        rec = replace(rec, configs=tuple(dict.fromkeys(_config_name(c) for _, _, c in picks)))
         t = time_events(fn, args, warmup=config.warmup, reps=config.reps)
         prof = None
         if args[0][0].device.type == "cuda":
@@ -313,6 +319,12 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
             kernels=_kernel_rows(prof),
         )
     return rec.to_dict()
+
+
+def _config_name(config: Any) -> str:
+    """A config's short name (NVRTC tiles and Triton configs have one), else its repr."""
+    name = getattr(config, "name", None)
+    return name if isinstance(name, str) else repr(config)
 
 
 def run_gconv(

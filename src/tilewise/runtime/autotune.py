@@ -24,6 +24,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -316,6 +317,24 @@ def _store(key: str, config: Any, ms: float) -> None:
 # --- public API ---------------------------------------------------------------------------------
 
 
+#: the list ``recording`` hands out, while one is open (None otherwise)
+_picks: ContextVar[list[tuple[str, Any, Any]] | None] = ContextVar(
+    "tilewise_autotune_picks", default=None
+)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[str, Any, Any]]]:
+    """A list that collects ``(op, problem, config)`` for every ``choose_config`` answer inside
+    the context (cached or timed), so a benchmark can say which config ran."""
+    picks: list[tuple[str, Any, Any]] = []
+    token = _picks.set(picks)
+    try:
+        yield picks
+    finally:
+        _picks.reset(token)
+
+
 def choose_config(
     op: str,
     problem: Any,
@@ -343,8 +362,29 @@ def choose_config(
     cold, is smallest: for layers whose weights stay in L2 in one model and stream from DRAM in
     another (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that
     ran 15.1 us where cuBLAS's 10.4 us path won with the weights in L2); cached under a third
-    key.
+    key. Every answer is also appended to the list of an open ``recording`` context.
     """
+    config = _choose_config(
+        op, problem, candidates, run_fn, device, default, cold_l2, warm_too, screen
+    )
+    picks = _picks.get()
+    if picks is not None:
+        picks.append((op, problem, config))
+    return config
+
+
+def _choose_config(
+    op: str,
+    problem: Any,
+    candidates: Sequence[C],
+    run_fn: Callable[[C], object],
+    device: torch.device | None,
+    default: C | None,
+    cold_l2: bool,
+    warm_too: bool,
+    screen: bool,
+) -> C:
+    """``choose_config`` without the recording."""
     # The per-call fast path: a launch must not pay for keys, JSON or config comparisons (those
     # cost ~0.3 ms, which dominated small layers' time). Problems are frozen dataclasses. Callers
     # that pass the same (cached) candidate tuple each time skip even hashing it: one entry per
