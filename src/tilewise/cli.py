@@ -156,28 +156,17 @@ def _run_study(
     ceilings = measure_ceilings("cuda", dtypes=dtypes)
     print(format_ceilings(ceilings))
     t0 = time.perf_counter()
-    save_partial, partial = _partial_saver(study, ceilings, args.out)
-    with checkpointing(save_partial):
+    from tilewise.bench.results import environment, result_path, save_results
+
+    # after each problem, the records so far in <study>.partial__<device>.json (a results file
+    # ``merge`` and ``report`` read), removed once the whole file is written
+    env, partial = environment(), f"{study}.partial"
+    with checkpointing(lambda recs: save_results(partial, recs, ceilings, args.out, env)):
         records = run(ceilings)
     report(records, f"{title}, {time.perf_counter() - t0:.0f} s")
     _save(study, records, ceilings, args.out, args.plot, plot_fn)
-    partial().unlink(missing_ok=True)  # the whole file is written
+    result_path(partial, args.out, env).unlink(missing_ok=True)
     return 0
-
-
-def _partial_saver(study: str, ceilings, out: Path):
-    """(save, path): ``save(records)`` writes ``<study>.partial__<device>.json`` in ``out`` (the
-    records so far, a results file ``tilewise bench merge`` and ``report`` read), ``path()`` is
-    where, once a save has named it."""
-    from tilewise.bench.results import environment, save_results
-
-    where: list[Path] = [Path(out) / f"{study}.partial.json"]
-    env = environment()  # once, not per problem
-
-    def save(records: list[dict]) -> None:
-        where[0] = save_results(f"{study}.partial", records, ceilings, out, env)
-
-    return save, lambda: where[0]
 
 
 def run_pointwise_command(args: argparse.Namespace) -> int:
@@ -575,7 +564,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from tilewise.bench.gconv import plot_gconv
     from tilewise.bench.gconv_insitu import plot_insitu
     from tilewise.bench.mlp import plot_mlp
-    from tilewise.bench.results import device_slug, load_results, save_results
+    from tilewise.bench.results import load_results, result_path, save_results
 
     parts = [load_results(p) for p in args.files]
     devices = {d["environment"].get("device_name") for d in parts}
@@ -588,7 +577,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if copies:  # the plots' ceiling line: the median of the parts' measurements
         ceilings["copy_bytes_per_s"] = copies[len(copies) // 2]
     env = parts[0]["environment"]
-    target = Path(args.out) / f"{args.study}__{device_slug(str(env.get('device_name')))}.json"
+    target = result_path(args.study, args.out, env)
     if any(target.resolve() == Path(p).resolve() for p in args.files):
         raise ValueError(f"argument 'study': {target} is one of the files to merge")
     path = save_results(args.study, records, ceilings, args.out, env)

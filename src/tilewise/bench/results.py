@@ -90,6 +90,11 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def result_path(study: str, out_dir: str | os.PathLike[str], env: Mapping[str, Any]) -> Path:
+    """``<out_dir>/<study>__<device-slug>.json``: where ``save_results`` writes a study."""
+    return Path(out_dir) / f"{study}__{device_slug(str(env.get('device_name', 'unknown')))}.json"
+
+
 def save_results(
     study: str,
     records: Iterable[Any],
@@ -106,9 +111,8 @@ def save_results(
         "records": _plain(list(records)),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{study}__{device_slug(str(env.get('device_name', 'unknown')))}.json"
+    path = result_path(study, out_dir, env)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
     return path
 
