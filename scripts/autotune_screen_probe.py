@@ -3,6 +3,10 @@
 
     TILEWISE_AUTOTUNE_SCREEN=1 python scripts/autotune_screen_probe.py --json screen_on.json
     TILEWISE_AUTOTUNE_SCREEN=0 python scripts/autotune_screen_probe.py --json screen_off.json
+    python scripts/autotune_screen_probe.py --warm --json warm.json
+
+``--warm`` times every candidate with warm replays (``gconv_config.COLD_L2_MULTIPLE`` = inf),
+as before session 20; by default passes of at least the L2 size are timed cold.
 
 Each run uses fresh autotune and Triton cache directories (whatever the environment says), so
 both settings start cold. Per problem (3x3, the issue's three shapes at ``--n``, fp16 / bf16) and
@@ -26,7 +30,7 @@ import torch
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
-from tilewise.ops import gconv
+from tilewise.ops import gconv, gconv_config
 from tilewise.runtime import autotune
 
 SHAPES = ((64, 64), (128, 32), (256, 16))
@@ -49,7 +53,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--warm", action="store_true", help="warm autotune timing for every size")
     args = ap.parse_args()
+    if args.warm:
+        gconv_config.COLD_L2_MULTIPLE = float("inf")
     # fresh autotune and Triton caches every run: a cache the other setting filled would make
     # this run's first calls cheap and its picks the other run's
     os.environ[autotune.ENV_CACHE_DIR] = tempfile.mkdtemp(prefix="tw-screen-")
@@ -69,18 +76,20 @@ def main() -> None:
             for pass_, fn in _passes(w).items():
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                fn(*sets[0])
+                with autotune.recording() as picks:
+                    fn(*sets[0])
                 torch.cuda.synchronize()
                 first_s = time.perf_counter() - t0
+                picked = [str(cfg) for _, _, cfg in picks]
                 sec = time_events(fn, sets, warmup=5, reps=30).median_s
                 rows.append(dict(pass_=pass_, c=c, hw=hw, n=args.n, dtype=dname, screen=screen,
-                                 first_call_s=first_s, median_s=sec,
+                                 warm=args.warm, configs=picked, first_call_s=first_s, median_s=sec,
                                  frac_copy=nbytes / sec / copy_bw))  # fmt: skip
                 print(f"{pass_} C={c:3d} N={args.n} {dname} screen={int(screen)}: first call "
                       f"{first_s:6.2f} s, then {sec * 1e6:7.1f} us = "
-                      f"{nbytes / sec / copy_bw:.3f} of copy")  # fmt: skip
+                      f"{nbytes / sec / copy_bw:.3f} of copy; {' '.join(picked)}")  # fmt: skip
     total = sum(r["first_call_s"] for r in rows)
-    print(f"first calls in all: {total:.1f} s (screen={int(screen)})")
+    print(f"first calls in all: {total:.1f} s (screen={int(screen)}, warm={int(args.warm)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": environment(), "copy_bytes_per_s": copy_bw, "rows": rows},

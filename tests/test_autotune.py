@@ -484,10 +484,13 @@ def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch
     screened.clear()
     assert autotune.choose_config("op", Prob(5), tuple(CANDS), run, device=DEV, screen=True)
     assert not screened
-    # cold timing is never screened
-    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: timed.append(fn()) or 1.0)
+    # a cold choice is screened by the same warm readings; only the kept are timed cold
+    cold_timed = []
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: cold_timed.append(fn()) or 1.0)
+    timed.clear()
     autotune.choose_config("op", Prob(8), cands, run, device=DEV, screen=True, cold_l2=True)
-    assert not screened
+    assert screened == list(cands) and set(cold_timed) == {Cfg(1), Cfg(2)} and not timed
+    screened.clear()
     monkeypatch.setenv("TILEWISE_AUTOTUNE_SCREEN", "0")
     timed.clear()
     autotune.choose_config("op", Prob(7), cands, run, device=DEV, screen=True)

@@ -608,6 +608,22 @@ def test_problem_bytes_flops_and_configs():
     assert GConvConfig(4, 8, 32).name == "p4q8c32w4s3"
 
 
+def test_passes_larger_than_l2_are_autotuned_cold(monkeypatch):
+    """A pass whose bytes reach the L2 size is timed with L2 read out (its replays cannot keep
+    the input in L2, as in a model); smaller ones warm; no L2 (the CPU), never cold."""
+    from tilewise.ops import gconv_config
+
+    big = GConvProblem(n=128, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 134 MB
+    small = GConvProblem(n=8, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 8.4 MB
+    l2 = 50 << 20
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        assert gconv_config.cold_timing(big, pass_, l2)
+        assert not gconv_config.cold_timing(small, pass_, l2)
+        assert not gconv_config.cold_timing(big, pass_, 0)
+    monkeypatch.setattr(gconv_config, "COLD_L2_MULTIPLE", float("inf"))
+    assert not gconv_config.cold_timing(big, "fprop", l2)
+
+
 # --- the GPU: full-size shapes, bf16, autocast, real autotuning, 200 training steps -------------
 
 GPU_SHAPES = [

@@ -123,3 +123,40 @@ def test_helpers_of_another_signature_fall_back_to_pytorch(fakes, monkeypatch):
 def test_off_by_default(monkeypatch):
     monkeypatch.delenv("TILEWISE_NVRTC_CACHE", raising=False)
     assert not nvrtc_cache.enabled()
+
+
+_ADD_ONE = r"""
+extern "C" __global__ void tw_add_one(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_a_real_kernel_is_loaded_from_disk_and_runs(monkeypatch, tmp_path):
+    """On the GPU, through PyTorch's real helpers: the first call compiles and writes the
+    binary; the second, with compiling made impossible, loads it, and both kernels run."""
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "1")
+    monkeypatch.setattr(nvrtc_cache, "_broken", False)
+    assert nvrtc_cache._helpers() is not None, "PyTorch's NVRTC helpers are gone"
+    first = nvrtc_cache.compile_kernel(_ADD_ONE, "tw_add_one")
+    capability = torch.cuda.get_device_capability(torch.cuda.current_device())
+    path = nvrtc_cache.binary_path(_ADD_ONE, "tw_add_one", capability)
+    assert path.is_file() and path.stat().st_size > 100
+    assert nvrtc_cache.enabled()  # the helpers took the expected arguments
+
+    real_load = nvrtc_cache._helpers()[1]
+
+    def no_compile(source, entry):
+        raise AssertionError("compiled although the binary is on disk")
+
+    monkeypatch.setattr(nvrtc_cache, "_helpers", lambda: (no_compile, real_load))
+    second = nvrtc_cache.compile_kernel(_ADD_ONE, "tw_add_one")
+    x = torch.full((1000,), float("nan"), device="cuda")
+    x.copy_(torch.arange(1000, dtype=torch.float32))
+    for kernel in (first, second):
+        kernel(grid=(4, 1, 1), block=(256, 1, 1), args=[x, 1000])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x.cpu(), torch.arange(1000, dtype=torch.float32) + 2)

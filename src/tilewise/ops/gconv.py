@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import gconv_cuda, gconv_wgrad
-from tilewise.ops._common import cdiv, num_sms
+from tilewise.ops._common import cdiv, l2_bytes, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     MAX_KERNEL,
@@ -33,6 +33,7 @@ from tilewise.ops.gconv_config import (
     candidate_configs,
     candidate_tuple,
     check_conv_args,
+    cold_timing,
     default_config,
 )
 from tilewise.runtime import alloc, autotune, dispatch
@@ -457,6 +458,7 @@ def _run_conv(
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
+        cold_l2=cold_timing(problem, pass_, l2_bytes(x.device)),
         screen=True,  # 28 candidates for a 3x3 fprop: a brief reading first (session 19)
     )
     _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)

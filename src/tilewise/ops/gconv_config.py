@@ -29,6 +29,10 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 }
 _ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 
+#: passes that move at least this multiple of the L2 size are autotuned with L2 read out before
+#: each run (``cold_timing``); ``math.inf`` turns it off (``scripts/autotune_screen_probe.py``).
+COLD_L2_MULTIPLE = 1.0
+
 
 @dataclass(frozen=True)
 class GConvProblem:
@@ -147,6 +151,17 @@ class WgradConfig:
             f"m{self.block_m}c{self.block_c}k{self.chunk_steps}w{self.num_warps}s{self.num_stages}"
             f"t{self.tap_block}"
         )
+
+
+def cold_timing(problem: GConvProblem, pass_: str, l2: int) -> bool:
+    """Whether the autotuner times ``pass_`` of ``problem`` cold (``choose_config(cold_l2=True)``).
+
+    Replaying one input set leaves the part of it that fits in L2 there, and tiles differ in how
+    much that helps: session 19's autotuned fprop at C=64 N=256 read 0.884 of copy in its own
+    replays but 0.846 with three input sets rotated past L2, where another tile read 0.878. A
+    pass that cannot stay in L2 (in a model, or in the study) is timed the way it runs.
+    """
+    return l2 > 0 and problem.bytes(pass_) >= COLD_L2_MULTIPLE * l2
 
 
 def conv_dims(problem: GConvProblem, pass_: str) -> tuple[int, int, int, int]:

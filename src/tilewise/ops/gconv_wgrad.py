@@ -25,12 +25,13 @@ import triton
 import triton.language as tl
 
 from tilewise.ops import gconv_cuda
-from tilewise.ops._common import atomic_row_sum, cdiv, num_sms
+from tilewise.ops._common import atomic_row_sum, cdiv, l2_bytes, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
     GConvProblem,
     WgradConfig,
     candidate_tuple,
+    cold_timing,
 )
 from tilewise.runtime import alloc, autotune, workspace
 
@@ -258,6 +259,7 @@ def wgrad(
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
+        cold_l2=cold_timing(problem, "wgrad", l2_bytes(x.device)),
         screen=True,  # Triton configs and NVRTC tiles: a brief reading first (session 19)
     )
     return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype)

@@ -353,16 +353,16 @@ def choose_config(
     tensors (only called when timing). A candidate that raises (e.g. out of shared memory) is
     skipped; if all do, the default is returned and nothing is stored. ``cold_l2`` times each
     candidate with L2 flushed first (for problems too large to stay in L2 inside a model); such
-    choices are cached under their own key. ``screen`` (warm timing only, lists of at least
-    ``SCREEN_MIN``): every candidate is first read briefly (``_bench_screen``) and only the
-    ``SCREEN_KEEP`` fastest within ``SCREEN_RATIO`` of the fastest are timed in full; for long
-    candidate lists such as the grouped conv's (28 for a 3x3 fprop: 12 Triton configs and 16
-    NVRTC tiles at ~200 ms of replays each, plus graph capture). ``warm_too`` (with ``cold_l2``)
-    times each candidate both ways and keeps the one whose worse ratio to the fastest, warm or
-    cold, is smallest: for layers whose weights stay in L2 in one model and stream from DRAM in
-    another (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that
-    ran 15.1 us where cuBLAS's 10.4 us path won with the weights in L2); cached under a third
-    key. Every answer is also appended to the list of an open ``recording`` context.
+    choices are cached under their own key. ``screen`` (lists of at least ``SCREEN_MIN``): every
+    candidate is first read briefly (``_bench_screen``, warm replays) and only the ``SCREEN_KEEP``
+    fastest within ``SCREEN_RATIO`` of the fastest are timed in full (warm or cold); for long
+    candidate lists such as the grouped conv's (28 for a 3x3 fprop: 12 Triton configs and 16 NVRTC
+    tiles at ~200 ms of replays each, plus graph capture). ``warm_too`` (with ``cold_l2``) times
+    each candidate both ways and keeps the one whose worse ratio to the fastest, warm or cold, is
+    smallest: for layers whose weights stay in L2 in one model and stream from DRAM in another
+    (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that ran 15.1 us
+    where cuBLAS's 10.4 us path won with the weights in L2); cached under a third key. Every answer
+    is also appended to the list of an open ``recording`` context.
     """
     config = _choose_config(
         op, problem, candidates, run_fn, device, default, cold_l2, warm_too, screen
@@ -422,7 +422,9 @@ def _choose_config(
     if both:
         timers.append(_bench)
     table = []  # per timer, per candidate
-    screen = screen and not cold_l2 and os.environ.get(ENV_SCREEN, "1") != "0"
+    # the brief screening readings are warm replays even for a cold choice: they only drop
+    # candidates slower by more than SCREEN_RATIO, and the kept ones are timed with ``timers``
+    screen = screen and os.environ.get(ENV_SCREEN, "1") != "0"
     kept = _screen(op, candidates, run_fn) if screen else None
     for timer in timers:
         times = _time_each(op, timer, candidates, run_fn, kept)
