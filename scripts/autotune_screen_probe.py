@@ -3,10 +3,10 @@
 
     TILEWISE_AUTOTUNE_SCREEN=1 python scripts/autotune_screen_probe.py --json screen_on.json
     TILEWISE_AUTOTUNE_SCREEN=0 python scripts/autotune_screen_probe.py --json screen_off.json
-    python scripts/autotune_screen_probe.py --warm --json warm.json
+    python scripts/autotune_screen_probe.py --cold 1 --json cold.json
 
-``--warm`` times every candidate with warm replays (``gconv_config.COLD_L2_MULTIPLE`` = inf),
-as before session 20; by default passes of at least the L2 size are timed cold.
+``--cold M`` times passes of at least M times the L2 size cold (``gconv_config.COLD_L2_MULTIPLE``;
+session 20 call 1 ran it as the default against ``--warm``, now the default).
 
 Each run uses fresh autotune and Triton cache directories (whatever the environment says), so
 both settings start cold. Per problem (3x3, the issue's three shapes at ``--n``, fp16 / bf16) and
@@ -53,10 +53,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--warm", action="store_true", help="warm autotune timing for every size")
+    ap.add_argument("--cold", type=float, default=None, help="cold timing from M x the L2 size")
     args = ap.parse_args()
-    if args.warm:
-        gconv_config.COLD_L2_MULTIPLE = float("inf")
+    if args.cold is not None:
+        gconv_config.COLD_L2_MULTIPLE = args.cold
+    args.warm = gconv_config.COLD_L2_MULTIPLE == float("inf")
     # fresh autotune and Triton caches every run: a cache the other setting filled would make
     # this run's first calls cheap and its picks the other run's
     os.environ[autotune.ENV_CACHE_DIR] = tempfile.mkdtemp(prefix="tw-screen-")

@@ -609,13 +609,14 @@ def test_problem_bytes_flops_and_configs():
 
 
 def test_passes_larger_than_l2_are_autotuned_cold(monkeypatch):
-    """A pass whose bytes reach the L2 size is timed with L2 read out (its replays cannot keep
-    the input in L2, as in a model); smaller ones warm; no L2 (the CPU), never cold."""
+    """Switched on, a pass whose bytes reach the L2 size is timed with L2 read out; smaller ones
+    warm; no L2 (the CPU), never cold."""
     from tilewise.ops import gconv_config
 
     big = GConvProblem(n=128, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 134 MB
     small = GConvProblem(n=8, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 8.4 MB
     l2 = 50 << 20
+    monkeypatch.setattr(gconv_config, "COLD_L2_MULTIPLE", 1.0)  # off by default (session 20)
     for pass_ in ("fprop", "dgrad", "wgrad"):
         assert gconv_config.cold_timing(big, pass_, l2)
         assert not gconv_config.cold_timing(small, pass_, l2)
