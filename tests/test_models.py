@@ -185,6 +185,7 @@ def test_measure_problem_on_cpu_checks_and_counts_bytes():
         assert r["eff_bw"] == pytest.approx(r["bytes"] / r["median_s"])
         assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
         assert r["prof_s"] is None  # no profiler kernels on a CPU
+        assert r["graph_s"] is None  # nor CUDA graphs
         if r["impl"] == "cudnn":  # no autotuned config behind PyTorch's rows
             assert r["configs"] == ()
 
@@ -217,6 +218,9 @@ def _iso_records(copy_bw=3e12):
                     timer="cuda-events",
                     prof_s=t,
                     prof_eff_bw=p.bytes(pass_) / t,
+                    prof_frac_copy=p.bytes(pass_) / t / copy_bw,
+                    graph_s=t / 2 if impl == "tilewise" else t,
+                    graph_eff_bw=p.bytes(pass_) / t,
                     kernels=(("_gconv_fwd_kernel", 1.0, t),),
                 )
                 recs.append(rec)
@@ -232,6 +236,8 @@ def test_gconv_records_round_trip_table_and_plot(tmp_path):
     assert [iso.Record.from_dict(d) for d in doc["records"]] == recs
     headers, rows = iso.summary_table(doc["records"])
     assert len(rows) == 3 * 3 + 1 and rows[0][headers.index("x cudnn")] == "3.00x"
+    assert rows[0][headers.index("x cudnn graph")] == "6.00x"
+    assert rows[0][headers.index("tw graph frac")] == "-"  # no graph_frac_copy in the record
     assert iso.errors(doc["records"]) == ["C=64 64x64 3x3 N=2 bf16 fprop tilewise: x"]
     png = iso.plot_gconv(doc, tmp_path / "gconv.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -421,6 +427,7 @@ class TestGPU:
         for r in recs:
             assert r["error"] is None and r["checked"], r
             assert r["median_s"] > 0 and r["prof_s"] > 0 and r["kernels"], r
+            assert r["graph_s"] > 0 and r["graph_frac_copy"] is None, r  # no ceilings given
         tw = [r for r in recs if r["impl"] == "tilewise"]
         assert all(any("gconv" in k[0] for k in r["kernels"]) for r in tw)
         assert all(len(r["configs"]) == 1 for r in tw), [r["configs"] for r in tw]

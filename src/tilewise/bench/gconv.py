@@ -35,7 +35,13 @@ from tilewise.bench.ceilings import Ceilings
 from tilewise.bench.checks import compare
 from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.metrics import effective_bandwidth, fraction, speedup
-from tilewise.bench.timing import l2_cache_bytes, profile_kernels, rotation_count, time_events
+from tilewise.bench.timing import (
+    l2_cache_bytes,
+    profile_kernels,
+    rotation_count,
+    time_events,
+    time_graph,
+)
 from tilewise.ops import gconv as _gconv
 from tilewise.ops.gconv_config import GROUP_WIDTH, PASSES, GConvProblem
 from tilewise.registry import DTYPES
@@ -82,6 +88,7 @@ class GConvStudyConfig:
     warmup: int = 10
     reps: int = 50
     profile_iters: int = 20
+    graph_replays: int = 20
 
     @classmethod
     def quick(cls, **overrides: Any) -> GConvStudyConfig:
@@ -126,6 +133,9 @@ class Record:
     prof_s: float | None = None
     prof_eff_bw: float | None = None
     prof_frac_copy: float | None = None
+    graph_s: float | None = None  # per call, from CUDA-graph replays of GRAPH_CALLS calls
+    graph_eff_bw: float | None = None
+    graph_frac_copy: float | None = None
     kernels: tuple[KernelRow, ...] = ()
     configs: tuple[str, ...] = ()  # tilewise: the configs the autotuner answered with
     error: str | None = None
@@ -145,6 +155,12 @@ class Record:
         kw["kernels"] = tuple((str(n), float(c), float(s)) for n, c, s in d.get("kernels", ()))
         kw["configs"] = tuple(d.get("configs", ()))
         return cls(**kw)
+
+
+#: calls per captured graph (whole rounds over the rotated input sets): the graph column times
+#: the kernels back to back as a captured step runs them, where the event column's window per
+#: call also holds the launch (~3 us against a 52 us kernel: session 20, C=64 N=128 fprop).
+GRAPH_CALLS = 8
 
 
 def shape_label(c: int, h: int, w: int, k: int) -> str:
@@ -293,9 +309,11 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
             fn(*args[0])
         rec = replace(rec, configs=tuple(dict.fromkeys(_config_name(c) for _, _, c in picks)))
         t = time_events(fn, args, warmup=config.warmup, reps=config.reps)
-        prof = None
+        prof = graph = None
         if args[0][0].device.type == "cuda":
             prof = profile_kernels(fn, args, iters=config.profile_iters, warmup=3)
+            rounds = -(-GRAPH_CALLS // len(args))
+            graph = time_graph(fn, args, warmup=2, rounds=rounds, replays=config.graph_replays)
     except Exception as exc:
         return replace(rec, error=f"{type(exc).__name__}: {exc}").to_dict()
     copy = ceilings.copy_bytes_per_s if ceilings else None
@@ -309,6 +327,14 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
         frac_copy=fraction(bw, copy) if copy else None,
         timer=t.method,
     )
+    if graph is not None:
+        gbw = effective_bandwidth(nbytes, graph.median_s)
+        rec = replace(
+            rec,
+            graph_s=graph.median_s,
+            graph_eff_bw=gbw,
+            graph_frac_copy=fraction(gbw, copy) if copy else None,
+        )
     if prof is not None and prof.per_call_s > 0:
         pbw = effective_bandwidth(nbytes, prof.per_call_s)
         rec = replace(
@@ -361,20 +387,25 @@ def ratio_of(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, key
 
 
 def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells: per problem and pass, GB/s (events; profiler) and tilewise speedup."""
+    """Headers and cells: per problem and pass, GB/s and fraction of copy from CUDA events per
+    call, the same fraction from graph replays and from the profiler's kernel sum, and tilewise's
+    speedup over cuDNN (events; graphs)."""
     groups: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for r in records:
         key = (r["c"], r["h"], r["w"], r["k"], r["dtype"], r["n"], r["pass"])
         groups.setdefault(key, {})[r["impl"]] = r
     headers = ["shape", "dtype", "N", "pass", "tw GB/s", "cudnn GB/s", "tw frac", "cudnn frac"]
-    headers += ["x cudnn", "tw prof GB/s", "cudnn prof GB/s"]
+    headers += ["x cudnn", "tw graph frac", "cudnn graph frac", "x cudnn graph"]
+    headers += ["tw prof frac", "cudnn prof frac"]
     rows = []
     for (c, h, w, k, dtype, n, pass_), by in groups.items():
         tw, cu = by.get("tilewise"), by.get("cudnn")
         cells = [fmt(r, "eff_bw", ".0f", 1e-9) for r in (tw, cu)]
         cells += [fmt(r, "frac_copy", ".3f") for r in (tw, cu)]
         cells += [ratio_of(cu, tw, "median_s")]
-        cells += [fmt(r, "prof_eff_bw", ".0f", 1e-9) for r in (tw, cu)]
+        cells += [fmt(r, "graph_frac_copy", ".3f") for r in (tw, cu)]
+        cells += [ratio_of(cu, tw, "graph_s")]
+        cells += [fmt(r, "prof_frac_copy", ".3f") for r in (tw, cu)]
         rows.append([shape_label(c, h, w, k), dtype, str(n), pass_, *cells])
     return headers, rows
 
