@@ -408,6 +408,10 @@ def test_gconv_cli_options_build_configs():
     args = parser.parse_args(["bench", "gconv", "--quick", "--n", "4", "--extra-kernels"])
     cfg = cli.gconv_config(args)
     assert cfg.batches == (4,) and cfg.extra_kernels == () and cfg.dtypes == ("fp16",)
+    args = parser.parse_args(["bench", "gconv", "--channels", "64", "--kernels", "5", "7"])
+    cfg = cli.gconv_config(args)
+    assert cfg.shapes == ((64, 64, 64),) and cfg.kernels == (5, 7)
+    assert {(p.c, p.r) for p in cfg.problems()} == {(64, 5), (64, 7)}
     args = parser.parse_args(["bench", "gconv-insitu", "--blocks", "mbconv", "--batches", "32"])
     cfg = cli.insitu_config(args)
     assert cfg.blocks == ("mbconv",) and cfg.batches == (32,) and cfg.impls == ins.IMPLS

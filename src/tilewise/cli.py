@@ -199,6 +199,13 @@ def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fp16, C=64 64x64 3x3, N in {1, 32}")
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="default: fp16 bf16")
     p.add_argument("--n", nargs="+", type=int, help="batch sizes (default: 1 8 32 64 128 256)")
+    p.add_argument(
+        "--channels",
+        nargs="+",
+        type=int,
+        choices=[64, 128, 256],
+        help="only the shapes of these channel counts (C=64 64x64, C=128 32x32, C=256 16x16)",
+    )
     p.add_argument("--kernels", nargs="+", type=int, help="kernel sizes at every shape (3)")
     p.add_argument(
         "--extra-kernels", nargs="*", type=int, help="kernel sizes at C=64 64x64 only (5 7)"
@@ -216,7 +223,11 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
     from tilewise.bench.gconv import GConvStudyConfig
 
     base = GConvStudyConfig.quick() if args.quick else GConvStudyConfig()
+    shapes = None
+    if args.channels:
+        shapes = tuple(s for s in base.shapes if s[0] in args.channels)
     overrides = {
+        "shapes": shapes,
         "dtypes": args.dtypes,
         "batches": args.n,
         "kernels": args.kernels,
