@@ -8,7 +8,7 @@ import ctypes
 import pytest
 import torch
 
-from tilewise.runtime.cuda_launch import Launcher
+from tilewise.runtime.cuda_launch import Launcher, _LaunchAttribute, _LaunchConfig
 
 
 class FakeDriver:
@@ -72,6 +72,56 @@ def test_struct_arguments_pass_their_host_bytes():
     launch((1, 1, 1), (32, 1, 1), [a, two, 6], 0, 0)
     assert drv.calls[0]["values"] == [a.data_ptr(), b"\x01" * 16, 5]
     assert drv.calls[1]["values"] == [a.data_ptr(), b"\x02" * 16, 6]
+
+
+class FakeDriverEx(FakeDriver):
+    """Also has cuLaunchKernelEx: records the launch config it is given and its attributes."""
+
+    def cuLaunchKernelEx(self, config, func, params, extra):  # noqa: N802
+        cfg = ctypes.cast(config, ctypes.POINTER(_LaunchConfig)).contents
+        attrs = [(cfg.attrs[i].id, cfg.attrs[i].value[0]) for i in range(cfg.num_attrs)]
+        self.calls.append(
+            dict(grid=tuple(cfg.grid), block=tuple(cfg.block), smem=cfg.shared_mem,
+                 stream=cfg.stream, attrs=attrs, values=ctypes.cast(params, ctypes.c_void_p).value)
+        )  # fmt: skip
+        self.params = params
+        return self.result
+
+
+def test_dependent_launches_go_through_launch_kernel_ex():
+    """``dependent=True``: cuLaunchKernelEx with the grid, block, shared memory and stream of
+    the call and one attribute, programmatic stream serialization (6) allowed (1); the same
+    argument buffer as cuLaunchKernel's."""
+    drv = FakeDriverEx("pi")
+    launch = Launcher(Kernel(), "pi", lib=drv, dependent=True)
+    a = torch.zeros(3)
+    launch((7, 2, 1), (256, 1, 1), [a, 9], 1024, 0xABC)
+    launch((1, 1, 1), (32, 1, 1), [a, 3], 0, 0x5)
+    first, second = drv.calls
+    assert first["grid"] == (7, 2, 1) and first["block"] == (256, 1, 1)
+    assert first["smem"] == 1024 and first["stream"] == 0xABC and first["attrs"] == [(6, 1)]
+    assert second["stream"] == 0x5 and second["grid"] == (1, 1, 1)
+    ptrs = ctypes.cast(drv.params, ctypes.POINTER(ctypes.c_void_p))
+    assert ctypes.c_void_p.from_address(ptrs[0]).value == a.data_ptr()
+    assert ctypes.c_int.from_address(ptrs[1]).value == 3
+    assert ctypes.sizeof(_LaunchAttribute) == 72  # CUlaunchAttribute in cuda.h
+
+
+def test_a_driver_without_launch_kernel_ex_launches_plainly(monkeypatch):
+    """``lean_launcher(..., dependent=True)`` falls back to a plain launcher where the driver
+    has no cuLaunchKernelEx."""
+    from tilewise.runtime import cuda_launch
+
+    drv = FakeDriver("i")
+    with pytest.raises(AttributeError):
+        Launcher(Kernel(), "i", lib=drv, dependent=True)
+    monkeypatch.setattr(torch.cuda._utils, "_get_gpu_runtime_library", lambda: drv, raising=False)
+    cuda_launch.lean_launcher.cache_clear()
+    try:
+        launcher = cuda_launch.lean_launcher(Kernel(), "i", True)
+        assert launcher is not None and not launcher.dependent
+    finally:
+        cuda_launch.lean_launcher.cache_clear()
 
 
 def test_bad_signatures_and_argument_counts_are_refused():

@@ -225,7 +225,7 @@ def test_lean_launcher_matches_pytorch_launcher(monkeypatch):
     assert gconv_cuda._launcher(gconv_cuda._kernel(3, 3, CudaTile(), False, True, False, 0),
                                 "pppp" + "i" * 14) is not None  # fmt: skip
     lean = run()
-    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     torch_launch = run()
     for a, c in zip(lean[0], torch_launch[0], strict=True):
         assert torch.equal(a, c)
@@ -250,6 +250,50 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
     # the TMA tiles ran as such (without the lean launcher they run as their twins, and the
     # comparisons above would compare a twin with itself)
     assert not any("runs without TMA" in r.message for r in caplog.records)
+
+
+@pytest.mark.gpu
+def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
+    """The row-pair kernel is launched as a programmatic dependent launch: a chain of convs, each
+    reading the output the one before it has just written, on one stream and replayed in a CUDA
+    graph, equals the same chain launched plainly, bitwise, for TMA and non-TMA tiles."""
+    c, dtype = 64, torch.float16
+    x = _cl(torch.randn(16, c, 40, 40, device="cuda", dtype=dtype))
+    w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dtype) * 72**-0.5  # variance kept ~1
+    tiles = [t for t in gconv_cuda.candidates(c, 3, 3, tma=True) if t.rowpair]
+    assert any(t.tma for t in tiles) and any(not t.tma for t in tiles)
+    depth = 12
+
+    def chain(tile: CudaTile) -> list[torch.Tensor]:
+        outs, inp = [], x
+        for i in range(depth):  # alternate fprop and dgrad: both run the row-pair kernel
+            out = _cl(torch.full_like(x, float("nan")))
+            inp = gconv_cuda.fprop(inp, w, None, out, 1, 1, tile, dgrad=bool(i % 2))
+            outs.append(inp)
+        return outs
+
+    for tile in tiles:
+        monkeypatch.setenv(gconv_cuda.ENV_PDL, "0")
+        plain = chain(tile)
+        monkeypatch.setenv(gconv_cuda.ENV_PDL, "1")
+        dependent = chain(tile)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            chain(tile)  # warm-up off the capture
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            captured = chain(tile)
+        for _ in range(3):
+            for t in captured:
+                t.fill_(float("nan"))
+            graph.replay()
+        torch.cuda.synchronize()
+        for i, (p, d, g) in enumerate(zip(plain, dependent, captured, strict=True)):
+            assert torch.equal(p.isnan(), d.isnan()) and torch.equal(p.nan_to_num(), d.nan_to_num())
+            assert torch.equal(p.nan_to_num(), g.nan_to_num()), (tile.name, i)
+            assert not p.isnan().any(), (tile.name, i)
 
 
 def _check_tma_pipeline(c: int, dtype: torch.dtype) -> None:
@@ -296,7 +340,7 @@ def test_tma_tiles_fall_back_without_the_lean_launcher(monkeypatch, caplog):
     for tile in gconv_cuda.TMA_TILES[:2]:
         outs.append(gconv_cuda.fprop(x, w, None, _cl(torch.full_like(x, float("nan"))), 1, 1,
                                      tile).clone())  # fmt: skip
-    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     gconv_cuda._log_once.cache_clear()
     with caplog.at_level("WARNING", logger=gconv_cuda.log.name):
         for tile, want in zip(gconv_cuda.TMA_TILES[:2], outs, strict=True):
@@ -366,7 +410,7 @@ def test_tma_wgrad_tiles_fall_back_without_the_lean_launcher(dtype, rng_seed, mo
     twin (said once per tile), still right by the three-way rule on the odd shapes."""
     if not gconv_cuda._tma.supported(torch.cuda.current_device()):
         pytest.skip("no TMA on this GPU")
-    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature: None)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     gconv_cuda._log_once.cache_clear()
 
     def tiles_for(c, r, s):

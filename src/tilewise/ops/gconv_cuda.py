@@ -345,9 +345,24 @@ _launcher = cuda_launch.lean_launcher
 available = cuda_launch.nvrtc_available
 
 
-def _launch(kernel, signature: str, grid, block, args, shared_mem: int, device: int) -> None:
-    """Launch on the current stream of ``device`` (``runtime.cuda_launch.launch``)."""
-    cuda_launch.launch(kernel, grid, block, args, shared_mem, device, _launcher(kernel, signature))
+def _launch(
+    kernel, signature: str, grid, block, args, shared_mem: int, device: int, dependent=False
+) -> None:
+    """Launch on the current stream of ``device`` (``runtime.cuda_launch.launch``);
+    ``dependent``: a programmatic dependent launch (the row-pair kernel, ``dependent_launch``)."""
+    extra = (True,) if dependent else ()  # tests' stand-ins for _launcher take two arguments
+    launcher = _launcher(kernel, signature, *extra)
+    cuda_launch.launch(kernel, grid, block, args, shared_mem, device, launcher)
+
+
+#: switches the row-pair kernel's programmatic dependent launches off ("0")
+ENV_PDL = "TILEWISE_GCONV_PDL"
+
+
+def dependent_launch() -> bool:
+    """Whether the row-pair kernel starts while the kernel before it drains (its prologue and
+    launch overlap that kernel's tail; it waits for that kernel's writes before reading)."""
+    return os.environ.get(ENV_PDL, "1") != "0"
 
 
 def fprop(
@@ -389,7 +404,8 @@ def fprop(
         if tile.tma == 2:
             args.append(_tensor_map(out, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev)
+    dependent = tile.rowpair and dependent_launch()
+    _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev, dependent)
     return out
 
 

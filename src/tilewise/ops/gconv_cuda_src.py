@@ -242,6 +242,18 @@ __device__ __forceinline__ void mbar_init(u32 mbar0, int n) {{
 }}
 #endif
 
+// Programmatic dependent launch (sm_90+; a no-op for a grid launched without it): wait until
+// the grids this one depends on have finished and their writes are visible, then let the next
+// kernel's CTAs be scheduled (they wait in turn). Every thread calls it before its first read of
+// global memory or write to it, so overlapping with the kernel before only hides this one's
+// launch and prologue.
+__device__ __forceinline__ void grid_dependency_sync() {{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}}
+
 // the fprop kernels' common signature
 #define FPROP_PARAMS                                                                             \
     const u16 *__restrict__ x, const u16 *__restrict__ w, const float *__restrict__ bias,        \
@@ -826,6 +838,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #pragma unroll
         for (int st = 0; st < STAGES; ++st)
             *(v4u32*)(sm + st * HALO_RP + i * 16) = v4u32{{0, 0, 0, 0}};
+    grid_dependency_sync();
     __syncthreads();
     if (tid == 0) {{
 #pragma unroll
@@ -839,6 +852,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #else
     const u32 sbase = smem_u32(smem);
     unsigned char* const sm = smem;
+    grid_dependency_sync();
 
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {{

@@ -22,6 +22,28 @@ import torch
 
 log = logging.getLogger(__name__)
 
+#: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` (cuda.h)
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (``cuLaunchKernelEx``)."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
 
 class Launcher:
     """``cuLaunchKernel`` for one compiled kernel with a fixed argument signature.
@@ -29,15 +51,26 @@ class Launcher:
     ``signature`` has one letter per kernel argument: ``p`` for a tensor (its data pointer),
     ``i`` for a 32-bit int and ``t`` for a by-value struct given as an object with an ``address``
     of its host bytes (``runtime.tma.TensorMap``). ``lib`` is the CUDA driver library (default:
-    PyTorch's handle).
+    PyTorch's handle). ``dependent=True`` launches with programmatic stream serialization
+    (``cuLaunchKernelEx``): the kernel may start while the one before it on the stream drains, so
+    it must call ``griddepcontrol.wait`` before touching global memory (the grouped conv's
+    row-pair kernel does, ``grid_dependency_sync``).
     """
 
-    def __init__(self, kernel: Any, signature: str, lib: Any = None) -> None:
+    def __init__(
+        self, kernel: Any, signature: str, lib: Any = None, dependent: bool = False
+    ) -> None:
         if not signature or set(signature) - {"p", "i", "t"}:
             raise ValueError(f"argument 'signature' must be letters p/i/t, got {signature!r}")
         self.func = kernel.func
         self.lib = lib if lib is not None else torch.cuda._utils._get_gpu_runtime_library()
         self.signature = signature
+        self.dependent = dependent
+        if dependent:
+            self._attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            self._attr.value[0] = 1  # programmaticStreamSerializationAllowed
+            self._config = _LaunchConfig(attrs=ctypes.pointer(self._attr), num_attrs=1)
+            self._launch_ex = self.lib.cuLaunchKernelEx  # AttributeError: no such driver call
         self._values = [ctypes.c_void_p() if k == "p" else ctypes.c_int() for k in signature]
         self._params = (ctypes.c_void_p * len(signature))(
             *[ctypes.addressof(v) for v in self._values]
@@ -65,19 +98,27 @@ class Launcher:
                     self._params[i] = arg.address
                 else:
                     value.value = arg.data_ptr() if kind == "p" else int(arg)
-            result = self.lib.cuLaunchKernel(
-                self.func,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
-                shared_mem,
-                ctypes.c_void_p(stream),
-                self._params,
-                None,
-            )
+            if self.dependent:
+                cfg = self._config
+                cfg.grid[:] = grid[:3]
+                cfg.block[:] = block[:3]
+                cfg.shared_mem = shared_mem
+                cfg.stream = stream
+                result = self._launch_ex(ctypes.byref(cfg), self.func, self._params, None)
+            else:
+                result = self.lib.cuLaunchKernel(
+                    self.func,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    shared_mem,
+                    ctypes.c_void_p(stream),
+                    self._params,
+                    None,
+                )
         if result != 0:
             torch.cuda._utils._check_cuda(result)  # raises with the driver's message
 
@@ -88,13 +129,17 @@ def nvrtc_available() -> bool:
     return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
 
 
-@functools.cache  # one per compiled kernel and signature
-def lean_launcher(kernel: Any, signature: str) -> Launcher | None:
+@functools.cache  # one per compiled kernel, signature and launch kind
+def lean_launcher(kernel: Any, signature: str, dependent: bool = False) -> Launcher | None:
     """The lean launcher for ``kernel``, or None where it cannot be built (then PyTorch's own
-    launcher runs; said once)."""
+    launcher runs; said once). ``dependent``: a programmatic dependent launch where the driver
+    has ``cuLaunchKernelEx``, else a plain one (said once)."""
     try:
-        return Launcher(kernel, signature)
+        return Launcher(kernel, signature, dependent=dependent)
     except (AttributeError, OSError, TypeError) as exc:
+        if dependent:
+            log.info("tilewise: launches without programmatic dependence (%s)", exc)
+            return lean_launcher(kernel, signature)
         log.info("tilewise: PyTorch's kernel launcher in use (%s)", exc)
         return None
 
