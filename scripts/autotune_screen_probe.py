@@ -6,7 +6,8 @@
     python scripts/autotune_screen_probe.py --cold 1 --json cold.json
 
 ``--cold M`` times passes of at least M times the L2 size cold (``gconv_config.COLD_L2_MULTIPLE``;
-session 20 call 1 ran it as the default against ``--warm``, now the default).
+session 20 call 1 ran it as the default against ``--warm``, now the default). Passes of at most
+``gconv_config.BOTH_WAYS_MAX_BYTES`` are timed warm and cold whatever ``--cold`` says.
 
 Each run uses fresh autotune and Triton cache directories (whatever the environment says), so
 both settings start cold. Per problem (3x3, the issue's three shapes at ``--n``, fp16 / bf16) and

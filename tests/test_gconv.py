@@ -608,21 +608,24 @@ def test_problem_bytes_flops_and_configs():
     assert GConvConfig(4, 8, 32).name == "p4q8c32w4s3"
 
 
-def test_passes_larger_than_l2_are_autotuned_cold(monkeypatch):
-    """Switched on, a pass whose bytes reach the L2 size is timed with L2 read out; smaller ones
-    warm; no L2 (the CPU), never cold."""
+def test_autotune_timing_mode_by_size(monkeypatch):
+    """Small passes are timed warm and cold (the smaller worst-case loss wins); large ones warm,
+    or cold from ``COLD_L2_MULTIPLE`` x the L2 size when that is switched on; no L2 (the CPU):
+    warm."""
     from tilewise.ops import gconv_config
 
     big = GConvProblem(n=128, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 134 MB
-    small = GConvProblem(n=8, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 8.4 MB
+    mid = GConvProblem(n=8, c=64, h=64, w=64, r=3, s=3, pad_h=1, pad_w=1)  # 8.4 MB
+    tiny = GConvProblem(n=1, c=256, h=16, w=16, r=3, s=3, pad_h=1, pad_w=1)  # 0.3 MB
     l2 = 50 << 20
-    monkeypatch.setattr(gconv_config, "COLD_L2_MULTIPLE", 1.0)  # off by default (session 20)
     for pass_ in ("fprop", "dgrad", "wgrad"):
-        assert gconv_config.cold_timing(big, pass_, l2)
-        assert not gconv_config.cold_timing(small, pass_, l2)
-        assert not gconv_config.cold_timing(big, pass_, 0)
-    monkeypatch.setattr(gconv_config, "COLD_L2_MULTIPLE", float("inf"))
-    assert not gconv_config.cold_timing(big, "fprop", l2)
+        assert gconv_config.timing_mode(tiny, pass_, l2) == (True, True)
+        assert gconv_config.timing_mode(mid, pass_, l2) == (False, False)
+        assert gconv_config.timing_mode(big, pass_, l2) == (False, False)  # cold is off
+        assert gconv_config.timing_mode(tiny, pass_, 0) == (False, False)
+    monkeypatch.setattr(gconv_config, "COLD_L2_MULTIPLE", 1.0)
+    assert gconv_config.timing_mode(big, "fprop", l2) == (True, False)
+    assert gconv_config.timing_mode(mid, "fprop", l2) == (False, False)
 
 
 # --- the GPU: full-size shapes, bf16, autocast, real autotuning, 200 training steps -------------

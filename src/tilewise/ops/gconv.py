@@ -33,8 +33,8 @@ from tilewise.ops.gconv_config import (
     candidate_configs,
     candidate_tuple,
     check_conv_args,
-    cold_timing,
     default_config,
+    timing_mode,
 )
 from tilewise.runtime import alloc, autotune, dispatch
 
@@ -451,6 +451,7 @@ def _run_conv(
     """Choose a config (autotuned on CUDA: the Triton configs and, in half precision, the NVRTC
     kernel's tiles) and run it into ``out``."""
     sms = num_sms(x.device)
+    cold, warm_too = timing_mode(problem, pass_, l2_bytes(x.device))
     cfg = autotune.choose_config(
         f"{op}.{pass_}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
@@ -458,7 +459,8 @@ def _run_conv(
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
-        cold_l2=cold_timing(problem, pass_, l2_bytes(x.device)),
+        cold_l2=cold,
+        warm_too=warm_too,
         screen=True,  # 28 candidates for a 3x3 fprop: a brief reading first (session 19)
     )
     _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)

@@ -31,7 +31,7 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 _ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 
 #: passes that move at least this multiple of the L2 size are autotuned with L2 read out before
-#: each run (``cold_timing``). Off (inf): session 20 (call 1, ``autotune_screen_probe.py`` at
+#: each run (``timing_mode``). Off (inf): session 20 (call 1, ``autotune_screen_probe.py`` at
 #: N = 256, cold from 1.0x L2 against warm) saw the picks differ in 9 of 18 passes and the warm
 #: pick read faster in 7 of those 9, by 1-2% (the same tile read 0.848 and 0.877 in the two
 #: runs), while cold tuning took 202 s against 169 s.
@@ -157,15 +157,28 @@ class WgradConfig:
         )
 
 
-def cold_timing(problem: GConvProblem, pass_: str, l2: int) -> bool:
-    """Whether the autotuner times ``pass_`` of ``problem`` cold (``choose_config(cold_l2=True)``).
+#: passes of at most this many bytes are timed both warm and cold (``timing_mode``)
+BOTH_WAYS_MAX_BYTES = 4 << 20
 
-    Replaying one input set leaves the part of it that fits in L2 there, and tiles differ in how
-    much that helps: session 19's autotuned fprop at C=64 N=256 read 0.884 of copy in its own
-    replays but 0.846 with three input sets rotated past L2, where another tile read 0.878. A
-    pass that cannot stay in L2 (in a model, or in the study) is timed the way it runs.
+
+def timing_mode(problem: GConvProblem, pass_: str, l2: int) -> tuple[bool, bool]:
+    """``(cold_l2, warm_too)`` for the autotuner's choice of a config for ``pass_``.
+
+    Small passes (at most ``BOTH_WAYS_MAX_BYTES``) are timed both ways and the config with the
+    smaller worst-case loss wins: in a model their input is often still in L2, in the study
+    (inputs rotated past L2) never, and the fastest warm config can lose cold (session 20: at N=1
+    C=256 16x16 the Triton wgrad the warm replays chose, 4.0-4.5 us, ran 5.17 us in the study
+    against cuDNN's 4.69). Larger passes are timed warm unless ``COLD_L2_MULTIPLE`` says
+    otherwise: replaying one input keeps the part of it that fits in L2 there, and session 19's
+    autotuned fprop at C=64 N=256 read 0.884 of copy in its own replays but 0.846 rotated; yet
+    cold picks were no better (``COLD_L2_MULTIPLE``). No L2 (the CPU): warm.
     """
-    return l2 > 0 and problem.bytes(pass_) >= COLD_L2_MULTIPLE * l2
+    if l2 <= 0:
+        return False, False
+    nbytes = problem.bytes(pass_)
+    if nbytes <= BOTH_WAYS_MAX_BYTES:
+        return True, True
+    return nbytes >= COLD_L2_MULTIPLE * l2, False
 
 
 def conv_dims(problem: GConvProblem, pass_: str) -> tuple[int, int, int, int]:

@@ -31,7 +31,7 @@ from tilewise.ops.gconv_config import (
     GConvProblem,
     WgradConfig,
     candidate_tuple,
-    cold_timing,
+    timing_mode,
 )
 from tilewise.runtime import alloc, autotune, workspace
 
@@ -252,6 +252,7 @@ def wgrad(
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     candidates = _candidates(problem, sms, with_cuda, with_cuda and gconv_cuda.tma_usable(x))
+    cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
     cfg = autotune.choose_config(
         f"{OP}.{'det' if deterministic else 'one-launch'}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
@@ -259,7 +260,8 @@ def wgrad(
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
-        cold_l2=cold_timing(problem, "wgrad", l2_bytes(x.device)),
+        cold_l2=cold,
+        warm_too=warm_too,
         screen=True,  # Triton configs and NVRTC tiles: a brief reading first (session 19)
     )
     return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype)
