@@ -497,6 +497,37 @@ def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch
     assert not screened and set(timed) == set(cands)
 
 
+def test_screening_a_warm_and_cold_choice_times_the_kept_both_ways(tuner, monkeypatch):
+    """``warm_too`` with ``screen``: the kept candidates are timed cold and warm (the small
+    grouped-conv passes); when every kept one fails cold, every candidate is timed both ways."""
+    cands = tuple(Cfg(b) for b in range(1, 9))
+    quick = {c: (1.0 if c.block <= 2 else 5.0) for c in cands}
+    monkeypatch.setattr(autotune, "_bench_screen", lambda fn: quick[fn()])
+    cold, warm = [], []
+    monkeypatch.setattr(
+        autotune, "_bench_cold", lambda fn, device: cold.append(fn()) or float(cold[-1].block)
+    )
+    monkeypatch.setattr(autotune, "_bench", lambda fn: warm.append(fn()) or 1.0)
+    got = autotune.choose_config(
+        "op", Prob(11), cands, run, device=DEV, screen=True, cold_l2=True, warm_too=True
+    )
+    assert got == Cfg(1) and set(cold) == set(warm) == {Cfg(1), Cfg(2)}
+
+    def cold_fails_for_the_kept(fn, device):
+        cfg = fn()
+        cold.append(cfg)
+        if cfg.block <= 2:
+            raise RuntimeError("rejected")
+        return float(cfg.block)
+
+    cold.clear(), warm.clear()
+    monkeypatch.setattr(autotune, "_bench_cold", cold_fails_for_the_kept)
+    got = autotune.choose_config(
+        "op", Prob(12), cands, run, device=DEV, screen=True, cold_l2=True, warm_too=True
+    )
+    assert got == Cfg(3) and set(cold) == set(warm) == set(cands)
+
+
 def test_screening_that_reads_nothing_times_every_candidate(tuner, monkeypatch):
     cands = tuple(Cfg(b) for b in range(1, 9))
 

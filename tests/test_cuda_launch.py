@@ -104,7 +104,11 @@ def test_dependent_launches_go_through_launch_kernel_ex():
     ptrs = ctypes.cast(drv.params, ctypes.POINTER(ctypes.c_void_p))
     assert ctypes.c_void_p.from_address(ptrs[0]).value == a.data_ptr()
     assert ctypes.c_int.from_address(ptrs[1]).value == 3
-    assert ctypes.sizeof(_LaunchAttribute) == 72  # CUlaunchAttribute in cuda.h
+    # the layouts of cuda.h's CUlaunchAttribute and CUlaunchConfig on a 64-bit host
+    assert ctypes.sizeof(_LaunchAttribute) == 72 and _LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(_LaunchConfig) == 56 and _LaunchConfig.shared_mem.offset == 24
+    assert (_LaunchConfig.stream.offset, _LaunchConfig.attrs.offset) == (32, 40)
+    assert _LaunchConfig.num_attrs.offset == 48
 
 
 def test_a_driver_without_launch_kernel_ex_launches_plainly(monkeypatch):

@@ -255,8 +255,9 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
 @pytest.mark.gpu
 def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
     """The row-pair kernel is launched as a programmatic dependent launch: a chain of convs, each
-    reading the output the one before it has just written, on one stream and replayed in a CUDA
-    graph, equals the same chain launched plainly, bitwise, for TMA and non-TMA tiles."""
+    reading the output the one before it has just written (no other kernel between them), on one
+    stream and replayed in a CUDA graph, equals the same chain launched plainly, bitwise, for TMA
+    and non-TMA tiles."""
     c, dtype = 64, torch.float16
     x = _cl(torch.randn(16, c, 40, 40, device="cuda", dtype=dtype))
     w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dtype) * 72**-0.5  # variance kept ~1
@@ -265,11 +266,12 @@ def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
     depth = 12
 
     def chain(tile: CudaTile) -> list[torch.Tensor]:
-        outs, inp = [], x
-        for i in range(depth):  # alternate fprop and dgrad: both run the row-pair kernel
-            out = _cl(torch.full_like(x, float("nan")))
+        # outputs made first, so the row-pair kernels follow each other on the stream with
+        # nothing between them: each starts early and must wait for the one it reads
+        outs = [_cl(torch.full_like(x, float("nan"))) for _ in range(depth)]
+        inp = x
+        for i, out in enumerate(outs):  # alternate fprop and dgrad: both the row-pair kernel
             inp = gconv_cuda.fprop(inp, w, None, out, 1, 1, tile, dgrad=bool(i % 2))
-            outs.append(inp)
         return outs
 
     for tile in tiles:
@@ -277,6 +279,9 @@ def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
         plain = chain(tile)
         monkeypatch.setenv(gconv_cuda.ENV_PDL, "1")
         dependent = chain(tile)
+        kernel = gconv_cuda._kernel(3, 3, tile, False, False, False, torch.cuda.current_device())
+        launcher = gconv_cuda._launcher(kernel, gconv_cuda._TMA_SIGNATURES[tile.tma], True)
+        assert gconv_cuda.dependent_launch(x.device) and launcher.dependent, tile.name
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -742,3 +747,17 @@ def test_row_split_wgrad_tiles(dtype, rng_seed):
         return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+
+
+def test_dependent_launch_only_on_hopper_and_not_when_switched_off(monkeypatch):
+    """The row-pair kernel's programmatic dependent launch needs ``griddepcontrol`` (sm_90+);
+    ``TILEWISE_GCONV_PDL=0`` turns it off; a CPU tensor never asks for it."""
+    monkeypatch.setattr(gconv_cuda, "_capability", lambda device: (9, 0))
+    assert gconv_cuda.dependent_launch(torch.device("cuda", 0))
+    monkeypatch.setenv(gconv_cuda.ENV_PDL, "0")
+    assert not gconv_cuda.dependent_launch(torch.device("cuda", 0))
+    monkeypatch.delenv(gconv_cuda.ENV_PDL)
+    monkeypatch.setattr(gconv_cuda, "_capability", lambda device: (8, 0))
+    assert not gconv_cuda.dependent_launch(torch.device("cuda", 0))
+    monkeypatch.undo()
+    assert not gconv_cuda.dependent_launch(torch.device("cpu"))

@@ -412,6 +412,10 @@ def test_gconv_cli_options_build_configs():
     cfg = cli.gconv_config(args)
     assert cfg.shapes == ((64, 64, 64),) and cfg.kernels == (5, 7)
     assert {(p.c, p.r) for p in cfg.problems()} == {(64, 5), (64, 7)}
+    args = parser.parse_args(["bench", "gconv", "--channels", "256"])  # no C=64 5x5/7x7 then
+    assert {(p.c, p.r) for p in cli.gconv_config(args).problems()} == {(256, 3)}
+    with pytest.raises(SystemExit, match="--channels"):
+        cli.gconv_config(parser.parse_args(["bench", "gconv", "--quick", "--channels", "128"]))
     args = parser.parse_args(["bench", "gconv-insitu", "--blocks", "mbconv", "--batches", "32"])
     cfg = cli.insitu_config(args)
     assert cfg.blocks == ("mbconv",) and cfg.batches == (32,) and cfg.impls == ins.IMPLS

@@ -153,7 +153,10 @@ def test_a_real_kernel_is_loaded_from_disk_and_runs(monkeypatch, tmp_path):
         raise AssertionError("compiled although the binary is on disk")
 
     monkeypatch.setattr(nvrtc_cache, "_helpers", lambda: (no_compile, real_load))
+    # compile_kernel falls back to PyTorch's compile on unexpected errors: close that door too
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", no_compile)
     second = nvrtc_cache.compile_kernel(_ADD_ONE, "tw_add_one")
+    assert nvrtc_cache.enabled()  # no fallback switched the cache off on the way
     x = torch.full((1000,), float("nan"), device="cuda")
     x.copy_(torch.arange(1000, dtype=torch.float32))
     for kernel in (first, second):

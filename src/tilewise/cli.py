@@ -223,21 +223,26 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
     from tilewise.bench.gconv import GConvStudyConfig
 
     base = GConvStudyConfig.quick() if args.quick else GConvStudyConfig()
-    shapes = None
+    shapes = extra = None
     if args.channels:
         shapes = tuple(s for s in base.shapes if s[0] in args.channels)
+        if base.extra_shape[0] not in args.channels:
+            extra = ()  # the extra kernel sizes run at C=64 only
     overrides = {
         "shapes": shapes,
         "dtypes": args.dtypes,
         "batches": args.n,
         "kernels": args.kernels,
-        "extra_kernels": args.extra_kernels,
+        "extra_kernels": extra if extra is not None else args.extra_kernels,
         "passes": args.passes,
         "impls": args.impls,
         "warmup": args.warmup,
         "reps": args.reps,
     }
-    return _with_overrides(base, overrides)
+    config = _with_overrides(base, overrides)
+    if not config.problems():
+        raise SystemExit("tilewise bench gconv: --channels (with --quick: 64) leaves no problem")
+    return config
 
 
 def run_gconv_command(args: argparse.Namespace) -> int:

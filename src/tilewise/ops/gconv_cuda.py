@@ -350,8 +350,7 @@ def _launch(
 ) -> None:
     """Launch on the current stream of ``device`` (``runtime.cuda_launch.launch``);
     ``dependent``: a programmatic dependent launch (the row-pair kernel, ``dependent_launch``)."""
-    extra = (True,) if dependent else ()  # tests' stand-ins for _launcher take two arguments
-    launcher = _launcher(kernel, signature, *extra)
+    launcher = _launcher(kernel, signature, dependent)
     cuda_launch.launch(kernel, grid, block, args, shared_mem, device, launcher)
 
 
@@ -359,10 +358,18 @@ def _launch(
 ENV_PDL = "TILEWISE_GCONV_PDL"
 
 
-def dependent_launch() -> bool:
+def dependent_launch(device: torch.device) -> bool:
     """Whether the row-pair kernel starts while the kernel before it drains (its prologue and
-    launch overlap that kernel's tail; it waits for that kernel's writes before reading)."""
-    return os.environ.get(ENV_PDL, "1") != "0"
+    launch overlap that kernel's tail; it waits for that kernel's writes before reading): on
+    Hopper and later (``griddepcontrol``), unless ``TILEWISE_GCONV_PDL=0``."""
+    return os.environ.get(ENV_PDL, "1") != "0" and _capability(device) >= (9, 0)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return (0, 0)
+    return torch.cuda.get_device_capability(device)
 
 
 def fprop(
@@ -404,7 +411,7 @@ def fprop(
         if tile.tma == 2:
             args.append(_tensor_map(out, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
-    dependent = tile.rowpair and dependent_launch()
+    dependent = tile.rowpair and dependent_launch(x.device)
     _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev, dependent)
     return out
 

@@ -430,6 +430,7 @@ def _choose_config(
         times = _time_each(op, timer, candidates, run_fn, kept)
         if kept is not None and not any(math.isfinite(_valid(t)) for t in times):
             times = _time_each(op, timer, candidates, run_fn, None)  # the kept all failed
+            kept = None  # and the next timer (warm_too) times every candidate too
         table.append(_retime_close(times, timer, candidates, run_fn))
     times = table[0]  # what is stored: the cold time when timed cold
     if both:
