@@ -185,7 +185,7 @@ def test_measure_problem_on_cpu_checks_and_counts_bytes():
         assert r["eff_bw"] == pytest.approx(r["bytes"] / r["median_s"])
         assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
         assert r["prof_s"] is None  # no profiler kernels on a CPU
-        assert r["graph_s"] is None  # nor CUDA graphs
+        assert r["graph_s"] is None and r["l2_s"] is None  # nor CUDA graphs
         if r["impl"] == "cudnn":  # no autotuned config behind PyTorch's rows
             assert r["configs"] == ()
 
@@ -238,6 +238,7 @@ def test_gconv_records_round_trip_table_and_plot(tmp_path):
     assert len(rows) == 3 * 3 + 1 and rows[0][headers.index("x cudnn")] == "3.00x"
     assert rows[0][headers.index("x cudnn graph")] == "6.00x"
     assert rows[0][headers.index("tw graph frac")] == "-"  # no graph_frac_copy in the record
+    assert rows[0][headers.index("tw L2 frac")] == "-"
     assert iso.errors(doc["records"]) == ["C=64 64x64 3x3 N=2 bf16 fprop tilewise: x"]
     png = iso.plot_gconv(doc, tmp_path / "gconv.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -436,6 +437,7 @@ class TestGPU:
             assert r["error"] is None and r["checked"], r
             assert r["median_s"] > 0 and r["prof_s"] > 0 and r["kernels"], r
             assert r["graph_s"] > 0 and r["graph_frac_copy"] is None, r  # no ceilings given
+            assert r["l2_s"] > 0, r  # 4 x 64 x 16 x 16 fits in L2: timed from L2 as well
         tw = [r for r in recs if r["impl"] == "tilewise"]
         assert all(any("gconv" in k[0] for k in r["kernels"]) for r in tw)
         assert all(len(r["configs"]) == 1 for r in tw), [r["configs"] for r in tw]

@@ -139,6 +139,9 @@ class Record:
     graph_s: float | None = None  # per call, from CUDA-graph replays of GRAPH_CALLS calls
     graph_eff_bw: float | None = None
     graph_frac_copy: float | None = None
+    l2_s: float | None = None  # the same with one input set replayed (it stays in L2), if it fits
+    l2_eff_bw: float | None = None
+    l2_frac_copy: float | None = None
     kernels: tuple[KernelRow, ...] = ()
     configs: tuple[str, ...] = ()  # tilewise: the configs the autotuner answered with
     error: str | None = None
@@ -165,6 +168,10 @@ class Record:
 #: the kernels back to back as a captured step runs them, where the event column's window per
 #: call also holds the launch (~3 us against a 52 us kernel: session 20, C=64 N=128 fprop).
 GRAPH_CALLS = 8
+#: problems whose input + output set takes at most this fraction of L2 also get the ``l2_*``
+#: columns: one set replayed, so it stays in L2 (the output of one call is the next call's
+#: output buffer again)
+L2_RESIDENT_FRACTION = 0.5
 
 
 def shape_label(c: int, h: int, w: int, k: int) -> str:
@@ -275,11 +282,16 @@ def measure_problem(
             )
         except Exception as exc:  # a crash in a kernel is a failed check, reported as such
             checks = {p: (False, f"check raised {type(exc).__name__}: {exc}") for p in PASSES}
-        records = [
-            _measure(problem, pass_, impl, checks[pass_], sets, w_tw, w_cu, config, ceilings, rot)
-            for pass_ in config.passes
-            for impl in config.impls
-        ]
+        resident = bool(l2) and set_bytes <= L2_RESIDENT_FRACTION * l2
+        records = []
+        for pass_ in config.passes:
+            for impl in config.impls:
+                args = (problem, pass_, impl, checks[pass_], sets, w_tw, w_cu, config, ceilings)
+                rec = _measure(*args, rot)
+                if resident and not rec["error"]:
+                    w = w_tw if impl == "tilewise" else w_cu
+                    rec.update(_l2_rates(problem, pass_, impl, sets[0], w, config, ceilings))
+                records.append(rec)
     del sets
     free_memory(dev)
     return records
@@ -319,11 +331,7 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
     except Exception as exc:
         return replace(rec, error=f"{type(exc).__name__}: {exc}").to_dict()
     if args[0][0].device.type == "cuda":
-        rounds = -(-GRAPH_CALLS // len(args))
-        try:
-            graph = time_graph(fn, args, warmup=2, rounds=rounds, replays=config.graph_replays)
-        except Exception as exc:  # the other timings stand; the graph column stays empty
-            log.warning("gconv study: no graph timing for %s (%s)", problem.label(), exc)
+        graph = _graph_timing(fn, args, config, problem)
     copy = ceilings.copy_bytes_per_s if ceilings else None
     bw = effective_bandwidth(nbytes, t.median_s)
     rec = replace(
@@ -341,6 +349,32 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
         rates = _rates("prof", prof.per_call_s, nbytes, copy)
         rec = replace(rec, kernels=_kernel_rows(prof), **rates)
     return rec.to_dict()
+
+
+def _graph_timing(fn, args, config: GConvStudyConfig, problem: GConvProblem):
+    """``time_graph`` over whole rounds of ``args`` (at least ``GRAPH_CALLS`` calls), or None
+    where capture fails (the other timings stand; said in a log line)."""
+    rounds = -(-GRAPH_CALLS // len(args))
+    try:
+        return time_graph(fn, args, warmup=2, rounds=rounds, replays=config.graph_replays)
+    except Exception as exc:
+        log.warning("gconv study: no graph timing for %s (%s)", problem.label(), exc)
+        return None
+
+
+def _l2_rates(problem, pass_, impl, act_set, weight, config, ceilings) -> dict[str, Any]:
+    """``l2_*`` fields: graph replay of one input set over and over, so a problem whose
+    activations fit in L2 runs from L2 (the issue asks for more than the copy bandwidth there;
+    the rotated columns read every input from DRAM). Empty where that cannot be timed."""
+    if act_set[0].device.type != "cuda":
+        return {}
+    fn = pass_fn(impl, pass_, problem, config.deterministic)
+    x, dy = act_set
+    t = _graph_timing(fn, [(x, weight, dy)], config, problem)
+    if t is None:
+        return {}
+    copy = ceilings.copy_bytes_per_s if ceilings else None
+    return _rates("l2", t.median_s, problem.bytes(pass_), copy)
 
 
 def _rates(prefix: str, seconds: float, nbytes: int, copy: float | None) -> dict[str, Any]:
@@ -392,14 +426,15 @@ def ratio_of(base: Mapping[str, Any] | None, cand: Mapping[str, Any] | None, key
 def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells: per problem and pass, GB/s and fraction of copy from CUDA events per
     call, the same fraction from graph replays and from the profiler's kernel sum, and tilewise's
-    speedup over cuDNN (events; graphs)."""
+    speedup over cuDNN (events; graphs); for problems that fit in L2, the fraction with one input
+    set replayed from L2."""
     groups: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for r in records:
         key = (r["c"], r["h"], r["w"], r["k"], r["dtype"], r["n"], r["pass"])
         groups.setdefault(key, {})[r["impl"]] = r
     headers = ["shape", "dtype", "N", "pass", "tw GB/s", "cudnn GB/s", "tw frac", "cudnn frac"]
     headers += ["x cudnn", "tw graph frac", "cudnn graph frac", "x cudnn graph"]
-    headers += ["tw prof frac", "cudnn prof frac"]
+    headers += ["tw prof frac", "cudnn prof frac", "tw L2 frac", "cudnn L2 frac"]
     rows = []
     for (c, h, w, k, dtype, n, pass_), by in groups.items():
         tw, cu = by.get("tilewise"), by.get("cudnn")
@@ -409,6 +444,7 @@ def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list
         cells += [fmt(r, "graph_frac_copy", ".3f") for r in (tw, cu)]
         cells += [ratio_of(cu, tw, "graph_s")]
         cells += [fmt(r, "prof_frac_copy", ".3f") for r in (tw, cu)]
+        cells += [fmt(r, "l2_frac_copy", ".3f") for r in (tw, cu)]
         rows.append([shape_label(c, h, w, k), dtype, str(n), pass_, *cells])
     return headers, rows
 
