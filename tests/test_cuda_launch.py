@@ -111,6 +111,32 @@ def test_dependent_launches_go_through_launch_kernel_ex():
     assert _LaunchConfig.num_attrs.offset == 48
 
 
+def test_a_refused_dependent_launch_is_made_plainly_from_then_on(monkeypatch):
+    """A driver that refuses the attribute (CUDA_ERROR_NOT_SUPPORTED) gets the same launch
+    through cuLaunchKernel, and every later one too; a refusal whose cause is elsewhere (the
+    plain launch fails as well) still raises."""
+
+    class Refusing(FakeDriverEx):
+        def cuLaunchKernelEx(self, config, func, params, extra):  # noqa: N802
+            self.refused = getattr(self, "refused", 0) + 1
+            return 801
+
+    drv = Refusing("pi")
+    launch = Launcher(Kernel(), "pi", lib=drv, dependent=True)
+    a = torch.zeros(2)
+    launch((2, 1, 1), (64, 1, 1), [a, 4], 0, 0x7)
+    launch((3, 1, 1), (64, 1, 1), [a, 5], 0, 0x7)
+    assert drv.refused == 1 and not launch.dependent
+    assert [c["values"] for c in drv.calls] == [[a.data_ptr(), 4], [a.data_ptr(), 5]]
+    assert drv.calls[0]["grid"] == (2, 1, 1) and drv.calls[0]["stream"] == 0x7
+    failing = Refusing("pi", result=700)  # the plain launch fails too: that error is raised
+    seen = []
+    monkeypatch.setattr(torch.cuda._utils, "_check_cuda", lambda r: seen.append(r) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Launcher(Kernel(), "pi", lib=failing, dependent=True)((1, 1, 1), (32, 1, 1), [a, 1], 0, 0)
+    assert seen == [700]
+
+
 def test_a_driver_without_launch_kernel_ex_launches_plainly(monkeypatch):
     """``lean_launcher(..., dependent=True)`` falls back to a plain launcher where the driver
     has no cuLaunchKernelEx."""

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 #: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` (cuda.h)
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6
+#: what ``cuLaunchKernelEx`` returns where the attribute is not supported: CUDA_ERROR_INVALID_VALUE
+#: and CUDA_ERROR_NOT_SUPPORTED; the plain launch that follows raises if the cause was elsewhere
+_REFUSED_ATTRIBUTE = (1, 801)
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -105,7 +108,14 @@ class Launcher:
                 cfg.shared_mem = shared_mem
                 cfg.stream = stream
                 result = self._launch_ex(ctypes.byref(cfg), self.func, self._params, None)
-            else:
+                if result in _REFUSED_ATTRIBUTE:  # this driver or GPU refuses the attribute:
+                    self.dependent = False  # plain launches from now on (a kernel that waits
+                    log.info(  # with nothing to wait for runs as before)
+                        "tilewise: programmatic dependent launch refused (CUDA error %d); "
+                        "launching plainly",
+                        result,
+                    )
+            if not self.dependent:
                 result = self.lib.cuLaunchKernel(
                     self.func,
                     grid[0],
