@@ -214,6 +214,12 @@ def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--impls", nargs="+", choices=["tilewise", "cudnn"])
     p.add_argument("--warmup", type=int, help="untimed calls per measurement")
     p.add_argument("--reps", type=int, help="timed calls per measurement")
+    p.add_argument(
+        "--tilewise-weight",
+        choices=["channels_last", "contiguous"],
+        help="the weight layout tilewise gets (default channels_last, as cuDNN and a "
+        "channels_last model; contiguous: sessions 1-20)",
+    )
     _common_study_args(p, "gconv")
     return p
 
@@ -238,6 +244,7 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
         "impls": args.impls,
         "warmup": args.warmup,
         "reps": args.reps,
+        "tilewise_weight": args.tilewise_weight,
     }
     config = _with_overrides(base, overrides)
     if not config.problems():

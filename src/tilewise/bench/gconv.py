@@ -92,6 +92,9 @@ class GConvStudyConfig:
     reps: int = 50
     profile_iters: int = 20
     graph_replays: int = 20
+    #: the weight layout tilewise is given: "channels_last", as in a model moved to channels_last
+    #: and as cuDNN gets it (since session 21), or "contiguous" (sessions 1-20)
+    tilewise_weight: str = "channels_last"
 
     @classmethod
     def quick(cls, **overrides: Any) -> GConvStudyConfig:
@@ -144,6 +147,7 @@ class Record:
     l2_frac_copy: float | None = None
     kernels: tuple[KernelRow, ...] = ()
     configs: tuple[str, ...] = ()  # tilewise: the configs the autotuner answered with
+    weight_layout: str | None = None  # the layout of the weight this impl was given
     error: str | None = None
     check_note: str | None = None
 
@@ -274,6 +278,8 @@ def measure_problem(
     sets = [make_activations(problem, dev, gen) for _ in range(rot)]
     w_tw = make_weight(problem, dev, gen)
     w_cu = w_tw.contiguous(memory_format=torch.channels_last)
+    if config.tilewise_weight == "channels_last":
+        w_tw = w_cu
     with cudnn_benchmark(True):
         try:
             x0, dy0 = sets[0]
@@ -319,6 +325,7 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
         return replace(rec, error=f"correctness check failed: {note}").to_dict()
     fn = pass_fn(impl, pass_, problem, config.deterministic)
     w = w_tw if impl == "tilewise" else w_cu
+    rec = replace(rec, weight_layout="contiguous" if w.is_contiguous() else "channels_last")
     args = [(x, w, dy) for x, dy in sets]
     try:
         with autotune.recording() as picks:  # which config runs (chosen on this first call)

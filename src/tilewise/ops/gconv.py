@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops import gconv_cuda, gconv_wgrad
+from tilewise.ops import gconv_cuda, gconv_library, gconv_wgrad
 from tilewise.ops._common import cdiv, l2_bytes, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
@@ -449,13 +449,15 @@ def _run_conv(
     dgrad: bool = False,
 ) -> torch.Tensor:
     """Choose a config (autotuned on CUDA: the Triton configs and, in half precision, the NVRTC
-    kernel's tiles) and run it into ``out``."""
+    kernel's tiles and cuDNN) and run it; returns ``out``, or cuDNN's own output where cuDNN
+    was chosen (``out``'s strides either way)."""
     sms = num_sms(x.device)
     cold, warm_too = timing_mode(problem, pass_, l2_bytes(x.device))
+    library = gconv_library.offered(x)
     cfg = autotune.choose_config(
-        f"{op}.{pass_}@{gconv_cuda.SOURCE_DIGEST}",
+        f"{op}.{pass_}{gconv_library.cache_tag(weight, library)}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
-        _candidates(problem, pass_, sms, _cuda_level(x, out)),
+        _candidates(problem, pass_, sms, _cuda_level(x, out), library),
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
@@ -463,8 +465,7 @@ def _run_conv(
         warm_too=warm_too,
         screen=True,  # 28 candidates for a 3x3 fprop: a brief reading first (session 19)
     )
-    _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
-    return out
+    return _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
 
 
 def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
@@ -475,18 +476,31 @@ def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidates(problem: GConvProblem, pass_: str, sms: int, cuda_level: int) -> tuple:
+def _candidates(
+    problem: GConvProblem, pass_: str, sms: int, cuda_level: int, library: bool = False
+) -> tuple:
     base = candidate_tuple(problem, pass_, sms)
-    if not cuda_level:
-        return base
-    return gconv_cuda.candidates(problem.c, problem.r, problem.s, cuda_level >= 2) + base
+    if cuda_level:
+        base = gconv_cuda.candidates(problem.c, problem.r, problem.s, cuda_level >= 2) + base
+    return base + (gconv_library.CUDNN,) if library else base
 
 
-def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> None:
+def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> torch.Tensor:
+    """Run ``cfg`` (for dgrad: ``x`` is dy, the padding ``R - 1 - pad``); returns ``out``."""
+    if isinstance(cfg, gconv_library.LibraryConv):
+        r, s = weight.shape[2], weight.shape[3]
+        if dgrad:
+            res = gconv_library.dgrad(x, weight, out, r - 1 - pad_h, s - 1 - pad_w)
+        else:
+            res = gconv_library.fprop(x, weight, bias, pad_h, pad_w)
+        if res.stride() == out.stride():
+            return res
+        return out.copy_(res)
     if isinstance(cfg, gconv_cuda.CudaTile):
         gconv_cuda.fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
     else:
         launch_fprop(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
+    return out
 
 
 def forward(
@@ -554,7 +568,9 @@ def backward(
         dx = alloc.empty(
             *x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
-        _run_conv(OP, "dgrad", problem, grad, weight, None, dx, r - 1 - pad_h, s - 1 - pad_w, True)
+        dx = _run_conv(
+            OP, "dgrad", problem, grad, weight, None, dx, r - 1 - pad_h, s - 1 - pad_w, True
+        )
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32
         dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic, db_dtype)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops import gconv_cuda
+from tilewise.ops import gconv_cuda, gconv_library
 from tilewise.ops._common import atomic_row_sum, cdiv, l2_bytes, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
@@ -268,14 +268,15 @@ def wgrad(
 
 
 @functools.lru_cache(maxsize=4096)
-def _candidates(problem: GConvProblem, sms: int, with_cuda: bool, tma: bool = False) -> tuple:
+def _candidates(
+    problem: GConvProblem, sms: int, with_cuda: bool, tma: bool = False, library: bool = False
+) -> tuple:
     base = wgrad_candidates(problem, sms)
-    if not with_cuda:
-        return base
-    ho = problem.h + 2 * problem.pad_h - problem.r + 1
-    wo = problem.w + 2 * problem.pad_w - problem.s + 1
-    small = problem.n * ho * wo <= gconv_cuda.CLUSTER_MAX_PIXELS
-    return gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small, tma) + base
+    if with_cuda:
+        small = problem.n * problem.p * problem.q <= gconv_cuda.CLUSTER_MAX_PIXELS
+        tiles = gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small, tma)
+        base = tiles + base
+    return base + (gconv_library.CUDNN,) if library else base
 
 
 def _launch(
@@ -285,6 +286,10 @@ def _launch(
     kernel (the deterministic mode's sum and cast) is part of what the autotuner times. The NVRTC
     kernel finishes in its one launch (dbias in ``db_dtype``, fp32 or x's dtype as ``validate``
     allows)."""
+    if isinstance(cfg, gconv_library.LibraryConv):
+        return gconv_library.wgrad(
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, db_dtype
+        )
     if isinstance(cfg, gconv_cuda.CudaTile):
         return gconv_cuda.wgrad(
             grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype

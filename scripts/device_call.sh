@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device-tool call: the environment every session-21 call shares, then the steps named as
+# arguments (functions below). Everything is written to a scratch folder and packed into
+# $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
+# .tw-cache (carried both ways).
+#   usage: bash scripts/device_call.sh STEP [STEP ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src TILEWISE_CACHE_DIR=$PWD/.tw-cache PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=$PWD/.triton-cache
+[ -f .triton-cache.tgz ] && tar xzf .triton-cache.tgz
+R=$(mktemp -d)
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+pack() {
+  cp .tw-cache/autotune.json "$R/" 2>/dev/null
+  tar czf "$OUT/bundle.tgz" -C "$R" .
+}
+t() {
+  local s
+  s=$(date +%s)
+  "$@"
+  echo "rc $? $(($(date +%s) - s)) s: ${*: -4}"
+}
+TW=(python -m tilewise.cli)
+study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its table printed
+  local name=$1 limit=$2
+  shift 2
+  t timeout "$limit" "${TW[@]}" bench gconv --impls tilewise cudnn --no-progress --plot \
+    --study "$name" --out "$R" "$@" >"$R/$name.log" 2>&1
+  pack
+  grep -E "^C=|^shape" "$R/$name.log" | cut -c1-230
+}
+gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...
+  local limit=$1
+  shift
+  t timeout "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$@" \
+    >>"$R/tests.log" 2>&1
+  grep -E "passed|failed|error" "$R/tests.log" | tail -n 2
+  grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
+  pack
+}
+
+nvidia-smi -L
+python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"
+for step in "$@"; do
+  echo "=== $step"
+  case "$step" in
+    tests-a)
+      gpu_tests 200 tests/test_gconv_library.py tests/test_cuda_launch.py \
+        tests/test_gconv_cuda.py -k "library or dependent or lean" ;;
+    k57-small) study gconv-s21-k57-small 260 --channels 64 --kernels 5 7 --extra-kernels --n 1 8 ;;
+    small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
+    small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
+    big) study gconv-s21-big 420 --n 128 256 --extra-kernels ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+pack

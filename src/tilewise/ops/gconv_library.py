@@ -1,0 +1,150 @@
+"""PyTorch's own convolution (cuDNN on CUDA) as one more autotune candidate of the grouped conv.
+
+The issue's floor is "never slower than cuDNN at any size". tilewise's kernels lose at a few
+shapes where the work is too small to hide a kernel's ramp (session 20, CUDA-graph replay: 7x7
+fprop/dgrad at batch 1, 0.81-0.83x; 5x5 wgrad at batch 8, 0.86-0.87x). Offering cuDNN to the
+autotuner beside the Triton configs and NVRTC tiles makes the per-shape choice the faster of the
+two, the way torch.compile's max-autotune offers ATen's kernels beside its own.
+
+Offered in half precision only (fp32 cuDNN would run TF32 where tilewise computes true fp32), on
+CUDA only, and not for the deterministic wgrad (cuDNN's weight-gradient algorithms need not be).
+``TILEWISE_GCONV_LIBRARY=0`` takes it out of the choice (its picks are keyed apart, see
+``cache_tag``).
+
+The weight layout matters to cuDNN: with a channels_last weight (a model moved to channels_last)
+it runs as it is; with a contiguous one PyTorch copies it to channels_last first, one more small
+kernel per call. The autotune key carries the layout (``cache_tag``), so a pick made for one
+layout is not reused for the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tilewise.ops.gconv_config import GROUP_WIDTH
+
+ENV = "TILEWISE_GCONV_LIBRARY"
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class LibraryConv:
+    """Run the pass through ``torch.ops.aten`` (cuDNN on CUDA) instead of a tilewise kernel."""
+
+    library: str = "cudnn"
+
+    @property
+    def name(self) -> str:
+        return self.library
+
+
+CUDNN = LibraryConv()
+
+
+def enabled() -> bool:
+    """Whether cuDNN may be offered (``TILEWISE_GCONV_LIBRARY=0`` says no)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def offered(x: torch.Tensor, deterministic: bool = False) -> bool:
+    """cuDNN is a candidate for half-precision CUDA tensors, unless determinism is asked for."""
+    return (
+        enabled()
+        and not deterministic
+        and x.is_cuda
+        and x.dtype in _HALF
+        and torch.backends.cudnn.is_available()
+        and torch.backends.cudnn.enabled
+    )
+
+
+def cache_tag(weight: torch.Tensor | None, with_library: bool) -> str:
+    """A suffix for the autotune key: '' without cuDNN in the choice (the keys of earlier
+    sessions), else '+cudnn' and the weight's layout (cuDNN's time depends on it)."""
+    if not with_library:
+        return ""
+    if weight is None:
+        return "+cudnn"
+    cl = weight.is_contiguous(memory_format=torch.channels_last)
+    return "+cudnn.wcl" if cl and not weight.is_contiguous() else "+cudnn"
+
+
+def _no_autocast(device: torch.device):
+    """The inputs already have the dtype the pass runs in; an enclosing autocast of another
+    dtype must not recast them (checked first: entering the context costs host time)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def fprop(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
+) -> torch.Tensor:
+    """``conv2d(x, weight, bias, padding, groups=C/8)``, channels_last."""
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    groups = x.shape[1] // GROUP_WIDTH
+    with _no_autocast(x.device):
+        out = torch.ops.aten.convolution.default(
+            x, weight, bias, [1, 1], [pad_h, pad_w], [1, 1], False, [0, 0], groups
+        )
+    return _nhwc(out)
+
+
+def dgrad(
+    grad: torch.Tensor, weight: torch.Tensor, like: torch.Tensor, pad_h: int, pad_w: int
+) -> torch.Tensor:
+    """The input gradient of ``fprop`` with the forward's padding; ``like`` is a tensor of the
+    input's shape and layout (only its metadata is read)."""
+    groups = like.shape[1] // GROUP_WIDTH
+    mask = [True, False, False]
+    with _no_autocast(grad.device):
+        dx = torch.ops.aten.convolution_backward.default(
+            grad, like, weight, None, [1, 1], [pad_h, pad_w], [1, 1], False, [0, 0], groups, mask
+        )[0]
+    return _nhwc(dx)
+
+
+def wgrad(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    r: int,
+    s: int,
+    pad_h: int,
+    pad_w: int,
+    need_db: bool,
+    db_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight gradient [C, 8, R, S] contiguous in x's dtype, bias gradient or None).
+
+    cuDNN's bias gradient comes in x's dtype; where an fp32 one is wanted it is summed in fp32
+    apart, so the precision is never below tilewise's own."""
+    c = x.shape[1]
+    weight = x.new_empty((c, GROUP_WIDTH, r, s))  # only its shape is read
+    fused_db = need_db and db_dtype == x.dtype
+    mask = [False, True, fused_db]
+    with _no_autocast(x.device):
+        _, dw, db = torch.ops.aten.convolution_backward.default(
+            grad,
+            x,
+            weight,
+            [c] if fused_db else None,
+            [1, 1],
+            [pad_h, pad_w],
+            [1, 1],
+            False,
+            [0, 0],
+            c // GROUP_WIDTH,
+            mask,
+        )
+    if need_db and not fused_db:
+        db = grad.sum((0, 2, 3), dtype=torch.float32)
+    return dw.contiguous(), db if need_db else None
