@@ -47,9 +47,9 @@ for step in "$@"; do
   echo "=== $step"
   case "$step" in
     tests-a)
-      gpu_tests 200 tests/test_gconv_library.py tests/test_cuda_launch.py \
+      gpu_tests 120 tests/test_gconv_library.py tests/test_cuda_launch.py \
         tests/test_gconv_cuda.py -k "library or dependent or lean" ;;
-    k57-small) study gconv-s21-k57-small 260 --channels 64 --kernels 5 7 --extra-kernels --n 1 8 ;;
+    k57-small) study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 --extra-kernels --n 1 8 ;;
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
     big) study gconv-s21-big 420 --n 128 256 --extra-kernels ;;
