@@ -27,7 +27,7 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
 def test_source_template_formats_for_every_kernel_size():
     for r in range(1, 8):
         for s in range(1, 8):
-            for tile in gconv_cuda.TILES + gconv_cuda.TMA_TILES:
+            for tile in gconv_cuda.TILES + gconv_cuda.TMA_TILES + gconv_cuda.WIDE_KERNEL_TILES:
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
                 assert f"#define TMA {int(tile.tma)}" in src
@@ -167,7 +167,8 @@ def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
     """Every candidate (the TMA ones where this GPU has TMA and ``tma``) and the extra tiles."""
     extra = (gconv_cuda._fitted(t, c) for t in EXTRA_TILES)
     tma = tma and gconv_cuda._tma.supported(torch.cuda.current_device())
-    return list(gconv_cuda.candidates(c, r, s, tma)) + [
+    # the experimental wide-kernel row-pair tiles too (TILEWISE_EXPERIMENTAL_FPROP)
+    return list(gconv_cuda.candidates(c, r, s, tma, experimental=True)) + [
         t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
@@ -331,6 +332,48 @@ def _check_tma_pipeline(c: int, dtype: torch.dtype) -> None:
                     continue
                 same = torch.equal(outs[0].nan_to_num(), outs[1].nan_to_num())
                 assert same, (tile.name, dgrad, inp is x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("r,s,ph,pw", [(7, 7, 3, 3), (6, 6, 2, 3), (5, 7, 1, 3)])
+def test_wide_kernel_row_pair_tiles_over_many_tiles(r, s, ph, pw, dtype, rng_seed):
+    """The experimental row-pair tiles for kernels past ``ROWPAIR_MAX_FRAGMENTS`` (never run
+    on a GPU before they were written): each CTA walks several tiles of an odd image, fprop
+    with bias and dgrad, against fp64 by the three-way rule; a NaN/Inf input gives PyTorch's
+    NaN pattern."""
+    c = 64
+    x = _cl(torch.randn(24, c, 33, 35, device="cuda"))
+    wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
+    b = torch.randn(c, device="cuda")
+    g, pad = c // 8, (ph, pw)
+    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=pad, groups=g)
+    same = F.conv2d(x.to(dtype), wt.to(dtype), b.to(dtype), padding=pad, groups=g)
+    dy = _cl(torch.randn(ref.shape, device="cuda"))
+    kw = {"padding": pad, "groups": g}
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), **kw)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), **kw)
+    bad = x.to(dtype).clone()
+    bad[3, 5, 7, 9], bad[20, 60, 32, 34] = float("nan"), float("inf")
+    bad_ref = F.conv2d(bad, wt.to(dtype), None, padding=pad, groups=g)
+    tma = gconv_cuda._tma.supported(torch.cuda.current_device())
+    tiles = [t for t in gconv_cuda.candidates(c, r, s, tma, experimental=True) if t.rowpair]
+    tiles += [gconv_cuda.non_tma_twin(t, c, r, s) for t in tiles if t.tma]
+    assert tiles
+    for tile in dict.fromkeys(tiles):
+        tag = f"k{r}x{s} pad{pad} {tile.name} {dtype}"
+        out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, ph, pw, tile)
+        assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed, ulps=1)
+        dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(
+            _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
+        )
+        assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
+        out = _cl(torch.full(same.shape, 0.0, device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(bad), wt.to(dtype), None, out, ph, pw, tile)
+        assert torch.equal(out.isnan(), bad_ref.isnan()), tag
+        assert torch.equal(out.isinf(), bad_ref.isinf()), tag
 
 
 @pytest.mark.gpu

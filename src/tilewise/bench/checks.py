@@ -34,6 +34,8 @@ GCONV_ODD_SHAPES: tuple[tuple[int, int, int, int, int, int, int, int, bool], ...
     (1, 64, 1, 1, 3, 3, 1, 1, True),
     (4, 64, 20, 19, 3, 5, 1, 2, True),
     (2, 24, 11, 3, 2, 4, 2, 1, True),
+    (2, 32, 19, 21, 7, 7, 3, 2, True),
+    (1, 16, 11, 13, 6, 7, 2, 3, False),
 )
 
 

@@ -454,10 +454,13 @@ def _run_conv(
     sms = num_sms(x.device)
     cold, warm_too = timing_mode(problem, pass_, l2_bytes(x.device))
     library = gconv_library.offered(x)
+    level = _cuda_level(x, out)
+    experimental = bool(level) and gconv_cuda.experimental_fprop()
+    tag = gconv_library.cache_tag(weight, library) + ("+xfprop" if experimental else "")
     cfg = autotune.choose_config(
-        f"{op}.{pass_}{gconv_library.cache_tag(weight, library)}@{gconv_cuda.SOURCE_DIGEST}",
+        f"{op}.{pass_}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
-        _candidates(problem, pass_, sms, _cuda_level(x, out), library),
+        _candidates(problem, pass_, sms, level, library, experimental),
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
@@ -477,11 +480,17 @@ def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _candidates(
-    problem: GConvProblem, pass_: str, sms: int, cuda_level: int, library: bool = False
+    problem: GConvProblem,
+    pass_: str,
+    sms: int,
+    cuda_level: int,
+    library: bool = False,
+    experimental: bool = False,
 ) -> tuple:
     base = candidate_tuple(problem, pass_, sms)
     if cuda_level:
-        base = gconv_cuda.candidates(problem.c, problem.r, problem.s, cuda_level >= 2) + base
+        c, r, s = problem.c, problem.r, problem.s
+        base = gconv_cuda.candidates(c, r, s, cuda_level >= 2, experimental) + base
     return base + (gconv_library.CUDNN,) if library else base
 
 

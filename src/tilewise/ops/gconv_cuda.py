@@ -110,8 +110,35 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
 
 
-#: the row-pair kernel keeps S x ceil((R + 1) / 2) weight fragments (4 registers each) per thread
+#: the row-pair kernel keeps S x ceil((R + 1) / 2) weight fragments (4 registers each) per thread;
+#: every tile takes up to this many (3x3: 6, 5x5: 15), more only where its registers allow
+#: (``rowpair_registers_fit``), and those only as experimental candidates (``WIDE_KERNEL_TILES``)
 ROWPAIR_MAX_FRAGMENTS = 15
+#: ``TILEWISE_EXPERIMENTAL_FPROP=1`` offers the row-pair kernel for kernels of more than
+#: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...): compiled without spills
+#: offline, not yet run on a GPU (session 21 had no device time)
+ENV_EXPERIMENTAL_FPROP = "TILEWISE_EXPERIMENTAL_FPROP"
+
+
+def rowpair_fragments(r: int, s: int) -> int:
+    """Weight fragments a row-pair thread keeps for an R x S kernel (its A operands)."""
+    return s * ((r + 2) // 2)
+
+
+def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
+    """Whether a row-pair tile's weights (4 registers a fragment), accumulators (2 x TH) and
+    its addresses and loop state (~40 registers with TMA, ~80 with the per-chunk loads) fit the
+    per-thread cap its CTAs per SM leave (65536 / (32 x warps x min_ctas), at most 255). ptxas
+    (nvcc 13.0, sm_90, unbounded): 7x7 8x16 160-164 registers with TMA, 190-196 without (at 3
+    CTAs per SM, 170 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
+    cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
+    fixed = 40 if tile.tma else 80
+    return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
+
+
+def experimental_fprop() -> bool:
+    """Whether ``TILEWISE_EXPERIMENTAL_FPROP=1`` asks for the ``WIDE_KERNEL_TILES``."""
+    return os.environ.get(ENV_EXPERIMENTAL_FPROP) == "1"
 
 
 def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
@@ -133,7 +160,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         and tile.tw % 8 == 0
         and tile.warps % groups == 0
         and (tile.tw // 8) % (tile.warps // groups) == 0
-        and s * ((r + 2) // 2) <= ROWPAIR_MAX_FRAGMENTS
+        and (rowpair_fragments(r, s) <= ROWPAIR_MAX_FRAGMENTS or rowpair_registers_fit(r, s, tile))
     )
 
 
@@ -184,6 +211,24 @@ TMA_TILES = (
 )
 
 
+#: Row-pair tiles for kernels whose weights exceed ``ROWPAIR_MAX_FRAGMENTS`` (7x7: 28 fragments,
+#: 112 registers), which every other tile leaves to the tap kernel (session 20: 7x7 fprop/dgrad
+#: at 0.19-0.21 of copy at N = 128-256, and 0.81-0.83x cuDNN at N = 1). Fewer CTAs per SM give
+#: each thread the registers (``rowpair_registers_fit``; ptxas, offline: 168 registers at 3 CTAs
+#: of 4 warps for 8x16, 174 at 2 for 16x16, no spills). The row-pair kernel's MMAs at 7x7 do 448
+#: FMAs per output against 392 useful (the pair rows past the kernel are zeros), so it is
+#: compute-bound near 0.5 of copy at best on mma.sync; the tap kernel re-reads its shared-memory
+#: operands per tap. Experimental (``TILEWISE_EXPERIMENTAL_FPROP=1``) until a GPU run checks and
+#: times them; the 64-channel TMA tile of ``TMA_TILES`` (one CTA of 8 warps per SM) fits too and
+#: joins them there. The last one is the non-TMA tile for GPUs without TMA.
+WIDE_KERNEL_TILES = (
+    CudaTile(8, 16, 32, 4, 3, 2, rowpair=True, tma=2),
+    CudaTile(16, 16, 32, 4, 2, 2, rowpair=True, tma=2),
+    CudaTile(8, 8, 32, 4, 3, 2, rowpair=True, tma=2),
+    CudaTile(8, 16, 32, 4, 2, 2, rowpair=True),
+)
+
+
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
     keep one warp per group, row-pair tiles their warps per group."""
@@ -201,10 +246,14 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
 def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile:
     """``tile`` without TMA, its rows halved until its per-chunk staging (16 bytes more per
     pixel than the dense TMA stages) fits shared memory: what runs where no lean launcher can
-    pass a tensor map. ``legal``: the legality check (``tile_ok``; the wgrad's
-    ``wgrad_tile_ok``)."""
+    pass a tensor map. A row-pair tile of a wide kernel first takes fewer CTAs per SM where
+    the per-chunk loads' addresses leave its weights too few registers. ``legal``: the legality
+    check (``tile_ok``; the wgrad's ``wgrad_tile_ok``)."""
     legal = legal or tile_ok
     twin = dataclasses.replace(tile, tma=0)
+    wide = tile.rowpair and rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
+    while wide and twin.min_ctas > 1 and not rowpair_registers_fit(r, s, twin):
+        twin = dataclasses.replace(twin, min_ctas=twin.min_ctas - 1)
     while not legal(c, r, s, twin) and twin.th > 2:
         twin = dataclasses.replace(twin, th=twin.th // 2)
     if not legal(c, r, s, twin):
@@ -212,12 +261,30 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
     return twin
 
 
-@functools.lru_cache(maxsize=1024)
-def candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...]:
+def candidates(
+    c: int, r: int, s: int, tma: bool = False, experimental: bool | None = None
+) -> tuple[CudaTile, ...]:
     """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
-    kernel (empty if none fits)."""
-    tiles = [t for t in TILES + (TMA_TILES if tma else ()) if _offered(t, c)]
-    return tuple(dict.fromkeys(t for t in (_fitted(t, c) for t in tiles) if tile_ok(c, r, s, t)))
+    kernel (empty if none fits); row-pair tiles for kernels of more than
+    ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only when
+    ``experimental`` (None: ``TILEWISE_EXPERIMENTAL_FPROP=1``)."""
+    if experimental is None:
+        experimental = experimental_fprop()
+    return _candidates(c, r, s, tma, experimental)
+
+
+@functools.lru_cache(maxsize=1024)
+def _candidates(c: int, r: int, s: int, tma: bool, experimental: bool) -> tuple[CudaTile, ...]:
+    pool = TILES + (TMA_TILES if tma else ())
+    wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
+    if wide and experimental:
+        pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
+    fitted = (_fitted(t, c) for t in pool if _offered(t, c))
+    return tuple(
+        dict.fromkeys(
+            t for t in fitted if tile_ok(c, r, s, t) and (experimental or not (wide and t.rowpair))
+        )
+    )
 
 
 def _offered(tile: CudaTile, c: int) -> bool:
@@ -540,6 +607,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 CLUSTER_WGRAD_TILES,
                 ROW_WGRAD_TILES,
                 EXPERIMENTAL_WGRAD_TILES,
+                WIDE_KERNEL_TILES,
             )
         )
     ).encode()

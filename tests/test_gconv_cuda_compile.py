@@ -1,0 +1,94 @@
+"""The NVRTC kernels' sources compiled offline with nvcc (where installed, no GPU needed): the
+row-pair tiles for kernels of more than ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7 and
+kin, ``WIDE_KERNEL_TILES``) must compile without spills within the registers their CTAs per SM
+leave, as ``rowpair_registers_fit`` predicts; and the candidate lists offer them only when asked."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tilewise.ops import gconv_cuda
+from tilewise.ops.gconv_cuda import CudaTile
+
+NVCC = shutil.which("nvcc")
+#: R x S kernels whose row-pair weights exceed ROWPAIR_MAX_FRAGMENTS (fragments: 28, 24, 21, 20)
+WIDE_KERNELS = ((7, 7), (6, 6), (5, 7), (7, 5))
+
+
+def _ptxas(src: str, tmp_path, arch: str = "sm_90") -> tuple[int, int]:
+    """(registers, spill bytes) of the kernel in ``src`` by ``nvcc -cubin -Xptxas -v``."""
+    path = tmp_path / "k.cu"
+    path.write_text(src)
+    cmd = [NVCC, f"-arch={arch}", "-cubin", "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v"]
+    res = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = res.stdout + res.stderr
+    regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
+    spills = [
+        int(a) + int(b)
+        for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    ]
+    assert regs, log[-2000:]
+    return max(regs), sum(spills)
+
+
+def test_wide_kernel_tiles_only_when_asked():
+    for r, s in WIDE_KERNELS:
+        assert gconv_cuda.rowpair_fragments(r, s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
+        plain = gconv_cuda.candidates(64, r, s, tma=True, experimental=False)
+        assert plain and not any(t.rowpair for t in plain), (r, s)  # the tap kernel, as before
+        wide = gconv_cuda.candidates(64, r, s, tma=True, experimental=True)
+        rowpair = [t for t in wide if t.rowpair]
+        assert rowpair and set(plain) < set(wide), (r, s)
+        assert all(gconv_cuda.rowpair_registers_fit(r, s, t) for t in rowpair)
+        no_tma = gconv_cuda.candidates(64, r, s, tma=False, experimental=True)
+        assert any(t.rowpair for t in no_tma) and not any(t.tma for t in no_tma)
+    # kernels within the verified budget keep exactly their candidates
+    for r, s in ((3, 3), (5, 5), (1, 7)):
+        for tma in (False, True):
+            assert gconv_cuda.candidates(64, r, s, tma, True) == gconv_cuda.candidates(
+                64, r, s, tma, False
+            )
+
+
+def test_wide_kernel_tiles_follow_the_environment(monkeypatch):
+    monkeypatch.delenv(gconv_cuda.ENV_EXPERIMENTAL_FPROP, raising=False)
+    assert not any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))
+    monkeypatch.setenv(gconv_cuda.ENV_EXPERIMENTAL_FPROP, "1")
+    assert any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))
+
+
+def test_register_rule_keeps_the_verified_tiles():
+    """Every shipped tile is still legal where it was, and none of them takes 7x7 at 4+ CTAs."""
+    for tile in gconv_cuda.TILES + gconv_cuda.TMA_TILES:
+        for r, s in ((3, 3), (5, 5), (3, 5)):
+            assert gconv_cuda.tile_ok(64 if tile.cb <= 64 else 128, r, s, tile), (tile, r, s)
+        if tile.rowpair and tile.min_ctas >= 3:
+            assert not gconv_cuda.tile_ok(64, 7, 7, tile), tile
+    fits = gconv_cuda.rowpair_registers_fit
+    assert fits(7, 7, CudaTile(8, 16, 32, 4, 3, 2, rowpair=True, tma=2))
+    assert not fits(7, 7, CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2))
+    assert not fits(7, 7, CudaTile(8, 16, 32, 4, 3, 2, rowpair=True))  # it spilled (ptxas)
+    assert fits(7, 7, CudaTile(8, 16, 32, 4, 2, 2, rowpair=True))
+    twin = gconv_cuda.non_tma_twin(CudaTile(8, 16, 32, 4, 3, 2, rowpair=True, tma=2), 64, 7, 7)
+    assert (twin.th, twin.min_ctas, twin.tma) == (8, 2, 0)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("r,s", WIDE_KERNELS)
+def test_wide_kernel_tiles_compile_without_spills(r, s, tmp_path):
+    """Each experimental row-pair tile in fp16 and bf16, fprop with bias and dgrad without:
+    no spills, and registers within the cap of its CTAs per SM."""
+    tiles = [t for t in gconv_cuda.candidates(64, r, s, True, True) if t.rowpair]
+    tiles += [gconv_cuda.non_tma_twin(t, 64, r, s) for t in tiles if t.tma]
+    for tile in dict.fromkeys(tiles):
+        cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
+        for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
+            src, _ = gconv_cuda.source(r, s, tile, bf16, bias, dgrad, "tw_gconv_fprop")
+            regs, spills = _ptxas(src, tmp_path)
+            assert spills == 0, (r, s, tile.name, bf16, regs)
+            assert regs <= cap, (r, s, tile.name, regs, cap)
