@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device-tool call: the environment every session-21 call shares, then the steps named as
+# One device-tool call: the environment the grouped-conv calls share (written in session 21,
+# which had no device time: not yet run), then the steps named as
 # arguments (functions below). Everything is written to a scratch folder and packed into
 # $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
 # .tw-cache (carried both ways).
@@ -46,10 +47,15 @@ python -c "import torch, triton; print(torch.__version__, triton.__version__, to
 for step in "$@"; do
   echo "=== $step"
   case "$step" in
-    tests-a)
-      gpu_tests 120 tests/test_gconv_library.py tests/test_cuda_launch.py \
-        tests/test_gconv_cuda.py -k "library or dependent or lean" ;;
-    k57-small) study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 --extra-kernels --n 1 8 ;;
+    tests-new)  # session 21's unrun code: cuDNN as a candidate, the wide-kernel row-pair tiles
+      gpu_tests 300 tests/test_gconv_library.py tests/test_gconv_cuda.py \
+        -k "library or wide_kernel or every_tile_fprop or dependent or lean" ;;
+    k57-small)  # 5x5/7x7 at N = 1, 8 (where cuDNN was faster), the wide tiles offered
+      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 \
+        --extra-kernels --n 1 8 ;;
+    k57-big)
+      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
+        --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
     big) study gconv-s21-big 420 --n 128 256 --extra-kernels ;;
