@@ -100,7 +100,7 @@ def test_row_split_wgrad_tiles_legality_and_grid():
 def test_candidates_fit_the_channels_and_shared_memory():
     for c in (8, 16, 24, 64, 96, 256):
         for k in (1, 3, 7):
-            tiles = gconv_cuda.candidates(c, k, k)
+            tiles = gconv_cuda.candidates(c, k, k, experimental=False)
             assert tiles, (c, k)
             for t in tiles:
                 assert c % t.cb == 0 and gconv_cuda.smem_bytes(k, k, t) <= 227 * 1024
@@ -110,8 +110,8 @@ def test_candidates_fit_the_channels_and_shared_memory():
 
 
 def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
-    plain = gconv_cuda.candidates(64, 3, 3)
-    with_tma = gconv_cuda.candidates(64, 3, 3, tma=True)
+    plain = gconv_cuda.candidates(64, 3, 3, experimental=False)
+    with_tma = gconv_cuda.candidates(64, 3, 3, tma=True, experimental=False)
     assert not any(t.tma for t in plain)
     assert set(plain) < set(with_tma)
     for t in with_tma:
@@ -136,7 +136,7 @@ def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
     assert not gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True, tma=1))
     assert gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True))
     # 7x7 takes no row-pair tile, so no TMA tile either
-    assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True))
+    assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True, experimental=False))
 
 
 def test_cluster_wgrad_tiles_only_for_small_problems():
@@ -402,10 +402,13 @@ def test_every_tma_tile_has_a_legal_twin():
     block, fewer rows where the per-chunk staging needs more shared memory (the 32x32 tile)."""
     for c in (8, 64, 256):
         for r in range(1, 8):
-            for tile in gconv_cuda.candidates(c, r, r, tma=True):
-                twin = gconv_cuda.non_tma_twin(tile, c, r, r)
-                assert gconv_cuda.tile_ok(c, r, r, twin) and not twin.tma, (c, r, tile)
-                assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
+            for s in range(1, 8):  # every kernel, the experimental wide-kernel tiles too
+                for tile in gconv_cuda.candidates(c, r, s, tma=True, experimental=True):
+                    if not tile.tma:
+                        continue
+                    twin = gconv_cuda.non_tma_twin(tile, c, r, s)
+                    assert gconv_cuda.tile_ok(c, r, s, twin) and not twin.tma, (c, r, s, tile)
+                    assert (twin.tw, twin.cb, twin.warps) == (tile.tw, tile.cb, tile.warps)
     big = gconv_cuda.CudaTile(32, 32, 32, 16, 1, 2, rowpair=True, tma=2)
     assert gconv_cuda.non_tma_twin(big, 64, 3, 3).th == 16
 

@@ -78,17 +78,43 @@ def test_register_rule_keeps_the_verified_tiles():
     assert (twin.th, twin.min_ctas, twin.tma) == (8, 2, 0)
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("r,s", WIDE_KERNELS)
-def test_wide_kernel_tiles_compile_without_spills(r, s, tmp_path):
-    """Each experimental row-pair tile in fp16 and bf16, fprop with bias and dgrad without:
-    no spills, and registers within the cap of its CTAs per SM."""
-    tiles = [t for t in gconv_cuda.candidates(64, r, s, True, True) if t.rowpair]
-    tiles += [gconv_cuda.non_tma_twin(t, 64, r, s) for t in tiles if t.tma]
-    for tile in dict.fromkeys(tiles):
+#: every kernel of 1..7 x 1..7 past the fragment budget
+ALL_WIDE = [
+    (r, s)
+    for r in range(1, 8)
+    for s in range(1, 8)
+    if gconv_cuda.rowpair_fragments(r, s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
+]
+
+
+def _row_pair_tiles(c: int, r: int, s: int) -> list[CudaTile]:
+    tiles = [t for t in gconv_cuda.candidates(c, r, s, True, True) if t.rowpair]
+    return list(
+        dict.fromkeys(tiles + [gconv_cuda.non_tma_twin(t, c, r, s) for t in tiles if t.tma])
+    )
+
+
+def _check_compiles(c: int, r: int, s: int, variants, tmp_path) -> None:
+    for tile in _row_pair_tiles(c, r, s):
         cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
-        for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
+        for bf16, bias, dgrad in variants:
             src, _ = gconv_cuda.source(r, s, tile, bf16, bias, dgrad, "tw_gconv_fprop")
             regs, spills = _ptxas(src, tmp_path)
-            assert spills == 0, (r, s, tile.name, bf16, regs)
-            assert regs <= cap, (r, s, tile.name, regs, cap)
+            assert spills == 0, (c, r, s, tile.name, bf16, regs)
+            assert regs <= cap, (c, r, s, tile.name, regs, cap)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("r,s", ALL_WIDE)
+def test_wide_kernel_tiles_compile_without_spills(r, s, tmp_path):
+    """Each experimental row-pair tile at C=64 (and its non-TMA twin), fp16 fprop with bias
+    (7x7 also bf16 dgrad): no spills, registers within the cap of its CTAs per SM."""
+    variants = [(False, True, False)] + ([(True, False, True)] if (r, s) == (7, 7) else [])
+    _check_compiles(64, r, s, variants, tmp_path)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("c", [8, 16, 128])
+def test_fitted_wide_kernel_tiles_compile_without_spills(c, tmp_path):
+    """The same tiles fitted to other channel counts (fewer warps, other CTA budgets), 7x7."""
+    _check_compiles(c, 7, 7, [(False, True, False)], tmp_path)

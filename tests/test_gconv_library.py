@@ -105,7 +105,65 @@ def test_offered_only_for_half_cuda_without_determinism(monkeypatch):
     assert lib.enabled()
 
 
-def test_candidates_and_keys():
+def _pick_library(monkeypatch, seen: list):
+    """cuDNN offered as on a GPU, and an autotuner that records each candidate list and picks
+    cuDNN where offered (on the CPU nothing is timed: the heuristic default would run)."""
+    from tilewise.runtime import autotune
+
+    monkeypatch.setattr(lib, "offered", lambda x, deterministic=False: not deterministic)
+
+    def choose(op, problem, candidates, run_fn, **kw):
+        seen.append((op, tuple(candidates)))
+        return lib.CUDNN if lib.CUDNN in candidates else kw["default"]
+
+    monkeypatch.setattr(autotune, "choose_config", choose)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_every_pass_takes_the_library_when_chosen(deterministic, monkeypatch, rng_seed):
+    """Through ``gconv.forward`` / ``gconv.backward`` (the op's paths, the kernels on the
+    interpreter): fprop, dgrad and wgrad each offer cuDNN and run it where it is chosen, except
+    a deterministic backward's; results by the three-way rule, layouts as the op's fakes."""
+    seen: list = []
+    _pick_library(monkeypatch, seen)
+    n, c, h, w, r, s, ph, pw = 2, 16, 7, 6, 3, 5, 1, 2
+    x, wt, b = _inputs(n, c, h, w, r, s, torch.float32, "cpu", "channels_last")
+    y = ops.forward(x, wt, b, ph, pw)
+    g = c // 8
+    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=(ph, pw), groups=g)
+    assert_three_way(y, F.conv2d(x, wt, b, padding=(ph, pw), groups=g), ref, 1e-5, "y", rng_seed)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(y.shape).contiguous(memory_format=torch.channels_last)
+    dx, dw, db = ops.backward(dy, x, wt, b, ph, pw, (True, True, True), deterministic)
+    kw = {"padding": (ph, pw), "groups": g}
+    ref_dx = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), **kw)
+    same_dx = torch.nn.grad.conv2d_input(x.shape, wt, dy, **kw)
+    assert_three_way(dx, same_dx, ref_dx, 1e-5, "dx", rng_seed)
+    ref_dw = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), **kw)
+    same_dw = torch.nn.grad.conv2d_weight(x, wt.shape, dy, **kw)
+    assert_three_way(dw, same_dw, ref_dw, 1e-5, "dw", rng_seed)
+    torch.testing.assert_close(db, dy.sum((0, 2, 3)))
+    assert dw.is_contiguous() and dx.is_contiguous(memory_format=torch.channels_last)
+    offered = {op.split("@")[0]: lib.CUDNN in cands for op, cands in seen}
+    fprop = [k for k in offered if k.endswith(".fprop+cudnn.wcl")]
+    assert fprop and offered[fprop[0]], offered
+    dgrad = [k for k in offered if ".dgrad" in k]
+    wgrad = [k for k in offered if ".wgrad" in k]
+    assert len(dgrad) == len(wgrad) == 1, offered
+    assert offered[dgrad[0]] is (not deterministic) and offered[wgrad[0]] is (not deterministic)
+    assert ("+cudnn" in dgrad[0]) is (not deterministic)
+
+
+def test_no_library_for_an_fp32_bias_on_half_inputs(monkeypatch):
+    """cuDNN would add the bias rounded to half; tilewise's kernels add it in fp32."""
+    seen: list = []
+    _pick_library(monkeypatch, seen)
+    x, wt, _ = _inputs(1, 8, 5, 5, 3, 3, torch.float16, "cpu", "contiguous")
+    ops.forward(x, wt, torch.randn(8), 1, 1)
+    assert seen and not any(lib.CUDNN in cands for _, cands in seen)
+
+
+def test_candidates_and_keys(monkeypatch):
     prob = GConvProblem(4, 64, 16, 16, 7, 7, 3, 3)
     without = ops._candidates(prob, "fprop", 132, 0, False)
     with_lib = ops._candidates(prob, "fprop", 132, 0, True)
@@ -113,8 +171,11 @@ def test_candidates_and_keys():
     assert gconv_wgrad._candidates(prob, 132, False, False, True)[-1] == lib.CUDNN
     assert lib.CUDNN not in gconv_wgrad._candidates(prob, 132, False, False, False)
     w = torch.empty(64, 8, 7, 7)
-    assert lib.cache_tag(w, False) == ""  # earlier sessions' keys, unchanged
-    assert lib.cache_tag(w, True) == "+cudnn"
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    assert lib.cache_tag(w, False) == ""  # no cuDNN in the choice: no tag
+    assert lib.cache_tag(w, True) == lib.cache_tag(None, True) == "+cudnn"
     assert lib.cache_tag(w.contiguous(memory_format=torch.channels_last), True) == "+cudnn.wcl"
     assert lib.cache_tag(torch.empty(64, 8, 1, 1), True) == "+cudnn"  # both layouts at once
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert lib.cache_tag(w, True) == "+cudnn.bm"  # cuDNN's own timing picks its algorithm
     assert lib.CUDNN.name == "cudnn"

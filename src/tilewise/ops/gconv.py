@@ -447,15 +447,18 @@ def _run_conv(
     pad_h: int,
     pad_w: int,
     dgrad: bool = False,
+    deterministic: bool = False,
 ) -> torch.Tensor:
     """Choose a config (autotuned on CUDA: the Triton configs and, in half precision, the NVRTC
     kernel's tiles and cuDNN) and run it; returns ``out``, or cuDNN's own output where cuDNN
     was chosen (``out``'s strides either way)."""
     sms = num_sms(x.device)
     cold, warm_too = timing_mode(problem, pass_, l2_bytes(x.device))
-    library = gconv_library.offered(x)
+    # cuDNN: not where it would round an fp32 bias to half, nor for a deterministic dgrad
+    library = gconv_library.offered(x, deterministic) and (bias is None or bias.dtype == x.dtype)
     level = _cuda_level(x, out)
-    experimental = bool(level) and gconv_cuda.experimental_fprop()
+    wide = gconv_cuda.rowpair_fragments(problem.r, problem.s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
+    experimental = bool(level) and wide and gconv_cuda.experimental_fprop()
     tag = gconv_library.cache_tag(weight, library) + ("+xfprop" if experimental else "")
     cfg = autotune.choose_config(
         f"{op}.{pass_}{tag}@{gconv_cuda.SOURCE_DIGEST}",
@@ -495,7 +498,8 @@ def _candidates(
 
 
 def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> torch.Tensor:
-    """Run ``cfg`` (for dgrad: ``x`` is dy, the padding ``R - 1 - pad``); returns ``out``."""
+    """Run ``cfg`` (for dgrad: ``x`` is dy, the padding ``R - 1 - pad``); returns ``out``, or
+    cuDNN's own output where its strides are ``out``'s."""
     if isinstance(cfg, gconv_library.LibraryConv):
         r, s = weight.shape[2], weight.shape[3]
         if dgrad:
@@ -578,7 +582,17 @@ def backward(
             *x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
         dx = _run_conv(
-            OP, "dgrad", problem, grad, weight, None, dx, r - 1 - pad_h, s - 1 - pad_w, True
+            OP,
+            "dgrad",
+            problem,
+            grad,
+            weight,
+            None,
+            dx,
+            r - 1 - pad_h,
+            s - 1 - pad_w,
+            dgrad=True,
+            deterministic=deterministic,
         )
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32

@@ -132,7 +132,7 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     (nvcc 13.0, sm_90, unbounded): 7x7 8x16 160-164 registers with TMA, 190-196 without (at 3
     CTAs per SM, 170 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
     cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
-    fixed = 40 if tile.tma else 80
+    fixed = {2: 40, 1: 48}.get(tile.tma, 80)  # TMA loads only (tma=1): 128 where tma=2 took 114
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
@@ -282,9 +282,23 @@ def _candidates(c: int, r: int, s: int, tma: bool, experimental: bool) -> tuple[
     fitted = (_fitted(t, c) for t in pool if _offered(t, c))
     return tuple(
         dict.fromkeys(
-            t for t in fitted if tile_ok(c, r, s, t) and (experimental or not (wide and t.rowpair))
+            t
+            for t in fitted
+            if tile_ok(c, r, s, t)
+            and (experimental or not (wide and t.rowpair))
+            and (not (wide and t.tma) or _has_twin(t, c, r, s))
         )
     )
+
+
+def _has_twin(tile: CudaTile, c: int, r: int, s: int) -> bool:
+    """Whether a TMA tile has a legal non-TMA twin (what runs without the lean launcher): a
+    wide kernel's row-pair tile of one CTA per SM may fit registers only with TMA."""
+    try:
+        non_tma_twin(tile, c, r, s)
+    except ValueError:
+        return False
+    return True
 
 
 def _offered(tile: CudaTile, c: int) -> bool:

@@ -9,7 +9,9 @@ two, the way torch.compile's max-autotune offers ATen's kernels beside its own.
 Offered in half precision only (fp32 cuDNN would run TF32 where tilewise computes true fp32), on
 CUDA only, and not for the deterministic wgrad (cuDNN's weight-gradient algorithms need not be).
 ``TILEWISE_GCONV_LIBRARY=0`` takes it out of the choice (its picks are keyed apart, see
-``cache_tag``).
+``cache_tag``). Nor is it offered for a deterministic dgrad (cuDNN's input-gradient algorithms
+need not be deterministic either), or for a forward with an fp32 bias on half inputs (cuDNN
+would add the bias rounded to half; tilewise's kernels add it in fp32).
 
 The weight layout matters to cuDNN: with a channels_last weight (a model moved to channels_last)
 it runs as it is; with a contiguous one PyTorch copies it to channels_last first, one more small
@@ -63,14 +65,16 @@ def offered(x: torch.Tensor, deterministic: bool = False) -> bool:
 
 
 def cache_tag(weight: torch.Tensor | None, with_library: bool) -> str:
-    """A suffix for the autotune key: '' without cuDNN in the choice (the keys of earlier
-    sessions), else '+cudnn' and the weight's layout (cuDNN's time depends on it)."""
+    """A suffix for the autotune key: '' without cuDNN in the choice, else '+cudnn', '.bm' when
+    ``torch.backends.cudnn.benchmark`` is on (cuDNN then runs the algorithm it timed, else its
+    heuristic's) and '.wcl' for a channels_last weight (a contiguous one costs cuDNN a copy)."""
     if not with_library:
         return ""
-    if weight is None:
-        return "+cudnn"
-    cl = weight.is_contiguous(memory_format=torch.channels_last)
-    return "+cudnn.wcl" if cl and not weight.is_contiguous() else "+cudnn"
+    tag = "+cudnn" + (".bm" if torch.backends.cudnn.benchmark else "")
+    if weight is not None and weight.dim() == 4 and weight.shape[2:] != (1, 1):
+        if weight.is_contiguous(memory_format=torch.channels_last):
+            tag += ".wcl"
+    return tag
 
 
 def _no_autocast(device: torch.device):
@@ -90,7 +94,7 @@ def fprop(
 ) -> torch.Tensor:
     """``conv2d(x, weight, bias, padding, groups=C/8)``, channels_last."""
     if bias is not None and bias.dtype != x.dtype:
-        bias = bias.to(x.dtype)
+        bias = bias.to(x.dtype)  # not offered so (``gconv._run_conv``); kept for direct calls
     groups = x.shape[1] // GROUP_WIDTH
     with _no_autocast(x.device):
         out = torch.ops.aten.convolution.default(

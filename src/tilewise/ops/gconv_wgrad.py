@@ -248,13 +248,17 @@ def wgrad(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dweight [C, 8, R, S] contiguous in x's dtype, dbias or None: fp32, or ``db_dtype`` where a
     kernel writes it directly); config autotuned among the Triton configs and, in half precision
-    without determinism, the NVRTC kernel's tiles."""
+    without determinism, the NVRTC kernel's tiles and cuDNN (``gconv_library``)."""
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
-    candidates = _candidates(problem, sms, with_cuda, with_cuda and gconv_cuda.tma_usable(x))
+    library = gconv_library.offered(x, deterministic)
+    tma = with_cuda and gconv_cuda.tma_usable(x)
+    candidates = _candidates(problem, sms, with_cuda, tma, library)
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
+    mode = "det" if deterministic else "one-launch"
+    tag = gconv_library.cache_tag(None, library)
     cfg = autotune.choose_config(
-        f"{OP}.{'det' if deterministic else 'one-launch'}@{gconv_cuda.SOURCE_DIGEST}",
+        f"{OP}.{mode}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         candidates,
         lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
