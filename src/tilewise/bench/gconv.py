@@ -216,7 +216,8 @@ def pass_fn(
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """``fn(x, weight, dy)`` running one pass of ``problem`` with ``impl`` ("tilewise"/"cudnn").
 
-    cuDNN wants a channels_last weight, tilewise a contiguous one (see ``measure_problem``).
+    cuDNN wants a channels_last weight; tilewise reads any layout (``measure_problem`` gives it
+    the same channels_last weight unless the study says ``tilewise_weight="contiguous"``).
     """
     if pass_ not in PASSES:
         raise ValueError(f"argument 'pass_' must be one of {PASSES}, got {pass_!r}")
@@ -325,7 +326,8 @@ def _measure(problem, pass_, impl, check, sets, w_tw, w_cu, config, ceilings, ro
         return replace(rec, error=f"correctness check failed: {note}").to_dict()
     fn = pass_fn(impl, pass_, problem, config.deterministic)
     w = w_tw if impl == "tilewise" else w_cu
-    rec = replace(rec, weight_layout="contiguous" if w.is_contiguous() else "channels_last")
+    cl = w.is_contiguous(memory_format=torch.channels_last)  # a 1x1 weight is both
+    rec = replace(rec, weight_layout="channels_last" if cl else "contiguous")
     args = [(x, w, dy) for x, dy in sets]
     try:
         with autotune.recording() as picks:  # which config runs (chosen on this first call)
