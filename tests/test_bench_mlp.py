@@ -95,8 +95,19 @@ def test_plot_both_figures(tmp_path):
     assert all(r["best"] == "tilewise" and r["x_eager"] == pytest.approx(3.75) for r in rows)
     png = mlp.plot_mlp({"records": recs}, tmp_path / "m.png")
     assert png.exists() and (tmp_path / "m-vs-graph.png").exists()
+    assert not (tmp_path / "m-vs-compile.png").exists()  # no compile column timed
     headers, cells = mlp.summary_table(recs)
-    assert headers[-2:] == ["x eager", "x graph"] and cells[0][-2:] == ["3.75x", "1.25x"]
+    assert headers[-3:] == ["x eager", "x graph", "x compile"]
+    assert cells[0][-3:] == ["3.75x", "1.25x", "-"]
+    recs += [
+        rec("compile", 2e-4, b, h, d)
+        for d in ("fp32", "fp16")
+        for b in (2, 64)
+        for h in (256, 1024)
+    ]
+    assert all(r["x_compile"] == pytest.approx(2.5) for r in mlp.summarize(recs))
+    mlp.plot_mlp({"records": recs}, tmp_path / "c.png")
+    assert (tmp_path / "c-vs-compile.png").stat().st_size > 1000
     with pytest.raises(ValueError):
         mlp.plot_mlp({"records": [rec("eager", 1e-4, 2, 256)]}, tmp_path / "n.png")
 
@@ -112,6 +123,53 @@ def test_cli_options_and_alias():
         assert cfg.layers == (1, 8) and args.plot and args.study == "mlp"
     full = cli.mlp_config(cli.build_parser().parse_args(["mlp-bench", "--hiddens", "512"]))
     assert full.hiddens == (512,) and full.layers == (1, 2, 4, 8) and "compile" in full.impls
+
+
+def test_warm_compile_builds_each_cell_once_and_reports_failures(monkeypatch):
+    """The compile warm-up builds each cell's compiled model as the study does (in process here;
+    the study's own ``torch.compile`` options), and a cell that fails is reported, not raised."""
+    built = []
+
+    def fake_compile(model, mode=None, dynamic=None):
+        assert mode == "max-autotune" and dynamic is False
+
+        def run(x):
+            built.append((next(model.parameters()).dtype, len(model) // 2, *x.shape))
+            if x.shape[1] == 48:
+                raise RuntimeError("inductor said no")
+            return model(x)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = mlp.MLPConfig(dtypes=("fp32",), layers=(1, 2), batches=(4,), hiddens=(32, 48))
+    out = mlp.warm_compile(cfg, jobs=0, device="cpu")
+    assert [c for c, _ in out] == cfg.cells()
+    assert sorted(built) == sorted((torch.float32, n, 4, h) for n in (1, 2) for h in (32, 48))
+    for (_, _, _, hidden), res in out:
+        assert isinstance(res, str) == (hidden == 48), res
+    assert "inductor said no" in dict(out)[("fp32", 1, 4, 48)]
+    assert mlp.warm_compile(replace(cfg, impls=("eager",)), jobs=0, device="cpu") == []
+
+
+def test_warm_compile_in_worker_processes_fills_the_cache(tmp_path, monkeypatch):
+    """Real torch.compile (default mode, on the CPU) in two spawned workers; the study's process
+    then finds the cell built: its own compile of it takes well under the worker's time."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cfg = mlp.MLPConfig(
+        dtypes=("fp32",), layers=(2,), batches=(4,), hiddens=(24, 40), compile_mode="default"
+    )
+    out = mlp.warm_compile(cfg, jobs=2, device="cpu")
+    assert [c for c, _ in out] == cfg.cells()
+    assert all(isinstance(t, float) for _, t in out), out
+    again = mlp._compile_worker(cfg, cfg.cells()[:1], "cpu")[0][1]
+    assert isinstance(again, float) and again < out[0][1], (again, out)
+
+
+def test_cli_compile_warm_jobs_option():
+    args = cli.build_parser().parse_args(["bench", "mlp", "--compile-warm-jobs", "6"])
+    assert args.compile_warm_jobs == 6
+    assert cli.build_parser().parse_args(["mlp-bench"]).compile_warm_jobs == 0
 
 
 @no_cuda

@@ -365,6 +365,14 @@ def add_mlp_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, help="untimed calls per measurement")
     p.add_argument("--reps", type=int, help="timed calls (or graph replays) per measurement")
+    p.add_argument(
+        "--compile-warm-jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first build every cell's torch.compile model in N processes (inductor's on-disk "
+        "caches), so the study finds them built (max-autotune: ~30 s a shape alone)",
+    )
     _common_study_args(p, "mlp")
     return p
 
@@ -391,9 +399,24 @@ def mlp_config(args: argparse.Namespace) -> MLPConfig:
 
 def run_mlp_command(args: argparse.Namespace) -> int:
     """``tilewise bench mlp`` / ``tilewise mlp-bench``: ceilings, the grid, tables, JSON (PNGs)."""
-    from tilewise.bench.mlp import plot_mlp, run_mlp
+    from tilewise.bench.mlp import plot_mlp, run_mlp, warm_compile
 
     config = mlp_config(args)
+    if args.compile_warm_jobs > 0 and "compile" in config.impls:
+        if not torch.cuda.is_available():
+            raise SystemExit("tilewise bench mlp: --compile-warm-jobs needs a CUDA device")
+        t0 = time.perf_counter()
+        built = warm_compile(config, args.compile_warm_jobs)
+        failed = [f"{c}: {r}" for c, r in built if isinstance(r, str)]
+        secs = sorted(r for _, r in built if not isinstance(r, str))
+        median = f"{secs[len(secs) // 2]:.1f} s" if secs else "-"
+        print(
+            f"compile warm-up: {len(secs)} of {len(built)} cells built in "
+            f"{time.perf_counter() - t0:.0f} s by {args.compile_warm_jobs} processes "
+            f"(median {median} a cell)"
+        )
+        for line in failed[:10]:
+            print(f"  not built: {line}")
 
     def plot(results, path):
         png = plot_mlp(results, path)

@@ -309,6 +309,72 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
     return recs
 
 
+def _compile_cell(cfg: MLPConfig, cell: tuple[str, int, int, int], device: str) -> float:
+    """Build and run the compile impl of one cell as ``measure_cell`` does (same module, dtype,
+    precision and options), so its inductor artifacts land in the on-disk caches; seconds."""
+    import time
+
+    dtype, layers, batch, hidden = cell
+    dt = DTYPES[dtype]
+    dev = torch.device(device)
+    t0 = time.perf_counter()
+    with torch.no_grad(), _precision(dt):
+        eager = make_mlp(layers, hidden, dev, dt)
+        fn = _fns(replace(cfg, impls=("compile",)), eager, hidden)["compile"]
+        fn(torch.randn(batch, hidden, device=dev, dtype=dt))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    torch._dynamo.reset()
+    del eager
+    free_memory(dev)
+    return time.perf_counter() - t0
+
+
+def _compile_worker(cfg: MLPConfig, cells: list, device: str) -> list[tuple[tuple, float | str]]:
+    out: list[tuple[tuple, float | str]] = []
+    for cell in cells:
+        try:
+            out.append((tuple(cell), _compile_cell(cfg, cell, device)))
+        except Exception as exc:  # reported; the study then compiles (or fails) that cell itself
+            out.append((tuple(cell), f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def warm_compile(
+    cfg: MLPConfig, jobs: int, device: str = "cuda"
+) -> list[tuple[tuple, float | str]]:
+    """Compile every cell's ``torch.compile(mode=cfg.compile_mode)`` model once, in ``jobs``
+    processes (0: in this one), before the study times them.
+
+    max-autotune spent ~30 s per shape in session 14, ~6 h for the whole grid in one process;
+    inductor keeps what it builds on disk (``TORCHINDUCTOR_CACHE_DIR``: compiled graphs, GEMM
+    autotuning results, Triton binaries), so a study that follows finds each cell built. The
+    workers share the GPU, so their autotuning runs beside each other's and can pick a slower
+    GEMM than a lone run would: a cost to the compile column, never to tilewise's. Returns
+    (cell, seconds or error) per cell, in the cells' order.
+    """
+    cells = [c for c in cfg.cells() if "compile" in cfg.impls]
+    if not cells:
+        return []
+    if jobs <= 0:
+        return _compile_worker(cfg, cells, device)
+    import concurrent.futures
+    import multiprocessing
+
+    chunks = [c for c in (cells[i::jobs] for i in range(jobs)) if c]
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    done: dict[tuple, float | str] = {}
+    with concurrent.futures.ProcessPoolExecutor(len(chunks), mp_context=ctx) as pool:
+        futures = {pool.submit(_compile_worker, cfg, c, device): c for c in chunks}
+        for fut in concurrent.futures.as_completed(futures):
+            try:
+                done.update(fut.result())
+            except Exception as exc:  # a worker that died: its cells are built by the study
+                for cell in futures[fut]:
+                    done.setdefault(tuple(cell), f"worker failed: {type(exc).__name__}: {exc}")
+    return [(tuple(c), done.get(tuple(c), "not built")) for c in cells]
+
+
 def run_mlp(
     cfg: MLPConfig,
     ceilings: Ceilings | None = None,
@@ -343,11 +409,14 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (dtype, layers, batch, hidden), by in cells.items():
         timed = [(by[i]["median_s"], i) for i in ("tilewise", "strassen") if i in by]
         best_s, best = min((t for t in timed if t[0]), default=(None, None))
-        eager_s, graph_s = (by.get(i, {}).get("median_s") for i in ("eager", "graph"))
+        eager_s, graph_s, compile_s = (
+            by.get(i, {}).get("median_s") for i in ("eager", "graph", "compile")
+        )
         row = dict(dtype=dtype, layers=layers, batch=batch, hidden=hidden, best=best)
         row.update({f"{i}_us": by[i]["median_s"] * 1e6 for i in by if by[i]["median_s"]})
         row["x_eager"] = eager_s / best_s if best_s and eager_s else None
         row["x_graph"] = graph_s / best_s if best_s and graph_s else None
+        row["x_compile"] = compile_s / best_s if best_s and compile_s else None
         rows.append(row)
     return rows
 
@@ -359,11 +428,12 @@ def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list
     headers = ["dtype", "L", "batch", "hidden", *(f"{i} us" for i in IMPLS), "best"]
     cells = []
     for r in summarize(records):
-        ups = [f(r[k], ".2f") + ("x" if r[k] else "") for k in ("x_eager", "x_graph")]
+        keys = ("x_eager", "x_graph", "x_compile")
+        ups = [f(r[k], ".2f") + ("x" if r[k] else "") for k in keys]
         us = [f(r.get(f"{i}_us")) for i in IMPLS]
         cells.append([r["dtype"], *(str(r[k]) for k in ("layers", "batch", "hidden"))])
         cells[-1] += [*us, r["best"] or "-", *ups]
-    return [*headers, "x eager", "x graph"], cells
+    return [*headers, "x eager", "x graph", "x compile"], cells
 
 
 def train_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -386,8 +456,9 @@ def errors(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def plot_mlp(results: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Heatmaps of the best tilewise speedup, one panel per (dtype, layers): ``path`` vs eager and
-    ``<path>-vs-graph.png`` vs the CUDA-graphed module (when that column was timed)."""
+    """Heatmaps of the best tilewise speedup, one panel per (dtype, layers): ``path`` vs eager,
+    ``<path>-vs-graph.png`` vs the CUDA-graphed module and ``<path>-vs-compile.png`` vs
+    torch.compile (each when that column was timed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
@@ -400,7 +471,12 @@ def plot_mlp(results: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str
     out.parent.mkdir(parents=True, exist_ok=True)
     written = []
     graph_png = out.with_name(out.stem + "-vs-graph.png")
-    figures = {"x_eager": (out, "eager PyTorch"), "x_graph": (graph_png, "PyTorch + CUDA graph")}
+    compile_png = out.with_name(out.stem + "-vs-compile.png")
+    figures = {
+        "x_eager": (out, "eager PyTorch"),
+        "x_graph": (graph_png, "PyTorch + CUDA graph"),
+        "x_compile": (compile_png, "torch.compile"),
+    }
     for key, (target, base) in figures.items():
         if not any(r[key] for r in rows):
             continue
