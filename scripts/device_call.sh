@@ -17,26 +17,24 @@ pack() {
   cp .tw-cache/autotune.json "$R/" 2>/dev/null
   tar czf "$OUT/bundle.tgz" -C "$R" .
 }
-t() {
-  local s
-  s=$(date +%s)
-  "$@"
-  echo "rc $? $(($(date +%s) - s)) s: ${*: -4}"
-}
 TW=(python -m tilewise.cli)
-study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its table printed
-  local name=$1 limit=$2
+study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its exit code and table printed
+  local name=$1 limit=$2 start
   shift 2
-  t timeout "$limit" "${TW[@]}" bench gconv --impls tilewise cudnn --no-progress --plot \
+  start=$(date +%s)
+  timeout "$limit" "${TW[@]}" bench gconv --impls tilewise cudnn --no-progress --plot \
     --study "$name" --out "$R" "$@" >"$R/$name.log" 2>&1
+  echo "rc $? $(($(date +%s) - start)) s: $name"
   pack
   grep -E "^C=|^shape" "$R/$name.log" | cut -c1-230
 }
 gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...
-  local limit=$1
+  local limit=$1 start
   shift
-  t timeout "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$@" \
+  start=$(date +%s)
+  timeout "$limit" python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$@" \
     >>"$R/tests.log" 2>&1
+  echo "rc $? $(($(date +%s) - start)) s: pytest $*"
   grep -E "passed|failed|error" "$R/tests.log" | tail -n 2
   grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
   pack
