@@ -41,7 +41,7 @@ def main() -> None:
         tiles = [t for t in gconv_cuda.candidates(args.c, r, s, True, True) if t.rowpair]
         tiles += [gconv_cuda.non_tma_twin(t, args.c, r, s) for t in tiles if t.tma]
         for t in dict.fromkeys(tiles):
-            cap = min(255, 65536 // (32 * t.warps * t.min_ctas))
+            cap = gconv_cuda.register_cap(t)
             cells = []
             for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
                 src, _ = gconv_cuda.source(r, s, t, bf16, bias, dgrad, "tw_gconv_fprop")

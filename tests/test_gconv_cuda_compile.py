@@ -96,7 +96,7 @@ def _row_pair_tiles(c: int, r: int, s: int) -> list[CudaTile]:
 
 def _check_compiles(c: int, r: int, s: int, variants, tmp_path) -> None:
     for tile in _row_pair_tiles(c, r, s):
-        cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
+        cap = gconv_cuda.register_cap(tile)
         for bf16, bias, dgrad in variants:
             src, _ = gconv_cuda.source(r, s, tile, bf16, bias, dgrad, "tw_gconv_fprop")
             regs, spills = _ptxas(src, tmp_path)

@@ -125,13 +125,20 @@ def rowpair_fragments(r: int, s: int) -> int:
     return s * ((r + 2) // 2)
 
 
+def register_cap(tile: CudaTile) -> int:
+    """Registers a thread of ``tile`` may use so ``min_ctas`` CTAs fit an SM's 65536: allocated
+    in steps of 8, at most 255 (``__launch_bounds__(warps * 32, min_ctas)``: 168 at 3 CTAs of 4
+    warps, 128 at 4)."""
+    return min(255, 65536 // (32 * tile.warps * tile.min_ctas) // 8 * 8)
+
+
 def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a row-pair tile's weights (4 registers a fragment), accumulators (2 x TH) and
     its addresses and loop state (~40 registers with TMA, ~80 with the per-chunk loads) fit the
-    per-thread cap its CTAs per SM leave (65536 / (32 x warps x min_ctas), at most 255). ptxas
+    per-thread cap its CTAs per SM leave (``register_cap``). ptxas
     (nvcc 13.0, sm_90, unbounded): 7x7 8x16 160-164 registers with TMA, 190-196 without (at 3
-    CTAs per SM, 170 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
-    cap = min(255, 65536 // (32 * tile.warps * tile.min_ctas))
+    CTAs per SM, 168 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
+    cap = register_cap(tile)
     fixed = {2: 40, 1: 48}.get(tile.tma, 80)  # TMA loads only (tma=1): 128 where tma=2 took 114
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
