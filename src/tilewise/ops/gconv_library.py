@@ -54,13 +54,13 @@ def enabled() -> bool:
 
 def offered(x: torch.Tensor, deterministic: bool = False) -> bool:
     """cuDNN is a candidate for half-precision CUDA tensors, unless determinism is asked for."""
-    return (
-        enabled()
+    return (  # cheapest first: this runs on every call of every pass
+        x.is_cuda
         and not deterministic
-        and x.is_cuda
         and x.dtype in _HALF
-        and torch.backends.cudnn.is_available()
+        and enabled()
         and torch.backends.cudnn.enabled
+        and torch.backends.cudnn.is_available()
     )
 
 
@@ -70,10 +70,10 @@ def cache_tag(weight: torch.Tensor | None, with_library: bool) -> str:
     heuristic's) and '.wcl' for a channels_last weight (a contiguous one costs cuDNN a copy)."""
     if not with_library:
         return ""
-    tag = "+cudnn" + (".bm" if torch.backends.cudnn.benchmark else "")
-    if weight is not None and weight.dim() == 4 and weight.shape[2:] != (1, 1):
-        if weight.is_contiguous(memory_format=torch.channels_last):
-            tag += ".wcl"
+    tag = "+cudnn.bm" if torch.backends.cudnn.benchmark else "+cudnn"
+    # channels_last: the channel stride is 1 (a 1x1 weight is both layouts: no suffix)
+    if weight is not None and weight.stride(1) == 1 and weight.shape[2] * weight.shape[3] > 1:
+        tag += ".wcl"
     return tag
 
 
