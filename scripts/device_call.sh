@@ -57,6 +57,18 @@ for step in "$@"; do
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
     big) study gconv-s21-big 420 --n 128 256 --extra-kernels ;;
+    mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
+      # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
+      # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)
+      dt=${step##*-}
+      start=$(date +%s)
+      timeout 560 "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 \
+        --impls eager graph compile tilewise strassen --compile-warm-jobs 10 --no-train \
+        --no-progress --plot --study "mlp-compile-L8-$dt" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
+      echo "rc $? $(($(date +%s) - start)) s: mlp-compile-$dt"
+      pack
+      grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"
+      ;;
     *) echo "unknown step $step" ;;
   esac
 done
