@@ -12,6 +12,7 @@ import contextlib
 import copy
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -312,8 +313,6 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
 def _compile_cell(cfg: MLPConfig, cell: tuple[str, int, int, int], device: str) -> float:
     """Build and run the compile impl of one cell as ``measure_cell`` does (same module, dtype,
     precision and options), so its inductor artifacts land in the on-disk caches; seconds."""
-    import time
-
     dtype, layers, batch, hidden = cell
     dt = DTYPES[dtype]
     dev = torch.device(device)

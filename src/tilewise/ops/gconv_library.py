@@ -85,36 +85,31 @@ def _no_autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _nhwc(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last)
-
-
 def fprop(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
 ) -> torch.Tensor:
-    """``conv2d(x, weight, bias, padding, groups=C/8)``, channels_last."""
-    if bias is not None and bias.dtype != x.dtype:
-        bias = bias.to(x.dtype)  # not offered so (``gconv._run_conv``); kept for direct calls
+    """``conv2d(x, weight, bias, padding, groups=C/8)`` in cuDNN's layout (``gconv._launch``
+    puts it in the op's); ``bias`` in x's dtype."""
     groups = x.shape[1] // GROUP_WIDTH
     with _no_autocast(x.device):
         out = torch.ops.aten.convolution.default(
             x, weight, bias, [1, 1], [pad_h, pad_w], [1, 1], False, [0, 0], groups
         )
-    return _nhwc(out)
+    return out
 
 
 def dgrad(
     grad: torch.Tensor, weight: torch.Tensor, like: torch.Tensor, pad_h: int, pad_w: int
 ) -> torch.Tensor:
-    """The input gradient of ``fprop`` with the forward's padding; ``like`` is a tensor of the
-    input's shape and layout (only its metadata is read)."""
+    """The input gradient of ``fprop`` with the forward's padding, in cuDNN's layout; ``like`` is
+    a tensor of the input's shape and layout (only its metadata is read)."""
     groups = like.shape[1] // GROUP_WIDTH
     mask = [True, False, False]
     with _no_autocast(grad.device):
         dx = torch.ops.aten.convolution_backward.default(
             grad, like, weight, None, [1, 1], [pad_h, pad_w], [1, 1], False, [0, 0], groups, mask
         )[0]
-    return _nhwc(dx)
+    return dx
 
 
 def wgrad(
