@@ -48,6 +48,53 @@ for step in "$@"; do
     tests-new)  # session 21's unrun code: cuDNN as a candidate, the wide-kernel row-pair tiles
       gpu_tests 300 tests/test_gconv_library.py tests/test_gconv_cuda.py \
         -k "library or wide_kernel or every_tile_fprop or dependent or lean" ;;
+    tests-par)  # the same tests in 4 processes at once (NVRTC compiles dominate: one core each)
+      start=$(date +%s)
+      T=tests/test_gconv_cuda.py
+      P=(timeout 290 python -m pytest -m gpu -q -p no:cacheprovider --tb=short)
+      "${P[@]}" $T -k "every_tile_fprop and float16" >"$R/tests-1.log" 2>&1 &
+      "${P[@]}" $T -k "every_tile_fprop and bfloat16" >"$R/tests-2.log" 2>&1 &
+      "${P[@]}" $T -k "wide_kernel or lean or dependent" >"$R/tests-3.log" 2>&1 &
+      "${P[@]}" tests/test_gconv_library.py >"$R/tests-4.log" 2>&1 &
+      wait
+      echo "$(($(date +%s) - start)) s: tests-par"
+      tail -qn 1 "$R"/tests-*.log
+      grep -hE "^(FAILED|ERROR)" "$R"/tests-*.log | head
+      pack ;;
+    nan-probe)  # where row-pair tiles' NaN/Inf patterns differ from PyTorch's
+      timeout 150 python scripts/nan_probe.py >"$R/nan-probe.log" 2>&1
+      echo "rc $?: nan-probe"
+      grep -vE " nan 0 inf 0$" "$R/nan-probe.log" | cut -c1-200 | head -40
+      grep -c " nan 0 inf 0$" "$R/nan-probe.log"
+      pack ;;
+    tests-wide)  # the wide-kernel tiles (offered by default since session 22) and every tile
+      start=$(date +%s)
+      T=tests/test_gconv_cuda.py
+      P=(timeout 240 python -m pytest -m gpu -q -p no:cacheprovider --tb=short)
+      "${P[@]}" $T -k "every_tile_fprop and float16" >"$R/tests-1.log" 2>&1 &
+      "${P[@]}" $T -k "every_tile_fprop and bfloat16" >"$R/tests-2.log" 2>&1 &
+      "${P[@]}" $T -k "wide_kernel or lean or dependent" >"$R/tests-3.log" 2>&1 &
+      "${P[@]}" tests/test_gconv.py -k "not wgrad" >"$R/tests-4.log" 2>&1 &
+      wait
+      echo "$(($(date +%s) - start)) s: tests-wide"
+      tail -qn 1 "$R"/tests-*.log
+      grep -hE "^(FAILED|ERROR)" "$R"/tests-*.log | head
+      pack ;;
+    mlp-diag)  # which impl faults at 8 layers, batch 8, hidden 8192, fp32 (session 22)
+      i=0
+      for impls in tilewise strassen "graph" compile; do
+        i=$((i + 1))
+        # shellcheck disable=SC2086
+        CUDA_LAUNCH_BLOCKING=1 timeout 100 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
+          --batches 8 --hiddens 8192 --impls eager $impls --no-train --no-progress \
+          --study "mlp-diag-$i" --out "$R" >"$R/mlp-diag-$i.log" 2>&1
+        echo "rc $? impls eager $impls"
+        grep -E "^ *8 +8192|rror" "$R/mlp-diag-$i.log" | grep -v Warning | tail -n 3
+      done
+      pack ;;
+    k7-big)  # 7x7 at N = 128, 256 with the wide tiles offered
+      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s22-k7-big 265 --channels 64 --kernels 7 \
+        --extra-kernels --n 128 256 --passes fprop dgrad ;;
     k57-small)  # 5x5/7x7 at N = 1, 8 (where cuDNN was faster), the wide tiles offered
       TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 \
         --extra-kernels --n 1 8 ;;

@@ -1,6 +1,6 @@
 """Registers and spills of the grouped conv's NVRTC kernels, compiled offline with nvcc (no GPU):
-every fprop/dgrad candidate for the given kernel sizes, with the experimental wide-kernel
-row-pair tiles (``TILEWISE_EXPERIMENTAL_FPROP``), and the cap their CTAs per SM leave.
+every fprop/dgrad candidate for the given kernel sizes, with the wide-kernel
+row-pair tiles (``WIDE_KERNEL_TILES``), and the cap their CTAs per SM leave.
 
     python scripts/gconv_cuda_regs.py [--kernels 7x7 6x6 5x7] [--c 64] [--arch sm_90]
 """

@@ -100,7 +100,7 @@ def test_row_split_wgrad_tiles_legality_and_grid():
 def test_candidates_fit_the_channels_and_shared_memory():
     for c in (8, 16, 24, 64, 96, 256):
         for k in (1, 3, 7):
-            tiles = gconv_cuda.candidates(c, k, k, experimental=False)
+            tiles = gconv_cuda.candidates(c, k, k, wide_tiles=False)
             assert tiles, (c, k)
             for t in tiles:
                 assert c % t.cb == 0 and gconv_cuda.smem_bytes(k, k, t) <= 227 * 1024
@@ -110,8 +110,8 @@ def test_candidates_fit_the_channels_and_shared_memory():
 
 
 def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
-    plain = gconv_cuda.candidates(64, 3, 3, experimental=False)
-    with_tma = gconv_cuda.candidates(64, 3, 3, tma=True, experimental=False)
+    plain = gconv_cuda.candidates(64, 3, 3, wide_tiles=False)
+    with_tma = gconv_cuda.candidates(64, 3, 3, tma=True, wide_tiles=False)
     assert not any(t.tma for t in plain)
     assert set(plain) < set(with_tma)
     for t in with_tma:
@@ -136,7 +136,7 @@ def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
     assert not gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True, tma=1))
     assert gconv_cuda.tile_ok(48, 3, 3, CudaTile(8, 16, 24, 3, 4, 2, rowpair=True))
     # 7x7 takes no row-pair tile, so no TMA tile either
-    assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True, experimental=False))
+    assert not any(t.tma for t in gconv_cuda.candidates(64, 7, 7, tma=True, wide_tiles=False))
 
 
 def test_cluster_wgrad_tiles_only_for_small_problems():
@@ -167,8 +167,8 @@ def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
     """Every candidate (the TMA ones where this GPU has TMA and ``tma``) and the extra tiles."""
     extra = (gconv_cuda._fitted(t, c) for t in EXTRA_TILES)
     tma = tma and gconv_cuda._tma.supported(torch.cuda.current_device())
-    # the experimental wide-kernel row-pair tiles too (TILEWISE_EXPERIMENTAL_FPROP)
-    return list(gconv_cuda.candidates(c, r, s, tma, experimental=True)) + [
+    # the wide-kernel row-pair tiles too, even where TILEWISE_GCONV_WIDE_TILES=0
+    return list(gconv_cuda.candidates(c, r, s, tma, wide_tiles=True)) + [
         t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
@@ -338,10 +338,10 @@ def _check_tma_pipeline(c: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("r,s,ph,pw", [(7, 7, 3, 3), (6, 6, 2, 3), (5, 7, 1, 3)])
 def test_wide_kernel_row_pair_tiles_over_many_tiles(r, s, ph, pw, dtype, rng_seed):
-    """The experimental row-pair tiles for kernels past ``ROWPAIR_MAX_FRAGMENTS`` (never run
-    on a GPU before they were written): each CTA walks several tiles of an odd image, fprop
-    with bias and dgrad, against fp64 by the three-way rule; a NaN/Inf input gives PyTorch's
-    NaN pattern."""
+    """The row-pair tiles for kernels past ``ROWPAIR_MAX_FRAGMENTS``: each CTA walks several
+    tiles of an odd image, fprop with bias and dgrad, against fp64 by the three-way rule; a
+    NaN/Inf input gives fp64's NaN/Inf pattern. (Not cuDNN's: session 22 saw its fp16 grouped
+    conv miss NaN outputs over the whole 7x7 window of a NaN input, ``scripts/nan_probe.py``.)"""
     c = 64
     x = _cl(torch.randn(24, c, 33, 35, device="cuda"))
     wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
@@ -355,9 +355,9 @@ def test_wide_kernel_row_pair_tiles_over_many_tiles(r, s, ph, pw, dtype, rng_see
     dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), **kw)
     bad = x.to(dtype).clone()
     bad[3, 5, 7, 9], bad[20, 60, 32, 34] = float("nan"), float("inf")
-    bad_ref = F.conv2d(bad, wt.to(dtype), None, padding=pad, groups=g)
+    bad_ref = F.conv2d(bad.double(), wt.to(dtype).double(), None, padding=pad, groups=g)
     tma = gconv_cuda._tma.supported(torch.cuda.current_device())
-    tiles = [t for t in gconv_cuda.candidates(c, r, s, tma, experimental=True) if t.rowpair]
+    tiles = [t for t in gconv_cuda.candidates(c, r, s, tma, wide_tiles=True) if t.rowpair]
     tiles += [gconv_cuda.non_tma_twin(t, c, r, s) for t in tiles if t.tma]
     assert tiles
     for tile in dict.fromkeys(tiles):
@@ -402,8 +402,8 @@ def test_every_tma_tile_has_a_legal_twin():
     block, fewer rows where the per-chunk staging needs more shared memory (the 32x32 tile)."""
     for c in (8, 64, 256):
         for r in range(1, 8):
-            for s in range(1, 8):  # every kernel, the experimental wide-kernel tiles too
-                for tile in gconv_cuda.candidates(c, r, s, tma=True, experimental=True):
+            for s in range(1, 8):  # every kernel, the wide-kernel tiles too
+                for tile in gconv_cuda.candidates(c, r, s, tma=True, wide_tiles=True):
                     if not tile.tma:
                         continue
                     twin = gconv_cuda.non_tma_twin(tile, c, r, s)

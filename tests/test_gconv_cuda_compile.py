@@ -36,16 +36,16 @@ def _ptxas(src: str, tmp_path, arch: str = "sm_90") -> tuple[int, int]:
     return max(regs), sum(spills)
 
 
-def test_wide_kernel_tiles_only_when_asked():
+def test_wide_kernel_tiles_only_where_offered():
     for r, s in WIDE_KERNELS:
         assert gconv_cuda.rowpair_fragments(r, s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
-        plain = gconv_cuda.candidates(64, r, s, tma=True, experimental=False)
+        plain = gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=False)
         assert plain and not any(t.rowpair for t in plain), (r, s)  # the tap kernel, as before
-        wide = gconv_cuda.candidates(64, r, s, tma=True, experimental=True)
+        wide = gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True)
         rowpair = [t for t in wide if t.rowpair]
         assert rowpair and set(plain) < set(wide), (r, s)
         assert all(gconv_cuda.rowpair_registers_fit(r, s, t) for t in rowpair)
-        no_tma = gconv_cuda.candidates(64, r, s, tma=False, experimental=True)
+        no_tma = gconv_cuda.candidates(64, r, s, tma=False, wide_tiles=True)
         assert any(t.rowpair for t in no_tma) and not any(t.tma for t in no_tma)
     # kernels within the verified budget keep exactly their candidates
     for r, s in ((3, 3), (5, 5), (1, 7)):
@@ -56,10 +56,10 @@ def test_wide_kernel_tiles_only_when_asked():
 
 
 def test_wide_kernel_tiles_follow_the_environment(monkeypatch):
-    monkeypatch.delenv(gconv_cuda.ENV_EXPERIMENTAL_FPROP, raising=False)
+    monkeypatch.delenv(gconv_cuda.ENV_WIDE_TILES, raising=False)
+    assert any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))  # the default
+    monkeypatch.setenv(gconv_cuda.ENV_WIDE_TILES, "0")
     assert not any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))
-    monkeypatch.setenv(gconv_cuda.ENV_EXPERIMENTAL_FPROP, "1")
-    assert any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))
 
 
 def test_register_rule_keeps_the_verified_tiles():
@@ -107,7 +107,7 @@ def _check_compiles(c: int, r: int, s: int, variants, tmp_path) -> None:
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("r,s", ALL_WIDE)
 def test_wide_kernel_tiles_compile_without_spills(r, s, tmp_path):
-    """Each experimental row-pair tile at C=64 (and its non-TMA twin), fp16 fprop with bias
+    """Each wide-kernel row-pair tile at C=64 (and its non-TMA twin), fp16 fprop with bias
     (7x7 also bf16 dgrad): no spills, registers within the cap of its CTAs per SM."""
     variants = [(False, True, False)] + ([(True, False, True)] if (r, s) == (7, 7) else [])
     _check_compiles(64, r, s, variants, tmp_path)

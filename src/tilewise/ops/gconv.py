@@ -458,12 +458,13 @@ def _run_conv(
     library = gconv_library.offered(x, deterministic) and (bias is None or bias.dtype == x.dtype)
     level = _cuda_level(x, out)
     wide = gconv_cuda.rowpair_fragments(problem.r, problem.s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
-    experimental = bool(level) and wide and gconv_cuda.experimental_fprop()
-    tag = gconv_library.cache_tag(weight, library) + ("+xfprop" if experimental else "")
+    # the wide-kernel row-pair tiles withheld (TILEWISE_GCONV_WIDE_TILES=0): a key of its own
+    wide_tiles = not (level and wide) or gconv_cuda.wide_tiles_offered()
+    tag = gconv_library.cache_tag(weight, library) + ("" if wide_tiles else "+nowide")
     cfg = autotune.choose_config(
         f"{op}.{pass_}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
-        _candidates(problem, pass_, sms, level, library, experimental),
+        _candidates(problem, pass_, sms, level, library, wide_tiles),
         lambda c: _launch(x, weight, bias, out, pad_h, pad_w, c, dgrad),
         device=x.device,
         default=default_config(problem, pass_, sms),
@@ -488,12 +489,12 @@ def _candidates(
     sms: int,
     cuda_level: int,
     library: bool = False,
-    experimental: bool = False,
+    wide_tiles: bool = True,
 ) -> tuple:
     base = candidate_tuple(problem, pass_, sms)
     if cuda_level:
         c, r, s = problem.c, problem.r, problem.s
-        base = gconv_cuda.candidates(c, r, s, cuda_level >= 2, experimental) + base
+        base = gconv_cuda.candidates(c, r, s, cuda_level >= 2, wide_tiles) + base
     return base + (gconv_library.CUDNN,) if library else base
 
 

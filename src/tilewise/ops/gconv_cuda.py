@@ -112,12 +112,12 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
 
 #: the row-pair kernel keeps S x ceil((R + 1) / 2) weight fragments (4 registers each) per thread;
 #: every tile takes up to this many (3x3: 6, 5x5: 15), more only where its registers allow
-#: (``rowpair_registers_fit``), and those only as experimental candidates (``WIDE_KERNEL_TILES``)
+#: (``rowpair_registers_fit``): the ``WIDE_KERNEL_TILES``
 ROWPAIR_MAX_FRAGMENTS = 15
-#: ``TILEWISE_EXPERIMENTAL_FPROP=1`` offers the row-pair kernel for kernels of more than
-#: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...): compiled without spills
-#: offline, not yet run on a GPU (session 21 had no device time)
-ENV_EXPERIMENTAL_FPROP = "TILEWISE_EXPERIMENTAL_FPROP"
+#: ``TILEWISE_GCONV_WIDE_TILES=0`` withholds the row-pair kernel from kernels of more than
+#: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...), which then run the tap kernel
+#: (written in session 21 without a GPU; offered by default since session 22's H100 run)
+ENV_WIDE_TILES = "TILEWISE_GCONV_WIDE_TILES"
 
 
 def rowpair_fragments(r: int, s: int) -> int:
@@ -143,9 +143,9 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
-def experimental_fprop() -> bool:
-    """Whether ``TILEWISE_EXPERIMENTAL_FPROP=1`` asks for the ``WIDE_KERNEL_TILES``."""
-    return os.environ.get(ENV_EXPERIMENTAL_FPROP) == "1"
+def wide_tiles_offered() -> bool:
+    """Whether the ``WIDE_KERNEL_TILES`` are offered (unless ``TILEWISE_GCONV_WIDE_TILES=0``)."""
+    return os.environ.get(ENV_WIDE_TILES) != "0"
 
 
 def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
@@ -225,9 +225,11 @@ TMA_TILES = (
 #: of 4 warps for 8x16, 174 at 2 for 16x16, no spills). The row-pair kernel's MMAs at 7x7 do 448
 #: FMAs per output against 392 useful (the pair rows past the kernel are zeros), so it is
 #: compute-bound near 0.5 of copy at best on mma.sync; the tap kernel re-reads its shared-memory
-#: operands per tap. Experimental (``TILEWISE_EXPERIMENTAL_FPROP=1``) until a GPU run checks and
-#: times them; the 64-channel TMA tile of ``TMA_TILES`` (one CTA of 8 warps per SM) fits too and
-#: joins them there. The last one is the non-TMA tile for GPUs without TMA.
+#: operands per tap. Session 22 (H100, ``gconv-s22-k7-big``, CUDA-graph replay, C=64 64x64 7x7
+#: N = 128-256): fprop/dgrad 0.45-0.52 of copy, 5.7-6.4x cuDNN (the tap kernel read 0.19-0.21);
+#: N = 1 4 us against cuDNN's 14 (``gconv-s22-k57-small``). The 64-channel TMA tile of
+#: ``TMA_TILES`` (one CTA of 8 warps per SM) fits too and joins them there. The last one is the
+#: non-TMA tile for GPUs without TMA.
 WIDE_KERNEL_TILES = (
     CudaTile(8, 16, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(16, 16, 32, 4, 2, 2, rowpair=True, tma=2),
@@ -269,22 +271,22 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
 
 
 def candidates(
-    c: int, r: int, s: int, tma: bool = False, experimental: bool | None = None
+    c: int, r: int, s: int, tma: bool = False, wide_tiles: bool | None = None
 ) -> tuple[CudaTile, ...]:
     """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
     kernel (empty if none fits); row-pair tiles for kernels of more than
-    ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only when
-    ``experimental`` (None: ``TILEWISE_EXPERIMENTAL_FPROP=1``)."""
-    if experimental is None:
-        experimental = experimental_fprop()
-    return _candidates(c, r, s, tma, experimental)
+    ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
+    ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``)."""
+    if wide_tiles is None:
+        wide_tiles = wide_tiles_offered()
+    return _candidates(c, r, s, tma, wide_tiles)
 
 
 @functools.lru_cache(maxsize=1024)
-def _candidates(c: int, r: int, s: int, tma: bool, experimental: bool) -> tuple[CudaTile, ...]:
+def _candidates(c: int, r: int, s: int, tma: bool, wide_tiles: bool) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ())
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
-    if wide and experimental:
+    if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
     fitted = (_fitted(t, c) for t in pool if _offered(t, c))
     return tuple(
@@ -292,7 +294,7 @@ def _candidates(c: int, r: int, s: int, tma: bool, experimental: bool) -> tuple[
             t
             for t in fitted
             if tile_ok(c, r, s, t)
-            and (experimental or not (wide and t.rowpair))
+            and (wide_tiles or not (wide and t.rowpair))
             and (not (wide and t.tma) or _has_twin(t, c, r, s))
         )
     )
