@@ -109,9 +109,10 @@ for step in "$@"; do
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)
       dt=${step##*-}
       start=$(date +%s)
-      timeout 560 "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 \
-        --impls eager graph compile tilewise strassen --compile-warm-jobs 10 --no-train \
-        --no-progress --plot --study "mlp-compile-L8-$dt" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
+      # shellcheck disable=SC2086
+      timeout 560 "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 ${MLP_BATCHES:+--batches $MLP_BATCHES} \
+        --impls ${MLP_IMPLS:-eager graph compile tilewise strassen} --compile-warm-jobs 10 --no-train \
+        --no-progress --plot --study "mlp-compile-L8-$dt${MLP_BATCHES:+-b${MLP_BATCHES// /-}}" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
       echo "rc $? $(($(date +%s) - start)) s: mlp-compile-$dt"
       pack
       grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"

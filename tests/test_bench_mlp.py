@@ -6,13 +6,14 @@ Nothing here asserts on a timing: benchmarks are never timed tests.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
 import torch
 
 from tilewise import cli
-from tilewise.bench import mlp
+from tilewise.bench import grid, mlp
 from tilewise.bench.ceilings import Ceilings
 from tilewise.bench.results import load_results, save_results
 
@@ -212,3 +213,53 @@ def test_quick_grid_on_gpu(tmp_path):
     path = save_results("mlp", recs, None, tmp_path)
     assert mlp.plot_mlp(load_results(path), path.with_suffix(".png")).exists()
     assert (tmp_path / (path.stem + "-vs-graph.png")).exists()
+
+
+def test_cli_no_isolate_option():
+    assert cli.mlp_config(cli.build_parser().parse_args(["mlp-bench"])).isolate is None
+    args = cli.build_parser().parse_args(["mlp-bench", "--no-isolate"])
+    assert cli.mlp_config(args).isolate is False
+
+
+def test_cleanup_fault_names_the_first_failing_step():
+    ran = []
+
+    def fail():
+        ran.append("fail")
+        raise RuntimeError("CUDA error: unspecified launch failure\nmore lines")
+
+    steps = [("a", lambda: ran.append("a")), ("skipped", None), ("b", fail), ("c", ran.clear)]
+    assert grid.cleanup_fault(steps) == "b: RuntimeError: CUDA error: unspecified launch failure"
+    assert ran == ["a", "fail"]  # the step after the fault does not run
+    assert grid.cleanup_fault([("a", lambda: None)]) is None
+
+
+def test_a_fault_in_a_cells_cleanup_keeps_its_timings(monkeypatch):
+    """The timings are done (and synchronized) before the cleanup: they stay, marked."""
+
+    def broken(device):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(mlp, "free_memory", broken)
+    cfg = replace(TINY, layers=(1,), hiddens=(32,), impls=("eager", "tilewise"), train=False)
+    recs = mlp.measure_cell(cfg, "fp32", 1, 4, 32, torch.device("cpu"))
+    assert all(r["median_s"] > 0 for r in recs)
+    assert all(r["fault_after_timing"].startswith("free_memory: RuntimeError") for r in recs)
+
+
+def _isolated_probe(mode: str, item: int) -> tuple[list[dict], str | None]:
+    """A worker's measure: its pid in the record; item 2 faults, item 4 kills the worker."""
+    if mode == "die" and item == 4:
+        os._exit(3)
+    fault = "cleanup: RuntimeError: boom" if item == 2 else None
+    return [{"item": item, "pid": os.getpid()}], fault
+
+
+def test_isolated_runner_starts_a_fresh_worker_after_a_fault():
+    with grid.IsolatedRunner(_isolated_probe, "die") as run:
+        recs = [r for item in range(1, 7) for r in run(item)]
+    pid = {r["item"]: r["pid"] for r in recs}
+    assert sorted(pid) == [1, 2, 3, 5, 6]  # the worker that died lost its item only
+    assert pid[1] == pid[2] != pid[3]  # a fault's worker is not reused
+    assert pid[3] != pid[5] == pid[6] and os.getpid() not in pid.values()
+    assert run.faults == 2 and run.pool is None

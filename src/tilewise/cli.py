@@ -366,6 +366,12 @@ def add_mlp_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="untimed calls per measurement")
     p.add_argument("--reps", type=int, help="timed calls (or graph replays) per measurement")
     p.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="time every cell in this process (default with torch.compile: each cell in a "
+        "worker process, so a CUDA fault costs one cell, not the study)",
+    )
+    p.add_argument(
         "--compile-warm-jobs",
         type=int,
         default=0,
@@ -394,6 +400,8 @@ def mlp_config(args: argparse.Namespace) -> MLPConfig:
     cfg = _with_overrides(base, overrides)
     if args.no_compile:
         cfg = replace(cfg, impls=tuple(i for i in cfg.impls if i != "compile"))
+    if getattr(args, "no_isolate", False):
+        cfg = replace(cfg, isolate=False)
     return replace(cfg, train=False) if args.no_train else cfg
 
 

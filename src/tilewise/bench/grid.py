@@ -68,3 +68,62 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def cleanup_fault(steps: Iterable[tuple[str, Callable[[], object] | None]]) -> str | None:
+    """Run each cleanup step, then synchronize the GPU; the first that raises (a CUDA fault
+    that a kernel left behind surfaces at the next synchronization) stops the rest and is
+    returned as ``"<step>: <first line of the error>"``; None when all went through."""
+    for name, step in steps:
+        if step is None:
+            continue
+        try:
+            step()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception as exc:  # torch.AcceleratorError (a RuntimeError) on a CUDA fault
+            return f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+class IsolatedRunner:
+    """``measure(item)`` run in one spawned worker process at a time, so a CUDA fault (a
+    context that is dead from then on) costs the worker, not the study: session 22's MLP
+    studies with torch.compile faulted in a cell's cleanup, once per ~10 cells, with and
+    without tilewise in the cell, and lost everything after it. ``fn(*fixed, item)`` must be a
+    picklable module-level function returning ``(records, fault)``; a fault (or a worker
+    that died) starts a fresh worker for the next item. Items run one after another: timing
+    needs the GPU to itself."""
+
+    def __init__(self, fn: Callable[..., tuple[list[dict[str, Any]], str | None]], *fixed):
+        self.fn, self.fixed = fn, fixed
+        self.pool: Any = None
+        self.faults = 0
+
+    def __enter__(self) -> IsolatedRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def __call__(self, item: T) -> list[dict[str, Any]]:
+        import concurrent.futures
+        import multiprocessing
+
+        if self.pool is None:
+            ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+            self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+        try:
+            records, fault = self.pool.submit(self.fn, *self.fixed, item).result()
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            records, fault = [], f"worker died: {exc}"
+        if fault is not None:
+            self.faults += 1
+            log.warning("tilewise bench: %s faulted (%s); a fresh worker goes on", item, fault)
+            self._drop()
+        return records

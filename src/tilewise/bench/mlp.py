@@ -25,7 +25,7 @@ from torch import nn
 
 from tilewise.bench.ceilings import Ceilings, tf32_off
 from tilewise.bench.checks import compare
-from tilewise.bench.grid import free_memory, run_grid, study_device
+from tilewise.bench.grid import IsolatedRunner, cleanup_fault, free_memory, run_grid, study_device
 from tilewise.bench.timing import (
     EventTimer,
     GraphTimer,
@@ -69,6 +69,9 @@ class MLPConfig:
     train: bool = True
     train_shape: tuple[int, int, int] = (8, 1024, 64)  # layers, hidden, batch
     train_dtype: str = "fp32"
+    #: each cell in a worker process (``grid.IsolatedRunner``), so a CUDA fault costs one cell;
+    #: None: where torch.compile is among the impls (session 22: its cells faulted in cleanup)
+    isolate: bool | None = None
 
     @classmethod
     def full(cls, **overrides: Any) -> MLPConfig:
@@ -229,10 +232,25 @@ def measure_cell(
                 ok = r["median_s"] and other
                 r[key] = other / r["median_s"] if ok else None
     del eager, sets
-    if "compile" in cfg.impls:
-        torch._dynamo.reset()
-    free_memory(device)
+    fault = cleanup_fault(
+        (
+            ("after the timings", lambda: None),
+            ("torch._dynamo.reset", torch._dynamo.reset if "compile" in cfg.impls else None),
+            ("free_memory", lambda: free_memory(device)),
+        )
+    )
+    if fault is not None:  # the timings above finished (each synchronized) before it surfaced
+        for r in recs:
+            r["fault_after_timing"] = fault
     return recs
+
+
+def _measure_isolated(
+    cfg: MLPConfig, device: str, cell: tuple[str, int, int, int]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """``measure_cell`` in an ``IsolatedRunner`` worker: (records, the fault if any)."""
+    recs = measure_cell(cfg, *cell, torch.device(device))
+    return recs, next((r["fault_after_timing"] for r in recs if "fault_after_timing" in r), None)
 
 
 def _record_timing(rec: dict[str, Any], t: Timing, flops: float) -> None:
@@ -382,13 +400,16 @@ def run_mlp(
 ) -> list[dict[str, Any]]:
     """The grid (and the training step unless ``cfg.train`` is false); record dicts."""
     dev = study_device(device)
-    recs = run_grid(
-        cfg.cells(),
-        lambda c: measure_cell(cfg, *c, dev),
-        desc="mlp",
-        label=lambda c: f"{c[0]} L{c[1]} B{c[2]} H{c[3]}",
-        progress=progress,
-    )
+    isolate = cfg.isolate if cfg.isolate is not None else "compile" in cfg.impls
+    isolate = isolate and dev.type == "cuda"
+    with IsolatedRunner(_measure_isolated, cfg, str(dev)) as isolated:
+        recs = run_grid(
+            cfg.cells(),
+            isolated if isolate else lambda c: measure_cell(cfg, *c, dev),
+            desc="mlp",
+            label=lambda c: f"{c[0]} L{c[1]} B{c[2]} H{c[3]}",
+            progress=progress,
+        )
     for r in recs if ceilings is not None else []:  # fraction of the matmul ceiling
         rate = ceilings.matmul_flops_per_s.get(r["dtype"])
         r["frac_matmul"] = r["tflops"] * 1e12 / rate if rate and r.get("tflops") else None
