@@ -263,3 +263,10 @@ def test_isolated_runner_starts_a_fresh_worker_after_a_fault():
     assert pid[1] == pid[2] != pid[3]  # a fault's worker is not reused
     assert pid[3] != pid[5] == pid[6] and os.getpid() not in pid.values()
     assert run.faults == 2 and run.pool is None
+
+
+def test_compile_gets_a_process_of_its_own_beside_graph_replays():
+    groups = mlp.process_groups(("eager", "graph", "compile", "tilewise", "strassen"))
+    assert groups == [("eager", "graph", "tilewise", "strassen"), ("eager", "compile")]
+    assert mlp.process_groups(("eager", "compile")) == [("eager", "compile")]
+    assert mlp.process_groups(("eager", "tilewise")) == [("eager", "tilewise")]
