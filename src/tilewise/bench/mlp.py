@@ -202,7 +202,7 @@ def measure_cell(
                 out = (_capture(fn, sets[0]) if graphed else partial(fn, sets[0]))().clone()
                 ok, note = compare(out, out_e, ref, dtype)
             except Exception as exc:  # a crash is a failed check, reported as such
-                ok, note = False, f"raised {type(exc).__name__}: {exc}"
+                ok, note = False, f"raised {_first_line(exc)}"
             rec.update(checked=ok, check_note=note)
             if not ok:
                 rec["error"] = f"correctness check failed: {note}"
@@ -216,11 +216,11 @@ def measure_cell(
                 else:
                     _record_timing(rec, time_events(fn, args, cfg.warmup, reps), flops)
             except Exception as exc:
-                rec["error"] = f"{type(exc).__name__}: {exc}"
+                rec["error"] = _first_line(exc)
         try:  # one impl that fails while timed loses only its own record
             for impl, t in interleaved(timers, counts).items():
                 if isinstance(t, Exception):
-                    recs_by[impl]["error"] = f"{type(t).__name__}: {t}"
+                    recs_by[impl]["error"] = _first_line(t)
                 else:
                     _record_timing(recs_by[impl], t, flops)
         finally:
@@ -239,6 +239,11 @@ def measure_cell(
         for r in recs:
             r["fault_after_timing"] = fault
     return recs
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: message`` up to the message's first line (CUDA errors append four of advice)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _ratios(recs: list[dict[str, Any]]) -> None:
@@ -337,7 +342,7 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
                     step = _capture(step, warm=0)
                 t = time_events(lambda _x, s=step: s(), [(x,)], cfg.warmup, cfg.reps, False)
             except Exception as exc:
-                rec["error"] = f"{type(exc).__name__}: {exc}"
+                rec["error"] = _first_line(exc)
                 continue
             rec.update(median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, timer=t.method)
         eager_s = recs[0]["median_s"]
