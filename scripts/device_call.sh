@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call: the environment the grouped-conv calls share (written in session 21,
-# which had no device time: not yet run), then the steps named as
+# first run in session 22), then the steps named as
 # arguments (functions below). Everything is written to a scratch folder and packed into
 # $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
 # .tw-cache (carried both ways).
@@ -39,6 +39,25 @@ gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...
   grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
   pack
 }
+par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at once
+  local name=$1 start k=0 pids=()
+  shift
+  start=$(date +%s)
+  while [ $# -ge 2 ]; do
+    k=$((k + 1))
+    timeout 210 python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$1" ${2:+-k "$2"} \
+      >"$R/$name-$k.log" 2>&1 &
+    pids+=($!)
+    shift 2
+  done
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"
+    echo "rc $? $name-$((k + 1)): $(tail -n 1 "$R/$name-$((k + 1)).log")"
+  done
+  echo "$(($(date +%s) - start)) s: $name"
+  grep -hE "^(FAILED|ERROR)" "$R/$name"-*.log | head
+  pack
+}
 
 nvidia-smi -L
 python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"
@@ -49,40 +68,18 @@ for step in "$@"; do
       gpu_tests 300 tests/test_gconv_library.py tests/test_gconv_cuda.py \
         -k "library or wide_kernel or every_tile_fprop or dependent or lean" ;;
     tests-par)  # the same tests in 4 processes at once (NVRTC compiles dominate: one core each)
-      start=$(date +%s)
-      T=tests/test_gconv_cuda.py
-      P=(timeout 290 python -m pytest -m gpu -q -p no:cacheprovider --tb=short)
-      "${P[@]}" $T -k "every_tile_fprop and float16" >"$R/tests-1.log" 2>&1 &
-      "${P[@]}" $T -k "every_tile_fprop and bfloat16" >"$R/tests-2.log" 2>&1 &
-      "${P[@]}" $T -k "wide_kernel or lean or dependent" >"$R/tests-3.log" 2>&1 &
-      "${P[@]}" tests/test_gconv_library.py >"$R/tests-4.log" 2>&1 &
-      wait
-      echo "$(($(date +%s) - start)) s: tests-par"
-      tail -qn 1 "$R"/tests-*.log
-      grep -hE "^(FAILED|ERROR)" "$R"/tests-*.log | head
-      pack ;;
-    nan-probe)  # where row-pair tiles' NaN/Inf patterns differ from PyTorch's
-      timeout 150 python scripts/nan_probe.py >"$R/nan-probe.log" 2>&1
-      echo "rc $?: nan-probe"
-      grep -vE " nan 0 inf 0$" "$R/nan-probe.log" | cut -c1-200 | head -40
-      grep -c " nan 0 inf 0$" "$R/nan-probe.log"
-      pack ;;
+      par_tests tests-par tests/test_gconv_cuda.py "every_tile_fprop and float16" \
+        tests/test_gconv_cuda.py "every_tile_fprop and bfloat16" \
+        tests/test_gconv_cuda.py "wide_kernel or lean or dependent" \
+        tests/test_gconv_library.py "" ;;
     tests-wide)  # the wide-kernel tiles (offered by default since session 22) and every tile
-      start=$(date +%s)
-      T=tests/test_gconv_cuda.py
-      P=(timeout 240 python -m pytest -m gpu -q -p no:cacheprovider --tb=short)
-      "${P[@]}" $T -k "every_tile_fprop and float16" >"$R/tests-1.log" 2>&1 &
-      "${P[@]}" $T -k "every_tile_fprop and bfloat16" >"$R/tests-2.log" 2>&1 &
-      "${P[@]}" $T -k "wide_kernel or lean or dependent" >"$R/tests-3.log" 2>&1 &
-      "${P[@]}" tests/test_gconv.py -k "not wgrad" >"$R/tests-4.log" 2>&1 &
-      wait
-      echo "$(($(date +%s) - start)) s: tests-wide"
-      tail -qn 1 "$R"/tests-*.log
-      grep -hE "^(FAILED|ERROR)" "$R"/tests-*.log | head
-      pack ;;
+      par_tests tests-wide tests/test_gconv_cuda.py "every_tile_fprop and float16" \
+        tests/test_gconv_cuda.py "every_tile_fprop and bfloat16" \
+        tests/test_gconv_cuda.py "wide_kernel or lean or dependent" \
+        tests/test_gconv.py "not wgrad" ;;
     mlp-diag)  # which impl faults at 8 layers, batch 8, hidden 8192, fp32 (session 22)
       i=0
-      for impls in tilewise strassen "graph" compile; do
+      for impls in tilewise strassen graph compile; do
         i=$((i + 1))
         # shellcheck disable=SC2086
         CUDA_LAUNCH_BLOCKING=1 timeout 100 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
@@ -92,14 +89,14 @@ for step in "$@"; do
         grep -E "^ *8 +8192|rror" "$R/mlp-diag-$i.log" | grep -v Warning | tail -n 3
       done
       pack ;;
-    k7-big)  # 7x7 at N = 128, 256 with the wide tiles offered
-      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s22-k7-big 265 --channels 64 --kernels 7 \
+    k7-big)  # 7x7 at N = 128, 256 (the wide-kernel row-pair tiles)
+      study gconv-s22-k7-big 265 --channels 64 --kernels 7 \
         --extra-kernels --n 128 256 --passes fprop dgrad ;;
-    k57-small)  # 5x5/7x7 at N = 1, 8 (where cuDNN was faster), the wide tiles offered
-      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 \
+    k57-small)  # 5x5/7x7 at N = 1, 8 (cuDNN was faster at 7x7 N = 1 until session 22)
+      study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 \
         --extra-kernels --n 1 8 ;;
     k57-big)
-      TILEWISE_EXPERIMENTAL_FPROP=1 study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
+      study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
@@ -112,7 +109,7 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout 560 "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 ${MLP_BATCHES:+--batches $MLP_BATCHES} \
         --impls ${MLP_IMPLS:-eager graph compile tilewise strassen} --compile-warm-jobs 10 --no-train \
-        --no-progress --plot --study "mlp-compile-L8-$dt${MLP_BATCHES:+-b${MLP_BATCHES// /-}}" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
+        --no-progress --plot --study "mlp-compile-L8-$dt${MLP_IMPLS:+-${MLP_IMPLS// /-}}${MLP_BATCHES:+-b${MLP_BATCHES// /-}}" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
       echo "rc $? $(($(date +%s) - start)) s: mlp-compile-$dt"
       pack
       grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"

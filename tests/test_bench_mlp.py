@@ -251,6 +251,8 @@ def _isolated_probe(mode: str, item: int) -> tuple[list[dict], str | None]:
     """A worker's measure: its pid in the record; item 2 faults, item 4 kills the worker."""
     if mode == "die" and item == 4:
         os._exit(3)
+    if mode == "raise" and item == 1:
+        raise ValueError("no model for this cell")
     fault = "cleanup: RuntimeError: boom" if item == 2 else None
     return [{"item": item, "pid": os.getpid()}], fault
 
@@ -263,6 +265,48 @@ def test_isolated_runner_starts_a_fresh_worker_after_a_fault():
     assert pid[1] == pid[2] != pid[3]  # a fault's worker is not reused
     assert pid[3] != pid[5] == pid[6] and os.getpid() not in pid.values()
     assert run.faults == 2 and run.pool is None
+    with grid.IsolatedRunner(_isolated_probe, "raise") as run:
+        assert run(1) == [] and run.last_fault == "worker raised ValueError: no model for this cell"
+        assert run(3)[0]["item"] == 3 and run.faults == 1  # a fresh worker went on
+
+
+class _FakeRunner:
+    """An ``IsolatedRunner`` stand-in: canned records per group, no process; the compile
+    group's worker is lost at batch 8."""
+
+    def __init__(self, fn, cfg, device):
+        self.impls, self.last_fault = cfg.impls, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def __call__(self, cell):
+        if "compile" in self.impls and cell[2] == 8:
+            self.last_fault = "worker died: boom"
+            return []
+        times = {"eager": 4e-4, "graph": 2e-4, "tilewise": 1e-4, "compile": 3e-4}
+        dtype, layers, batch, hidden = cell
+        base = dict(dtype=dtype, layers=layers, batch=batch, hidden=hidden, error=None)
+        return [dict(base, impl=i, median_s=times[i]) for i in self.impls]
+
+
+def test_isolated_cells_join_the_groups_records(monkeypatch):
+    """compile's worker apart: one eager record per cell (the first group's), ratios over the
+    joined records, a lost worker's impls as error records, and the impls in their order."""
+    monkeypatch.setattr(mlp, "IsolatedRunner", _FakeRunner)
+    impls = ("eager", "graph", "compile", "tilewise")
+    cfg = replace(TINY, layers=(1,), batches=(4, 8), hiddens=(32,), impls=impls, train=False)
+    recs = mlp.run_mlp(replace(cfg, isolate=True), None, "cpu", progress=False)
+    four = [r for r in recs if r["batch"] == 4]
+    assert [r["impl"] for r in four] == list(impls)
+    by = {r["impl"]: r for r in four}
+    assert by["compile"]["x_graph"] == pytest.approx(2 / 3) and by["tilewise"]["x_eager"] == 4
+    lost = [r for r in recs if r["batch"] == 8 and r["impl"] == "compile"]
+    assert len(lost) == 1 and lost[0]["error"] == "worker lost: worker died: boom"
+    assert lost[0]["median_s"] is None and any("worker lost" in e for e in mlp.errors(recs))
 
 
 def test_compile_gets_a_process_of_its_own_beside_graph_replays():

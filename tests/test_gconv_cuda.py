@@ -807,3 +807,38 @@ def test_dependent_launch_only_on_hopper_and_not_when_switched_off(monkeypatch):
     assert not gconv_cuda.dependent_launch(torch.device("cuda", 0))
     monkeypatch.undo()
     assert not gconv_cuda.dependent_launch(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("offered", [True, False])
+def test_wide_kernel_tiles_key_and_candidates_in_the_choice(offered, monkeypatch):
+    """Where the NVRTC kernels run, a 7x7 choice offers the wide-kernel row-pair tiles unless
+    ``TILEWISE_GCONV_WIDE_TILES=0``, and its autotune key says which (a pick cached before they
+    were offered is not reused); a 3x3 key carries no such tag. CPU: the tiles are only listed,
+    the chosen Triton default runs on the interpreter."""
+    from tilewise.ops import gconv, gconv_library
+    from tilewise.runtime import autotune
+
+    seen = []
+
+    def choose(op, problem, candidates, run_fn, **kw):
+        seen.append((op, tuple(candidates)))
+        return kw["default"]
+
+    monkeypatch.setattr(autotune, "choose_config", choose)
+    monkeypatch.setattr(gconv, "_cuda_level", lambda x, out: 2)
+    monkeypatch.setattr(gconv_library, "offered", lambda x, deterministic=False: False)
+    if offered:
+        monkeypatch.delenv(gconv_cuda.ENV_WIDE_TILES, raising=False)
+    else:
+        monkeypatch.setenv(gconv_cuda.ENV_WIDE_TILES, "0")
+    for k in (7, 3):
+        x = torch.randn(1, 64, 5, 6).contiguous(memory_format=torch.channels_last)
+        wt = torch.randn(64, 8, k, k)
+        y = gconv.forward(x, wt, None, k // 2, k // 2)
+        ref = F.conv2d(x, wt, None, padding=k // 2, groups=8)
+        torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)
+    (key7, cands7), (key3, _) = seen
+    rowpair = [t for t in cands7 if isinstance(t, CudaTile) and t.rowpair]
+    assert bool(rowpair) is offered
+    assert key7.split("@")[0].endswith("+wide" if offered else "+nowide"), key7
+    assert "wide" not in key3, key3

@@ -82,8 +82,14 @@ def cleanup_fault(steps: Iterable[tuple[str, Callable[[], object] | None]]) -> s
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
         except Exception as exc:  # torch.AcceleratorError (a RuntimeError) on a CUDA fault
-            return f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return f"{name}: {first_line(exc)}"
     return None
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: message`` up to the message's first line (CUDA errors append four of advice)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 class IsolatedRunner:
@@ -99,6 +105,7 @@ class IsolatedRunner:
         self.fn, self.fixed = fn, fixed
         self.pool: Any = None
         self.faults = 0
+        self.last_fault: str | None = None
 
     def __enter__(self) -> IsolatedRunner:
         return self
@@ -120,10 +127,13 @@ class IsolatedRunner:
             self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
         try:
             records, fault = self.pool.submit(self.fn, *self.fixed, item).result()
-        except concurrent.futures.process.BrokenProcessPool as exc:
+        except concurrent.futures.BrokenExecutor as exc:  # the worker process died
             records, fault = [], f"worker died: {exc}"
+        except Exception as exc:  # raised in the worker: its process may be unusable too
+            records, fault = [], f"worker raised {first_line(exc)}"
         if fault is not None:
             self.faults += 1
+            self.last_fault = fault
             log.warning("tilewise bench: %s faulted (%s); a fresh worker goes on", item, fault)
             self._drop()
         return records

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,7 +26,14 @@ from torch import nn
 
 from tilewise.bench.ceilings import Ceilings, tf32_off
 from tilewise.bench.checks import compare
-from tilewise.bench.grid import IsolatedRunner, cleanup_fault, free_memory, run_grid, study_device
+from tilewise.bench.grid import (
+    IsolatedRunner,
+    cleanup_fault,
+    first_line,
+    free_memory,
+    run_grid,
+    study_device,
+)
 from tilewise.bench.timing import (
     EventTimer,
     GraphTimer,
@@ -36,6 +44,8 @@ from tilewise.bench.timing import (
     time_events,
 )
 from tilewise.registry import DTYPES
+
+log = logging.getLogger(__name__)
 
 IMPLS = ("eager", "graph", "compile", "tilewise", "strassen")
 GRAPHED = frozenset({"graph", "tilewise", "strassen"})
@@ -70,7 +80,7 @@ class MLPConfig:
     train_shape: tuple[int, int, int] = (8, 1024, 64)  # layers, hidden, batch
     train_dtype: str = "fp32"
     #: each cell in a worker process (``grid.IsolatedRunner``), so a CUDA fault costs one cell;
-    #: None: where torch.compile is among the impls (session 22: its cells faulted in cleanup)
+    #: None: on CUDA where torch.compile is among the impls (session 22: such cells faulted)
     isolate: bool | None = None
 
     @classmethod
@@ -202,7 +212,7 @@ def measure_cell(
                 out = (_capture(fn, sets[0]) if graphed else partial(fn, sets[0]))().clone()
                 ok, note = compare(out, out_e, ref, dtype)
             except Exception as exc:  # a crash is a failed check, reported as such
-                ok, note = False, f"raised {_first_line(exc)}"
+                ok, note = False, f"raised {first_line(exc)}"
             rec.update(checked=ok, check_note=note)
             if not ok:
                 rec["error"] = f"correctness check failed: {note}"
@@ -216,11 +226,11 @@ def measure_cell(
                 else:
                     _record_timing(rec, time_events(fn, args, cfg.warmup, reps), flops)
             except Exception as exc:
-                rec["error"] = _first_line(exc)
+                rec["error"] = first_line(exc)
         try:  # one impl that fails while timed loses only its own record
             for impl, t in interleaved(timers, counts).items():
                 if isinstance(t, Exception):
-                    recs_by[impl]["error"] = _first_line(t)
+                    recs_by[impl]["error"] = first_line(t)
                 else:
                     _record_timing(recs_by[impl], t, flops)
         finally:
@@ -235,15 +245,10 @@ def measure_cell(
             ("free_memory", lambda: free_memory(device)),
         )
     )
-    if fault is not None:  # the timings above finished (each synchronized) before it surfaced
+    if fault is not None:  # the checks and timings above, each synchronized, came through
         for r in recs:
             r["fault_after_timing"] = fault
     return recs
-
-
-def _first_line(exc: BaseException) -> str:
-    """``Type: message`` up to the message's first line (CUDA errors append four of advice)."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _ratios(recs: list[dict[str, Any]]) -> None:
@@ -255,26 +260,34 @@ def _ratios(recs: list[dict[str, Any]]) -> None:
             r[key] = other / r["median_s"] if ok else None
 
 
-#: impls that replay CUDA graphs of their own making; torch.compile's cudagraph trees beside
-#: them in one process faulted (session 22: an unspecified launch failure or illegal address in
-#: ~1 cell of 3 with eager + graph + compile, and with tilewise too; none in 21 cells of eager
-#: + compile alone), so the isolated study times compile in a process of its own
-_OWN_GRAPHS = ("graph", "tilewise", "strassen")
-
-
 def process_groups(impls: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The impls each worker process times (eager in each, as the check's reference)."""
-    if "compile" not in impls or not any(i in impls for i in _OWN_GRAPHS):
+    """The impls each worker process times: compile apart from the ``GRAPHED`` ones, whose CUDA
+    graphs beside its cudagraph trees in one process faulted (session 22: an unspecified launch
+    failure or illegal address in ~1 cell of 3 with eager + graph + compile, and with tilewise
+    too; none in 21 cells of eager + compile alone). Eager goes with compile too, timed and
+    then dropped where the first group has it."""
+    if "compile" not in impls or not any(i in impls for i in GRAPHED):
         return [impls]
-    return [tuple(i for i in impls if i != "compile"), ("eager", "compile")]
+    return [tuple(i for i in impls if i != "compile"), ("eager", "compile")]  # eager: the check
 
 
 def _measure_isolated(
     cfg: MLPConfig, device: str, cell: tuple[str, int, int, int]
 ) -> tuple[list[dict[str, Any]], str | None]:
     """``measure_cell`` in an ``IsolatedRunner`` worker: (records, the fault if any)."""
-    recs = measure_cell(cfg, *cell, torch.device(device))
+    try:
+        recs = measure_cell(cfg, *cell, torch.device(device))
+    except Exception as exc:  # e.g. a model that cannot be built: that cell's records say so
+        return lost_cell(cfg.impls, cell, f"raised {first_line(exc)}"), first_line(exc)
     return recs, next((r["fault_after_timing"] for r in recs if "fault_after_timing" in r), None)
+
+
+def lost_cell(impls: Sequence[str], cell: tuple[str, int, int, int], why: str) -> list[dict]:
+    """One error record per impl of a cell that gave none (its worker died or raised)."""
+    dtype, layers, batch, hidden = cell
+    flops = 2 * batch * hidden * hidden * layers
+    base = dict(dtype=dtype, layers=layers, batch=batch, hidden=hidden, flops=flops)
+    return [dict(base, impl=i, how=HOW[i], checked=False, median_s=None, error=why) for i in impls]
 
 
 def _record_timing(rec: dict[str, Any], t: Timing, flops: float) -> None:
@@ -318,6 +331,9 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
             "eager": (_make_step(m_e, torch.optim.AdamW(m_e.parameters()), x, y), "eager AdamW")
         }
         if "compile" in cfg.impls:
+            from tilewise.bench.pointwise import configure_compile
+
+            configure_compile()  # as the grid's cells do (in this process or a worker)
             fn = _make_step(m_c, torch.optim.AdamW(m_c.parameters()), x, y)
             steps["compile"] = (torch.compile(fn, mode=cfg.compile_mode), cfg.compile_mode)
         if "tilewise" in cfg.impls:
@@ -342,13 +358,16 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
                     step = _capture(step, warm=0)
                 t = time_events(lambda _x, s=step: s(), [(x,)], cfg.warmup, cfg.reps, False)
             except Exception as exc:
-                rec["error"] = _first_line(exc)
+                rec["error"] = first_line(exc)
                 continue
             rec.update(median_s=t.median_s, p20_s=t.p20_s, p80_s=t.p80_s, timer=t.method)
         eager_s = recs[0]["median_s"]
         for r in recs:
             r["x_eager"] = eager_s / r["median_s"] if eager_s and r["median_s"] else None
-    free_memory(device)
+    del steps, m_e, m_c, m_t, model
+    fault = cleanup_fault((("free_memory", lambda: free_memory(device)),))
+    for r in recs if fault is not None else []:
+        r["fault_after_timing"] = fault
     return recs
 
 
@@ -424,21 +443,26 @@ def run_mlp(
 ) -> list[dict[str, Any]]:
     """The grid (and the training step unless ``cfg.train`` is false); record dicts."""
     dev = study_device(device)
-    isolate = cfg.isolate if cfg.isolate is not None else "compile" in cfg.impls
-    isolate = isolate and dev.type == "cuda"
-    with contextlib.ExitStack() as stack:
+    auto = "compile" in cfg.impls and dev.type == "cuda"
+    isolate = cfg.isolate if cfg.isolate is not None else auto
+    groups = process_groups(cfg.impls)
+    with contextlib.ExitStack() as stack:  # one worker per group, each alive for the study
         runners = [
             stack.enter_context(IsolatedRunner(_measure_isolated, replace(cfg, impls=g), str(dev)))
-            for g in process_groups(cfg.impls)
+            for g in groups
         ]
 
         def isolated(cell: tuple[str, int, int, int]) -> list[dict[str, Any]]:
-            """The cell timed by each group's worker in turn; eager's record from the first."""
-            recs = runners[0](cell)
-            for runner in runners[1:]:
-                recs += [r for r in runner(cell) if r["impl"] != "eager"]
+            """The cell timed by each group's worker in turn; eager's record from the first
+            group that has one; a group that gave nothing gets an error record per impl."""
+            recs: list[dict[str, Any]] = []
+            for runner, group in zip(runners, groups, strict=True):
+                got = runner(cell) or lost_cell(group, cell, f"worker lost: {runner.last_fault}")
+                have = {r["impl"] for r in recs}
+                recs += [r for r in got if r["impl"] not in have]
             _ratios(recs)
-            return recs
+            order = {impl: k for k, impl in enumerate(IMPLS)}
+            return sorted(recs, key=lambda r: order.get(r["impl"], len(order)))
 
         recs = run_grid(
             cfg.cells(),
@@ -450,7 +474,16 @@ def run_mlp(
     for r in recs if ceilings is not None else []:  # fraction of the matmul ceiling
         rate = ceilings.matmul_flops_per_s.get(r["dtype"])
         r["frac_matmul"] = r["tflops"] * 1e12 / rate if rate and r.get("tflops") else None
-    return recs + (measure_train(cfg, dev) if cfg.train else [])
+    if not cfg.train:
+        return recs
+    try:  # in this process: a fault here must not cost the grid's records
+        return recs + measure_train(cfg, dev)
+    except Exception as exc:
+        log.warning("tilewise bench mlp: the training step failed (%s)", first_line(exc))
+        layers, hidden, batch = cfg.train_shape
+        cell = (cfg.train_dtype, layers, batch, hidden)
+        lost = lost_cell(("eager",), cell, f"raised {first_line(exc)}")
+        return recs + [dict(r, study="train") for r in lost]
 
 
 # --- summary and plots ---------------------------------------------------------------------------

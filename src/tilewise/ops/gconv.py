@@ -458,9 +458,11 @@ def _run_conv(
     library = gconv_library.offered(x, deterministic) and (bias is None or bias.dtype == x.dtype)
     level = _cuda_level(x, out)
     wide = gconv_cuda.rowpair_fragments(problem.r, problem.s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
-    # the wide-kernel row-pair tiles withheld (TILEWISE_GCONV_WIDE_TILES=0): a key of its own
+    # kernels past 5x5 key whether the wide-kernel row-pair tiles were offered (a pick cached
+    # before session 22 offered them, or with TILEWISE_GCONV_WIDE_TILES=0, is not theirs)
     wide_tiles = not (level and wide) or gconv_cuda.wide_tiles_offered()
-    tag = gconv_library.cache_tag(weight, library) + ("" if wide_tiles else "+nowide")
+    wide_tag = ("+wide" if wide_tiles else "+nowide") if level and wide else ""
+    tag = gconv_library.cache_tag(weight, library) + wide_tag
     cfg = autotune.choose_config(
         f"{op}.{pass_}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
