@@ -4,8 +4,9 @@
 # named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
 # print a short summary table last.
 #   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] scripts/gpu_check.sh [--no-tests] [BENCH ...]
-#   (test files run one at a time, each under its own timeout; the summary has a line per file;
-#   the files measured slower on an H100 get longer limits, see slow_limit below)
+#   (test files run one at a time, or GPU_TEST_JOBS at once, each under its own timeout; the
+#   summary has a line per file; the files measured slower on an H100 get longer limits, see
+#   slow_limit below)
 #   BUNDLE=1: everything is written to a scratch folder and packed into $OUT/gpu_check.tgz, one
 #   file (the device tool brings back at most 8 files per call)
 #   BENCH in: none ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
@@ -56,7 +57,9 @@ if [ "$run_tests" = 1 ]; then
       *) echo 300 ;;
     esac
   }
-  for f in $files; do
+  # one file: its log, and its summary line in a .status file (files may run at once)
+  run_test_file() {
+    local f=$1 log rc last finished limit
     log="$OUT/gpu_tests__$(basename "$f" .py).log"
     limit=${GPU_TEST_TIMEOUT:-$(slow_limit "$f")}
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short \
@@ -69,7 +72,19 @@ if [ "$run_tests" = 1 ]; then
     elif [ "$rc" = 124 ]; then
       last="TIMED OUT after $limit s; progress: $(grep -E '^[.FEsx]+' "$log" | tr -d ' \n' | cut -c1-80)"
     fi
-    test_status+=$'\n'"  $f: ${last:-no summary} (exit $rc)"
+    echo "  $f: ${last:-no summary} (exit $rc)" >"${log%.log}.status"
+  }
+  # GPU_TEST_JOBS files at once (default 1): the slow files spend their time compiling NVRTC
+  # and Triton kernels on one CPU core each, so 4 at once fit one 10-minute device call
+  jobs_max=${GPU_TEST_JOBS:-1}
+  for f in $files; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    run_test_file "$f" &
+  done
+  wait
+  for f in $files; do
+    log="$OUT/gpu_tests__$(basename "$f" .py).log"
+    test_status+=$'\n'"$(cat "${log%.log}.status" 2>/dev/null || echo "  $f: no status")"
     grep -E "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
   done
 fi
