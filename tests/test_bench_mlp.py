@@ -253,6 +253,10 @@ def _isolated_probe(mode: str, item: int) -> tuple[list[dict], str | None]:
         os._exit(3)
     if mode == "raise" and item == 1:
         raise ValueError("no model for this cell")
+    if mode == "hang" and item == 1:
+        import time
+
+        time.sleep(600)
     fault = "cleanup: RuntimeError: boom" if item == 2 else None
     return [{"item": item, "pid": os.getpid()}], fault
 
@@ -270,11 +274,22 @@ def test_isolated_runner_starts_a_fresh_worker_after_a_fault():
         assert run(3)[0]["item"] == 3 and run.faults == 1  # a fresh worker went on
 
 
+def test_isolated_runner_kills_a_hung_worker():
+    import time
+
+    with grid.IsolatedRunner(_isolated_probe, "hang", timeout_s=20) as run:
+        start = time.perf_counter()
+        assert run(1) == [] and run.last_fault == "worker timed out after 20 s"
+        assert time.perf_counter() - start < 120  # not the 600 s the item would have slept
+        run.timeout_s = None  # a slow machine's fresh worker may take a while to import
+        assert run(2)[0]["item"] == 2 and run.faults == 2  # item 2's own fault, a fresh worker
+
+
 class _FakeRunner:
     """An ``IsolatedRunner`` stand-in: canned records per group, no process; the compile
     group's worker is lost at batch 8."""
 
-    def __init__(self, fn, cfg, device):
+    def __init__(self, fn, cfg, device, timeout_s=None):
         self.impls, self.last_fault = cfg.impls, None
 
     def __enter__(self):

@@ -99,10 +99,16 @@ class IsolatedRunner:
     without tilewise in the cell, and lost everything after it. ``fn(*fixed, item)`` must be a
     picklable module-level function returning ``(records, fault)``; a fault (or a worker
     that died) starts a fresh worker for the next item. Items run one after another: timing
-    needs the GPU to itself."""
+    needs the GPU to itself. ``timeout_s``: an item that takes longer (a hung kernel) has its
+    worker killed and counts as a fault."""
 
-    def __init__(self, fn: Callable[..., tuple[list[dict[str, Any]], str | None]], *fixed):
-        self.fn, self.fixed = fn, fixed
+    def __init__(
+        self,
+        fn: Callable[..., tuple[list[dict[str, Any]], str | None]],
+        *fixed: Any,
+        timeout_s: float | None = None,
+    ):
+        self.fn, self.fixed, self.timeout_s = fn, fixed, timeout_s
         self.pool: Any = None
         self.faults = 0
         self.last_fault: str | None = None
@@ -113,10 +119,14 @@ class IsolatedRunner:
     def __exit__(self, *exc: object) -> None:
         self._drop()
 
-    def _drop(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+    def _drop(self, kill: bool = False) -> None:
+        if self.pool is None:
+            return
+        if kill:  # a hung worker would never finish its item: end its process first
+            for proc in list(getattr(self.pool, "_processes", {}).values()):
+                proc.kill()
+        self.pool.shutdown(wait=not kill, cancel_futures=True)
+        self.pool = None
 
     def __call__(self, item: T) -> list[dict[str, Any]]:
         import concurrent.futures
@@ -125,8 +135,12 @@ class IsolatedRunner:
         if self.pool is None:
             ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
             self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx)
+        hung = False
         try:
-            records, fault = self.pool.submit(self.fn, *self.fixed, item).result()
+            future = self.pool.submit(self.fn, *self.fixed, item)
+            records, fault = future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            records, fault, hung = [], f"worker timed out after {self.timeout_s} s", True
         except concurrent.futures.BrokenExecutor as exc:  # the worker process died
             records, fault = [], f"worker died: {exc}"
         except Exception as exc:  # raised in the worker: its process may be unusable too
@@ -135,5 +149,5 @@ class IsolatedRunner:
             self.faults += 1
             self.last_fault = fault
             log.warning("tilewise bench: %s faulted (%s); a fresh worker goes on", item, fault)
-            self._drop()
+            self._drop(kill=hung)
         return records

@@ -82,6 +82,8 @@ class MLPConfig:
     #: each cell in a worker process (``grid.IsolatedRunner``), so a CUDA fault costs one cell;
     #: None: on CUDA where torch.compile is among the impls (session 22: such cells faulted)
     isolate: bool | None = None
+    #: an isolated cell still running after this long (a hung kernel) loses its worker
+    cell_timeout_s: float | None = 900.0
 
     @classmethod
     def full(cls, **overrides: Any) -> MLPConfig:
@@ -448,7 +450,14 @@ def run_mlp(
     groups = process_groups(cfg.impls)
     with contextlib.ExitStack() as stack:  # one worker per group, each alive for the study
         runners = [
-            stack.enter_context(IsolatedRunner(_measure_isolated, replace(cfg, impls=g), str(dev)))
+            stack.enter_context(
+                IsolatedRunner(
+                    _measure_isolated,
+                    replace(cfg, impls=g),
+                    str(dev),
+                    timeout_s=cfg.cell_timeout_s,
+                )
+            )
             for g in groups
         ]
 
