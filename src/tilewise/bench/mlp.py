@@ -581,7 +581,8 @@ def plot_mlp(results: Mapping[str, Any] | Sequence[Mapping[str, Any]], path: str
             continue
         dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
         layers = sorted({r["layers"] for r in rows})
-        fig = Figure(figsize=(3.6 * len(layers), 3.2 * len(dtypes)), layout="constrained")
+        # at least ~5.6 inches wide: one panel would clip the title
+        fig = Figure(figsize=(max(5.6, 3.6 * len(layers)), 3.2 * len(dtypes)), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(dtypes), len(layers), squeeze=False)
         vals = [r[key] for r in rows if r[key]]
