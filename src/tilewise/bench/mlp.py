@@ -247,10 +247,14 @@ def measure_cell(
             ("free_memory", lambda: free_memory(device)),
         )
     )
-    if fault is not None:  # the checks and timings above, each synchronized, came through
-        for r in recs:
-            r["fault_after_timing"] = fault
+    _mark_fault(recs, fault)  # the checks and timings above, each synchronized, came through
     return recs
+
+
+def _mark_fault(recs: list[dict[str, Any]], fault: str | None) -> None:
+    """A CUDA fault that surfaced after the records' timings, on each of them."""
+    for r in recs if fault is not None else []:
+        r["fault_after_timing"] = fault
 
 
 def _ratios(recs: list[dict[str, Any]]) -> None:
@@ -280,7 +284,8 @@ def _measure_isolated(
     try:
         recs = measure_cell(cfg, *cell, torch.device(device))
     except Exception as exc:  # e.g. a model that cannot be built: that cell's records say so
-        return lost_cell(cfg.impls, cell, f"raised {first_line(exc)}"), first_line(exc)
+        why = first_line(exc)
+        return lost_cell(cfg.impls, cell, f"raised {why}"), why
     return recs, next((r["fault_after_timing"] for r in recs if "fault_after_timing" in r), None)
 
 
@@ -367,9 +372,7 @@ def measure_train(cfg: MLPConfig, device: torch.device) -> list[dict[str, Any]]:
         for r in recs:
             r["x_eager"] = eager_s / r["median_s"] if eager_s and r["median_s"] else None
     del steps, m_e, m_c, m_t, model
-    fault = cleanup_fault((("free_memory", lambda: free_memory(device)),))
-    for r in recs if fault is not None else []:
-        r["fault_after_timing"] = fault
+    _mark_fault(recs, cleanup_fault((("free_memory", lambda: free_memory(device)),)))
     return recs
 
 
@@ -398,7 +401,7 @@ def _compile_worker(cfg: MLPConfig, cells: list, device: str) -> list[tuple[tupl
         try:
             out.append((tuple(cell), _compile_cell(cfg, cell, device)))
         except Exception as exc:  # reported; the study then compiles (or fails) that cell itself
-            out.append((tuple(cell), f"{type(exc).__name__}: {exc}"))
+            out.append((tuple(cell), first_line(exc)))
     return out
 
 
@@ -433,7 +436,7 @@ def warm_compile(
                 done.update(fut.result())
             except Exception as exc:  # a worker that died: its cells are built by the study
                 for cell in futures[fut]:
-                    done.setdefault(tuple(cell), f"worker failed: {type(exc).__name__}: {exc}")
+                    done.setdefault(tuple(cell), f"worker failed: {first_line(exc)}")
     return [(tuple(c), done.get(tuple(c), "not built")) for c in cells]
 
 

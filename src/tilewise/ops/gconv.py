@@ -460,7 +460,7 @@ def _run_conv(
     wide = gconv_cuda.rowpair_fragments(problem.r, problem.s) > gconv_cuda.ROWPAIR_MAX_FRAGMENTS
     # kernels past 5x5 key whether the wide-kernel row-pair tiles were offered (a pick cached
     # before session 22 offered them, or with TILEWISE_GCONV_WIDE_TILES=0, is not theirs)
-    wide_tiles = not (level and wide) or gconv_cuda.wide_tiles_offered()
+    wide_tiles = gconv_cuda.wide_tiles_offered()
     wide_tag = ("+wide" if wide_tiles else "+nowide") if level and wide else ""
     tag = gconv_library.cache_tag(weight, library) + wide_tag
     cfg = autotune.choose_config(
