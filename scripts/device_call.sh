@@ -100,20 +100,24 @@ for step in "$@"; do
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
-    big) study gconv-s21-big 420 --n 128 256 --extra-kernels ;;
+    big) study gconv-s23-big 420 --n 128 256 --extra-kernels ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)
       dt=${step##*-}
       start=$(date +%s)
       # shellcheck disable=SC2086
-      timeout 560 "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 ${MLP_BATCHES:+--batches $MLP_BATCHES} \
+      timeout "${MLP_TIMEOUT:-560}" "${TW[@]}" bench mlp --dtypes "$dt" --layers 8 ${MLP_BATCHES:+--batches $MLP_BATCHES} \
         --impls ${MLP_IMPLS:-eager graph compile tilewise strassen} --compile-warm-jobs 10 --no-train \
         --no-progress --plot --study "mlp-compile-L8-$dt${MLP_IMPLS:+-${MLP_IMPLS// /-}}${MLP_BATCHES:+-b${MLP_BATCHES// /-}}" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
       echo "rc $? $(($(date +%s) - start)) s: mlp-compile-$dt"
       pack
       grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"
       ;;
+    tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
+      gpu_tests 150 tests/test_layernorm.py -k "looped" ;;
+    ln-replay)  # session 23's one layer_norm failure, replayed by its seed (race or ReLU mask?)
+      timeout 120 python scripts/ln_failure_replay.py 2>&1 | tee "$R/ln-replay.log" | grep -v Warn ;;
     *) echo "unknown step $step" ;;
   esac
 done

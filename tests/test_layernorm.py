@@ -264,6 +264,40 @@ def test_looped_path_long_rows(device, dtype, monkeypatch, rng_seed):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("affine", ["wb", "w", "b"])
+def test_looped_path_weight_grads_share_the_kernels_mask(device, dtype, affine, monkeypatch):
+    """The long-row backward's dweight and dbias come from the kernel that computes dx, with its
+    ReLU mask, never from a PyTorch recomputation whose mask can differ at a kink (session 23:
+    a dbias without a row that dx had). Each gradient must equal its per-row terms' sum."""
+    if device == "cpu":
+        monkeypatch.setattr(ops, "MAX_FUSED_N", 16)
+        monkeypatch.setattr(ops, "CHUNK_N", 8)
+        xshape, n = (4, 37), 37
+    else:
+        xshape, n = (5, 20_000), 20_000
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the long-row backward called the PyTorch reference")
+
+    monkeypatch.setattr(ops, "reference_backward", no_reference)
+    x = torch.randn(xshape, device=device).to(dtype)
+    w = (1 + 0.5 * torch.randn(n, device=device)).to(dtype) if "w" in affine else None
+    b = (0.5 * torch.randn(n, device=device)).to(dtype) if "b" in affine else None
+    dy = torch.randn(xshape, device=device).to(dtype)
+    y, mean, rstd = ops.forward(x, (n,), w, b, relu=True)
+    dx, dw, db = ops.backward(dy, x, (n,), w, b, mean, rstd, relu=True)
+    assert dx.isfinite().all()
+    # PyTorch's ReLU backward reads the output: the mask the kernel's dx used is y > 0
+    g = torch.where(y > 0, dy, 0).double()
+    xhat = (x.double() - mean.double()[:, None]) * rstd.double()[:, None]
+    atol = ATOL[dtype] * 4 * xshape[0] ** 0.5
+    if w is not None:
+        torch.testing.assert_close(dw.double(), (g * xhat).sum(0), rtol=1e-2, atol=atol)
+    if b is not None:
+        torch.testing.assert_close(db.double(), g.sum(0), rtol=1e-2, atol=atol)
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 def test_fp32_params_with_half_input(device, dtype, rng_seed):
     if dtype == torch.float32:
         pytest.skip("mixed precision case is for half inputs")

@@ -300,12 +300,19 @@ def _ln_bwd_looped_kernel(
     mean_ptr,
     rstd_ptr,
     dx_ptr,
+    dwr_ptr,
+    dbr_ptr,
     N,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
     RELU: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """Rows wider than ``MAX_FUSED_N``, one program per row, read twice: dx, and this row's fp32
+    terms of dweight (``dwr_ptr``) and dbias (``dbr_ptr``), summed over rows by the host. They
+    come from the ReLU mask dx used: until session 23 PyTorch recomputed them with a mask of its
+    own, which can differ from the kernel's where the pre-activation is within rounding of 0
+    (the GPU tests caught one such element: dbias without a row that dx had)."""
     row = tl.program_id(0)
     base = row.to(tl.int64) * N
     mean = tl.load(mean_ptr + row + tl.arange(0, 1))
@@ -340,6 +347,10 @@ def _ln_bwd_looped_kernel(
         )
         dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         tl.store(dx_ptr + base + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            tl.store(dwr_ptr + base + cols[None, :], dy * xhat, mask=mask)
+        if HAS_B:
+            tl.store(dbr_ptr + base + cols[None, :], dy, mask=mask)
 
 
 def row_size(normalized_shape: Sequence[int]) -> int:
@@ -523,12 +534,16 @@ def backward(dy, x, normalized_shape, weight, bias, mean, rstd, relu: bool = Fal
     b = bias.contiguous() if bias is not None else xv
     flags = dict(HAS_W=weight is not None, HAS_B=bias is not None, RELU=bool(relu))
     if n > MAX_FUSED_N:
-        _ln_bwd_looped_kernel[(m,)](
-            dyv, xv, w, b, mean, rstd, dx, n, **flags, BLOCK_N=CHUNK_N, num_warps=8
+        # per-row fp32 terms of dweight and dbias, summed in a fixed order (deterministic)
+        dwr = (
+            alloc.empty((m, n), device=x.device, dtype=torch.float32) if weight is not None else dx
         )
-        _, dw, db = reference_backward(dyv, xv, (n,), weight, bias, mean, rstd, relu)
-        dw = dw.view(weight.shape) if dw is not None else None
-        db = db.view(bias.shape) if db is not None else None
+        dbr = alloc.empty((m, n), device=x.device, dtype=torch.float32) if bias is not None else dx
+        _ln_bwd_looped_kernel[(m,)](
+            dyv, xv, w, b, mean, rstd, dx, dwr, dbr, n, **flags, BLOCK_N=CHUNK_N, num_warps=8
+        )
+        dw = dwr.sum(0).to(weight.dtype).view(weight.shape) if weight is not None else None
+        db = dbr.sum(0).to(bias.dtype).view(bias.shape) if bias is not None else None
         return dx.view(x.shape), dw, db
     affine = weight is not None or bias is not None
     cfg = _config("layer_norm_bwd", m, n, x.element_size(), x.device, affine)
