@@ -99,7 +99,7 @@ for step in "$@"; do
       study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
-    small-bf16) study gconv-s21-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
+    small-bf16) study gconv-s23-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
     big) study gconv-s23-big 420 --n 128 256 --extra-kernels ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
