@@ -114,6 +114,14 @@ for step in "$@"; do
       pack
       grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"
       ;;
+    tests-dwcl)  # session 23's channels_last dw (written after its device time), 4 processes
+      par_tests tests-dwcl tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks" \
+        tests/test_gconv.py "wgrad or channels_last or compile" \
+        tests/test_gconv_library.py "" ;;
+    wgrad-k5-n8)  # the cell under cuDNN since session 12 (0.90-0.94x in session 22)
+      study gconv-s24-wgrad-k5-n8 200 --channels 64 --kernels 5 --extra-kernels --n 8 \
+        --passes wgrad ;;
     tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
       gpu_tests 150 tests/test_layernorm.py -k "looped" ;;
     ln-replay)  # session 23's one layer_norm failure, replayed by its seed (race or ReLU mask?)

@@ -149,6 +149,74 @@ def test_every_wgrad_config(deterministic, rng_seed):
                 assert workspace.all_zero()
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_wgrad_writes_a_channels_last_dw(deterministic, rng_seed):
+    """With ``dw_cl`` every reduction mode (one chunk; several chunks by atomics or by the host's
+    fixed-order sum) writes dw in a channels_last weight's layout, with the same values."""
+    x, wt, _ = make_inputs(2, 16, 5, 6, 3, 2, torch.float32, bias=False, device=KERNEL_DEVICE)
+    problem = GConvProblem.from_tensors(x, wt, torch.zeros(16), 1, 0)
+    dy = torch.randn(2, 16, problem.p, problem.q, device=x.device)
+    dy = dy.contiguous(memory_format=torch.channels_last)
+    kw = {"padding": (1, 0), "groups": 2}
+    ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), **kw)
+    same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, **kw)
+    pixels = 2 * problem.p * problem.q
+    for cfg in (WgradConfig(16, 16, 1, 4, 1, 4), WgradConfig(64, 16, 2, 4, 1, 16)):
+        chunks = -(-pixels // (cfg.block_m * cfg.chunk_steps))
+        dw, db = gconv_wgrad.launch_wgrad(dy, x, problem, cfg, True, deterministic, dw_cl=True)
+        assert dw.shape == wt.shape and dw.is_contiguous(memory_format=torch.channels_last)
+        assert not dw.is_contiguous()
+        tag = f"wgrad channels_last dw {cfg.name} chunks {chunks}"
+        assert_three_way(dw, same, ref, ATOL[torch.float32] * 8, tag, rng_seed)
+        torch.testing.assert_close(db, dy.sum((0, 2, 3)), atol=1e-4, rtol=1e-4)
+        if not deterministic:
+            assert workspace.all_zero()
+
+
+def test_channels_last_weight_grad_is_kept_by_autograd(rng_seed):
+    """A channels_last weight (a model moved to channels_last) gets its gradient from the op in
+    its own layout, so AccumulateGrad installs that tensor as ``.grad`` with no copy; the fake
+    kernel promises the same strides (torch.compile); any other layout gets a contiguous one,
+    which autograd lays out like the parameter."""
+    x0, w0, _ = make_inputs(2, 16, 5, 4, 3, 3, torch.float32, bias=False)
+    made = []  # (data_ptr, strides) of the op's dw: no reference, or autograd would copy it
+    real_backward = ops.backward
+
+    def spy(*args, **kwargs):
+        out = real_backward(*args, **kwargs)
+        made.append((out[1].data_ptr(), out[1].stride()))
+        return out
+
+    layouts = {
+        "channels_last": w0.contiguous(memory_format=torch.channels_last),
+        "contiguous": w0.clone(),
+        "transposed": w0.transpose(2, 3).contiguous().transpose(2, 3),
+    }
+    for layout, w in layouts.items():
+        x, w = leaf(x0), w.detach().requires_grad_()
+        made.clear()
+        with mock.patch.object(ops, "backward", spy):
+            tilewise.grouped_conv2d(x, w, None, padding=1).square().sum().backward()
+        (ptr, stride), = made  # fmt: skip
+        cl = layout == "channels_last"
+        want = torch.empty(
+            w.shape, memory_format=torch.channels_last if cl else torch.contiguous_format
+        )
+        assert stride == want.stride(), layout
+        assert w.grad.stride() == w.stride(), layout
+        # the op's tensor itself, not a copy into the weight's layout (transposed: a copy)
+        assert (w.grad.data_ptr() == ptr) is (layout != "transposed"), layout
+        ref = torch.nn.grad.conv2d_weight(x0, w0.shape, 2 * F.conv2d(x0, w0, padding=1, groups=2),
+                                          padding=1, groups=2)  # fmt: skip
+        torch.testing.assert_close(w.grad, ref, atol=1e-4, rtol=1e-4)
+        wd, gd = w.detach(), torch.empty(2, 16, 5, 4, memory_format=torch.channels_last)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            g, fx, fw = (mode.from_tensor(t) for t in (gd, x0, wd))
+            bwd = tilewise.functional._grouped_conv2d_backward_op
+            _, fdw, _ = bwd(g, fx, fw, None, 1, 1, False, True, False, True)
+        assert fdw.stride() == stride, layout
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [3, 5, 7])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -406,18 +474,25 @@ def test_opcheck(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_torch_compile_fullgraph(device, rng_seed):
+@pytest.mark.parametrize("weight_layout", ["contiguous", "channels_last"])
+def test_torch_compile_fullgraph(device, weight_layout, rng_seed):
+    """fullgraph compiles; a channels_last weight's gradient keeps its layout (the fake kernel
+    promises the strides the real one returns)."""
     backend = "inductor" if device == "cuda" else "aot_eager"  # CPU: no C++ build in CI
 
     def f(x, w, b):
         y = tilewise.grouped_conv2d(x * 2.0, w, b, padding=1)
         return (F.silu(y) ** 2).sum()
 
-    x, w, b = (leaf(t) for t in make_inputs(2, 16, 5, 6, 3, 3, torch.float32, device=device))
+    x, w, b = make_inputs(2, 16, 5, 6, 3, 3, torch.float32, device=device)
+    if weight_layout == "channels_last":
+        w = w.contiguous(memory_format=torch.channels_last)
+    x, w, b = (leaf(t) for t in (x, w, b))
     compiled = torch.compile(f, backend=backend, fullgraph=True)
     out = compiled(x, w, b)
     out.backward()
     got = [t.grad.clone() for t in (x, w, b)]
+    assert w.grad.stride() == w.stride()
     x.grad = w.grad = b.grad = None
     expect = f(x, w, b)
     expect.backward()

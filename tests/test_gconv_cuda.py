@@ -39,6 +39,11 @@ def test_source_template_formats_for_every_kernel_size():
                     assert src.count("{") == src.count("}") and f"{entry}(" in src
                     assert f"#define DB_HALF {int(bias == 2)}" in src
                     assert f"#define TMA {tile.tma}" in src
+                    assert "#define DW_CL 0" in src
+                    src_cl, _ = gconv_cuda.source(
+                        r, s, tile, True, bias, False, "tw_gconv_wgrad", dw_cl=True
+                    )
+                    assert "#define DW_CL 1" in src_cl and src_cl.count("{") == src_cl.count("}")
                     rows = tile.tap_rows or r  # a row-split CTA's kernel: its rows of taps
                     assert f"#define R {rows}\n#define R_FULL {r}\n" in src
                     assert f"#define ROWSPLIT {int(rows != r)}" in src
@@ -533,7 +538,7 @@ def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
     """Every tile ``tiles_for(c, r, s)`` gives on the odd shapes, dw and db by the three-way
     rule; returns how many (shape, tile) pairs ran."""
     ran = 0
-    for n, c, h, w, r, s, ph, pw, has_b in CASES:
+    for case, (n, c, h, w, r, s, ph, pw, has_b) in enumerate(CASES):
         x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
         wshape = (c, 8, r, s)
         pad = (ph, pw)
@@ -546,12 +551,17 @@ def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
         same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
         db_ref = dy.double().sum((0, 2, 3))
         atol = ATOL[dtype] * (n * h * w) ** 0.5
-        for tile in tiles_for(c, r, s):
+        for k, tile in enumerate(tiles_for(c, r, s)):
             tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
+            # a tile writes dw channels_last (DW_CL) on every other shape it runs on, so each
+            # tile met on two shapes runs both layouts (not both everywhere: a compile each)
+            dw_cl = bool((case + k) % 2)
+            fmt = torch.channels_last if dw_cl else torch.contiguous_format
             # with a bias: its gradient in fp32 and, written by the kernel, in the input dtype
             for db_dtype in (torch.float32, dtype) if has_b else (torch.float32,):
-                dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile, db_dtype)
-                assert dw.dtype == dtype and dw.shape == wshape and dw.is_contiguous()
+                dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile, db_dtype, dw_cl)
+                assert dw.dtype == dtype and dw.shape == wshape
+                assert dw.is_contiguous(memory_format=fmt), f"dw layout, {tag} dw_cl={dw_cl}"
                 assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
                 if has_b:
                     assert db.dtype == db_dtype
@@ -602,8 +612,12 @@ def test_multi_row_blocks(dtype, rng_seed):
         for tile in tiles:
             if not gconv_cuda.wgrad_tile_ok(c, r, s, tile):
                 continue
-            tag = f"wgrad n{n} c{c} k{r}x{s} {tile.name} {dtype}"
-            dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile)
+            # both dw layouts: with tap_rows > 1 a CTA's taps start mid-kernel (R < R_FULL)
+            dw_cl = bool(ran % 2)
+            tag = f"wgrad n{n} c{c} k{r}x{s} {tile.name} {dtype} dw_cl={dw_cl}"
+            fmt = torch.channels_last if dw_cl else torch.contiguous_format
+            dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile, dw_cl=dw_cl)
+            assert dw.is_contiguous(memory_format=fmt), tag
             assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
             db_same = dy.float().sum((0, 2, 3))
             assert_three_way(db, db_same, dy.double().sum((0, 2, 3)), 1e-3, f"db {tag}", rng_seed)

@@ -19,14 +19,18 @@ NVCC = shutil.which("nvcc")
 WIDE_KERNELS = ((7, 7), (6, 6), (5, 7), (7, 5))
 
 
-def _ptxas(src: str, tmp_path, arch: str = "sm_90") -> tuple[int, int]:
-    """(registers, spill bytes) of the kernel in ``src`` by ``nvcc -cubin -Xptxas -v``."""
+def _ptxas(src: str, tmp_path, arch: str = "sm_90", entry: str | None = None) -> tuple[int, int]:
+    """(registers, spill bytes) of the kernels in ``src`` by ``nvcc -cubin -Xptxas -v``: the
+    most registers and all spills, or with ``entry`` that entry function's alone."""
     path = tmp_path / "k.cu"
     path.write_text(src)
     cmd = [NVCC, f"-arch={arch}", "-cubin", "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v"]
     res = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     log = res.stdout + res.stderr
+    if entry is not None:  # ptxas reports per function: "Compiling entry function 'name'"
+        parts = re.split(r"Compiling entry function '", log)
+        log = next(p for p in parts[1:] if p.startswith(entry + "'"))
     regs = [int(m) for m in re.findall(r"Used (\d+) registers", log)]
     spills = [
         int(a) + int(b)
@@ -118,3 +122,24 @@ def test_wide_kernel_tiles_compile_without_spills(r, s, tmp_path):
 def test_fitted_wide_kernel_tiles_compile_without_spills(c, tmp_path):
     """The same tiles fitted to other channel counts (fewer warps, other CTA budgets), 7x7."""
     _check_compiles(c, 7, 7, [(False, True, False)], tmp_path)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_channels_last_dw_variants_compile_and_cost_no_registers(tmp_path):
+    """``DW_CL`` (dw written in a channels_last weight's layout) changes only the finish pass's
+    and the cluster reduction's store index: the tap, cluster, row-split and row-pair wgrad
+    kernels compile with it, without spills and with at most a few more registers."""
+    tiles = (
+        gconv_cuda.WGRAD_TILES[0],  # tap kernel, atomics + last-CTA finish pass
+        gconv_cuda.WGRAD_TILES[3],  # row-pair wgrad kernel
+        gconv_cuda.CLUSTER_WGRAD_TILES[0],  # cluster reduction through distributed smem
+        gconv_cuda.ROW_WGRAD_TILES[3],  # one row of taps per CTA (blockIdx.z rows)
+    )
+    for tile in tiles:
+        r = s = 5 if not tile.rowpair else 3
+        regs = {}
+        for dw_cl in (False, True):
+            src, entry = gconv_cuda.source(r, s, tile, True, 2, False, "tw_gconv_wgrad", dw_cl)
+            regs[dw_cl], spills = _ptxas(src, tmp_path, entry=entry)
+            assert spills == 0, (tile.name, dw_cl)
+        assert regs[True] <= regs[False] + 8, (tile.name, regs)

@@ -65,15 +65,17 @@ def test_fprop_and_dgrad_through_the_library(device, dtype, weight_layout, shape
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("need_db", [False, True])
 @pytest.mark.parametrize("db_dtype", ["x", "fp32"])
-def test_wgrad_through_the_library(device, dtype, need_db, db_dtype, rng_seed):
+@pytest.mark.parametrize("dw_cl", [False, True], ids=["dw-contiguous", "dw-channels-last"])
+def test_wgrad_through_the_library(device, dtype, need_db, db_dtype, dw_cl, rng_seed):
     n, c, h, w, r, s, ph, pw = 3, 16, 6, 5, 5, 3, 2, 0
     x, wt, _ = _inputs(n, c, h, w, r, s, dtype, device, "contiguous")
     problem = GConvProblem.from_tensors(x, wt, None, ph, pw)
     dy = torch.randn(n, c, problem.p, problem.q, device=device, dtype=dtype)
     dy = dy.contiguous(memory_format=torch.channels_last)
     want_db = dtype if db_dtype == "x" else torch.float32
-    dw, db = gconv_wgrad._launch(dy, x, problem, lib.CUDNN, need_db, False, want_db)
-    assert dw.shape == (c, 8, r, s) and dw.is_contiguous() and dw.dtype == dtype
+    dw, db = gconv_wgrad._launch(dy, x, problem, lib.CUDNN, need_db, False, want_db, dw_cl)
+    fmt = torch.channels_last if dw_cl else torch.contiguous_format
+    assert dw.shape == (c, 8, r, s) and dw.is_contiguous(memory_format=fmt) and dw.dtype == dtype
     kw = {"padding": (ph, pw), "groups": c // 8}
     ref = torch.nn.grad.conv2d_weight(x.double(), wt.shape, dy.double(), **kw)
     same = torch.nn.grad.conv2d_weight(x, wt.shape, dy, **kw)
@@ -143,7 +145,9 @@ def test_every_pass_takes_the_library_when_chosen(deterministic, monkeypatch, rn
     same_dw = torch.nn.grad.conv2d_weight(x, wt.shape, dy, **kw)
     assert_three_way(dw, same_dw, ref_dw, 1e-5, "dw", rng_seed)
     torch.testing.assert_close(db, dy.sum((0, 2, 3)))
-    assert dw.is_contiguous() and dx.is_contiguous(memory_format=torch.channels_last)
+    # dw in the weight's layout (channels_last here), as the fake kernel promises
+    assert dw.stride() == ops.empty_weight_grad(wt, wt.dtype).stride()
+    assert dx.is_contiguous(memory_format=torch.channels_last)
     offered = {op.split("@")[0]: lib.CUDNN in cands for op, cands in seen}
     fprop = [k for k in offered if k.endswith(".fprop+cudnn.wcl")]
     assert fprop and offered[fprop[0]], offered

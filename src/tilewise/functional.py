@@ -385,7 +385,7 @@ def _(grad, x, weight, bias, pad_h, pad_w, need_dx, need_dw, need_db, determinis
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     return (
         dx if need_dx else empty,
-        torch.empty(weight.shape, dtype=x.dtype, device=x.device) if need_dw else empty.clone(),
+        _gconv.empty_weight_grad(weight, x.dtype) if need_dw else empty.clone(),
         torch.empty_like(bias) if need_db and bias is not None else empty.clone(),
     )
 

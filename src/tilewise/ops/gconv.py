@@ -415,6 +415,21 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t)
 
 
+def dw_channels_last(weight: torch.Tensor) -> bool:
+    """Whether the weight gradient is written channels_last: for a channels_last weight (a model
+    moved to channels_last), so that autograd's AccumulateGrad keeps it as the parameter's
+    ``.grad`` instead of copying it into the parameter's layout (one kernel per conv per step).
+    Any other layout (a 1x1 weight is both) gets a contiguous one."""
+    return weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+
+
+def empty_weight_grad(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized weight gradient in the layout ``backward`` returns (shared with the fake
+    kernel)."""
+    fmt = torch.channels_last if dw_channels_last(weight) else torch.contiguous_format
+    return torch.empty(weight.shape, dtype=dtype, device=weight.device, memory_format=fmt)
+
+
 def empty_output(x: torch.Tensor, weight: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     """An uninitialized channels_last output of the right size (shared with the fake kernel)."""
     p, q = output_size(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad_h, pad_w)
@@ -551,7 +566,8 @@ def backward(
     need: tuple[bool, bool, bool] = (True, True, True),
     deterministic: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dx channels_last, dweight [C, 8, R, S] contiguous, dbias) for the entries in ``need``.
+    """(dx channels_last, dweight [C, 8, R, S] (channels_last for a channels_last weight, else
+    contiguous: ``dw_channels_last``), dbias) for the entries in ``need``.
 
     ``deterministic=False`` lets wgrad add its partial sums with fp32 atomics (run-to-run bit
     differences on the GPU); True reduces per-chunk partials with a PyTorch sum.
@@ -572,9 +588,7 @@ def backward(
         dx, dw, db = reference_backward(grad, x, weight, bias, (pad_h, pad_w), need)
         return (
             _channels_last(dx) if dx is not None else None,
-            torch.empty_like(weight, memory_format=torch.contiguous_format).copy_(dw)
-            if dw is not None
-            else None,
+            empty_weight_grad(weight, weight.dtype).copy_(dw) if dw is not None else None,
             db,
         )
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
@@ -599,7 +613,8 @@ def backward(
         )
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32
-        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic, db_dtype)
+        dw_cl = dw_channels_last(weight)
+        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic, db_dtype, dw_cl)
     if need_db and db is None:
         db = grad.sum((0, 2, 3), dtype=torch.float32)
     if db is not None:

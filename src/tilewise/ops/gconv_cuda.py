@@ -364,11 +364,12 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
 
 
 def source(
-    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str
+    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str, dw_cl=False
 ) -> tuple[str, str]:
     """(CUDA source, entry point) of a kernel variant. ``entry``: "tw_gconv_fprop" (the tile
     picks the tap or row-pair kernel) or "tw_gconv_wgrad". ``bias``: fprop, whether there is one
-    (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype."""
+    (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
+    wgrad writes dw in a channels_last weight's layout."""
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.rowpair:
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
@@ -392,6 +393,7 @@ def source(
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
+        DW_CL=int(dw_cl),
     )
     return src, entry
 
@@ -408,9 +410,10 @@ def _kernel(
     dgrad: bool,
     device: int,
     entry: str = "tw_gconv_fprop",
+    dw_cl: bool = False,
 ):
     """The compiled kernel (arguments as ``source``)."""
-    src, entry = source(r, s, tile, bf16, bias, dgrad, entry)
+    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl)
     with torch.cuda.device(device):
         kernel = nvrtc_cache.compile_kernel(src, entry)
         size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
@@ -718,12 +721,13 @@ def wgrad(
     need_db: bool,
     tile: CudaTile = WGRAD_TILES[0],
     db_dtype: torch.dtype = torch.float32,
+    dw_cl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight gradient [C, 8, R, S] in x's dtype, bias gradient [C] in ``db_dtype`` (fp32 or
-    x's dtype) or None) of the grouped conv ``y = conv2d(x, w, padding)`` given ``dy``, both
-    channels_last fp16/bf16. One launch: the CTAs add fp32 sums with atomics (run-to-run
-    rounding differences: the non-deterministic mode) into a workspace whose last CTA per
-    channel block writes the results and zeroes it again."""
+    """(weight gradient [C, 8, R, S] in x's dtype, contiguous or with ``dw_cl`` channels_last,
+    bias gradient [C] in ``db_dtype`` (fp32 or x's dtype) or None) of the grouped conv
+    ``y = conv2d(x, w, padding)`` given ``dy``, both channels_last fp16/bf16. One launch: the
+    CTAs add fp32 sums with atomics (run-to-run rounding differences: the non-deterministic mode)
+    into a workspace whose last CTA per channel block writes the results and zeroes it again."""
     n, c, hi, wi = x.shape
     ho, wo = dy.shape[2], dy.shape[3]
     if not wgrad_tile_ok(c, r, s, tile):  # e.g. a row split of the row-pair or TMA kernel
@@ -732,16 +736,16 @@ def wgrad(
         raise ValueError(f"argument 'db_dtype' must be torch.float32 or {x.dtype}, not {db_dtype}")
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad")
+    bf16 = x.dtype == torch.bfloat16
+    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     if tile.tma and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile = wgrad_twin(tile, c, r, s)
-        kernel = _kernel(
-            r, s, tile, x.dtype == torch.bfloat16, db_mode, False, dev, "tw_gconv_wgrad"
-        )
+        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
-    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype)
+    fmt = torch.channels_last if dw_cl else torch.contiguous_format
+    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype, memory_format=fmt)
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w

@@ -5,7 +5,7 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
+``{DGRAD}``, ``{DW_CL}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
 """
 
 SOURCE = r"""
@@ -23,6 +23,7 @@ SOURCE = r"""
 #define DB_HALF {DB_HALF}
 #define CLUSTER {CLUSTER}
 #define TMA {TMA}
+#define DW_CL {DW_CL}
 #define NG (CB / 8)
 #define TAPS (R * S)
 #define TP ((TAPS + 1) / 2)
@@ -37,6 +38,15 @@ SOURCE = r"""
 #define S_OFF (Z_OFF + PIX)
 #define WSTAGE (HALO + TH * TW * PIX)
 #define WZ_OFF (STAGES * WSTAGE)
+// wgrad's dw_out element (out channel * 8 + in channel, tap): [C, 8, R_FULL, S] contiguous, or
+// with DW_CL in a channels_last weight's layout [C, R_FULL, S, 8], so that autograd keeps the
+// gradient of a channels_last parameter as it is instead of copying it into that layout
+#if DW_CL
+#define DW_OUT(oi8, tap) \
+    ((long long)((oi8) >> 3) * (R_FULL * S * 8) + (long long)(tap) * 8 + ((oi8) & 7))
+#else
+#define DW_OUT(oi8, tap) ((long long)(oi8) * (R_FULL * S) + (tap))
+#endif
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -310,8 +320,8 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
 
 // the wgrad kernels' common signature: dw [R_FULL, S, C, 8] and db [C] are fp32 sums in a
 // workspace that is zero on entry and left zero on exit, counters [row blocks x C / CB]
-// likewise; dw_out [C, 8, R_FULL, S] in the input dtype, db_out [C] in the input dtype
-// (DB_HALF) or fp32
+// likewise; dw_out [C, 8, R_FULL, S] in the input dtype (DW_CL: channels_last), db_out [C] in
+// the input dtype (DB_HALF) or fp32
 #define WGRAD_PARAMS                                                                             \
     const u16 *__restrict__ x, const u16 *__restrict__ dy, float *__restrict__ dw,              \
         float *__restrict__ db, u16 *__restrict__ dw_out, void *__restrict__ db_out,           \
@@ -350,8 +360,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;  // i / TAPS = (co - c0) * 8 + ci
             if (i < NW) {{
-                dw_out[((long long)c0 * 8 + i / TAPS) * (R_FULL * S) + tap0 + i % TAPS] =
-                    to_u16(v[j]);
+                dw_out[DW_OUT(c0 * 8 + i / TAPS, tap0 + i % TAPS)] = to_u16(v[j]);
                 st_cg(dw + (long long)(tap0 + i % TAPS) * C * 8 + c0 * 8 + i / TAPS, 0.f);
             }}
         }}
@@ -695,7 +704,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         float v = 0.f;
 #pragma unroll
         for (int k = 0; k < CLUSTER; ++k) v += ld_dsmem(local, k);
-        dw_out[((long long)c0 * 8 + oi) * (R_FULL * S) + blockIdx.z * TAPS + tap] = to_u16(v);
+        dw_out[DW_OUT(c0 * 8 + oi, blockIdx.z * TAPS + tap)] = to_u16(v);
     }}
 #if HAS_BIAS
     if (rank == CLUSTER - 1 && blockIdx.z == 0)

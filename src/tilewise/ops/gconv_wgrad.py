@@ -72,6 +72,7 @@ def _gconv_wgrad_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
     TAP_BLOCK: tl.constexpr,
+    DW_CL: tl.constexpr = False,
 ):
     chunk = tl.program_id(0)
     tap0 = tl.program_id(2) * TAP_BLOCK
@@ -121,8 +122,12 @@ def _gconv_wgrad_kernel(
             acc = tl.dot(tl.trans(xs), dy, acc)
     # keep the diagonal 8x8 blocks (same group); the rest paired channels of different groups
     keep = (ck[:, None] // 8 == c[None, :] // 8) & k_ok[:, None] & cmask[None, :]
-    # offsets in the final [C, 8, R, S] weight gradient
-    direct_offs = c[None, :] * 8 * R * S + (ck % 8)[:, None] * R * S + tap[:, None]
+    # offsets in the final [C, 8, R, S] weight gradient: contiguous, or with DW_CL in a
+    # channels_last weight's layout (the atomic mode's workspace takes the same offsets)
+    if DW_CL:
+        direct_offs = c[None, :] * 8 * R * S + tap[:, None] * 8 + (ck % 8)[:, None]
+    else:
+        direct_offs = c[None, :] * 8 * R * S + (ck % 8)[:, None] * R * S + tap[:, None]
     if MODE == 0:  # one chunk: the final gradient in its own dtype
         tl.store(dw_ptr + direct_offs, acc.to(dw_ptr.dtype.element_ty), mask=keep)
         if HAS_DB:
@@ -158,9 +163,10 @@ def launch_wgrad(
     cfg: WgradConfig,
     need_db: bool,
     deterministic: bool,
+    dw_cl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One wgrad run with ``cfg``: (weight gradient [C, 8, R, S] contiguous in x's dtype, fp32
-    [C] bias gradient or None).
+    """One wgrad run with ``cfg``: (weight gradient [C, 8, R, S] in x's dtype, contiguous or
+    with ``dw_cl`` channels_last, fp32 [C] bias gradient or None).
 
     One launch unless ``deterministic`` with more than one chunk (then a PyTorch sum of the
     per-chunk partials and a cast follow): at batch 1 extra launches cost more than the kernel."""
@@ -170,7 +176,8 @@ def launch_wgrad(
     chunks = cdiv(m, cfg.block_m * cfg.chunk_steps)
     grid = (chunks, cdiv(c, cfg.block_c), cdiv(r * s, cfg.tap_block))
     dev = x.device
-    dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype)
+    fmt = torch.channels_last if dw_cl else torch.contiguous_format
+    dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype, memory_format=fmt)
     db = alloc.empty(c, device=dev, dtype=torch.float32) if need_db else None
     sums, db_sums, counters = dw, db if need_db else dw, dw
     if chunks == 1:
@@ -213,6 +220,7 @@ def launch_wgrad(
             BLOCK_M=cfg.block_m,
             BLOCK_C=cfg.block_c,
             TAP_BLOCK=cfg.tap_block,
+            DW_CL=dw_cl,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -245,10 +253,13 @@ def wgrad(
     need_db: bool,
     deterministic: bool,
     db_dtype: torch.dtype = torch.float32,
+    dw_cl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dweight [C, 8, R, S] contiguous in x's dtype, dbias or None: fp32, or ``db_dtype`` where a
-    kernel writes it directly); config autotuned among the Triton configs and, in half precision
-    without determinism, the NVRTC kernel's tiles and cuDNN (``gconv_library``)."""
+    """(dweight [C, 8, R, S] in x's dtype, contiguous or with ``dw_cl`` in a channels_last
+    weight's layout, dbias or None: fp32, or ``db_dtype`` where a kernel writes it directly);
+    config autotuned among the Triton configs and, in half precision without determinism, the
+    NVRTC kernel's tiles and cuDNN (``gconv_library``). The layout is part of the cache key: it
+    moves cost between candidates (cuDNN's dw is channels_last; the others write either)."""
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     library = gconv_library.offered(x, deterministic)
@@ -256,19 +267,19 @@ def wgrad(
     candidates = _candidates(problem, sms, with_cuda, tma, library)
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
     mode = "det" if deterministic else "one-launch"
-    tag = gconv_library.cache_tag(None, library)
+    tag = gconv_library.cache_tag(None, library) + (".dwcl" if dw_cl else "")
     cfg = autotune.choose_config(
         f"{OP}.{mode}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         candidates,
-        lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype),
+        lambda k: _launch(grad, x, problem, k, need_db, deterministic, db_dtype, dw_cl),
         device=x.device,
         default=wgrad_candidates(problem, sms)[0],
         cold_l2=cold,
         warm_too=warm_too,
         screen=True,  # Triton configs and NVRTC tiles: a brief reading first (session 19)
     )
-    return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype)
+    return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype, dw_cl)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -284,7 +295,14 @@ def _candidates(
 
 
 def _launch(
-    grad, x, problem: GConvProblem, cfg, need_db: bool, deterministic: bool, db_dtype=torch.float32
+    grad,
+    x,
+    problem: GConvProblem,
+    cfg,
+    need_db: bool,
+    deterministic: bool,
+    db_dtype=torch.float32,
+    dw_cl: bool = False,
 ):
     """(dweight [C, 8, R, S] in x's dtype, dbias or None) with ``cfg``; whatever follows the
     kernel (the deterministic mode's sum and cast) is part of what the autotuner times. The NVRTC
@@ -292,10 +310,11 @@ def _launch(
     allows)."""
     if isinstance(cfg, gconv_library.LibraryConv):
         return gconv_library.wgrad(
-            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, db_dtype
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, db_dtype, dw_cl
         )
     if isinstance(cfg, gconv_cuda.CudaTile):
         return gconv_cuda.wgrad(
-            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype
-        )
-    return launch_wgrad(grad, x, problem, cfg, need_db, deterministic)
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype,
+            dw_cl,
+        )  # fmt: skip
+    return launch_wgrad(grad, x, problem, cfg, need_db, deterministic, dw_cl)
