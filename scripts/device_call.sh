@@ -122,6 +122,18 @@ for step in "$@"; do
     wgrad-k5-n8)  # the cell under cuDNN since session 12 (0.90-0.94x in session 22)
       study gconv-s24-wgrad-k5-n8 200 --channels 64 --kernels 5 --extra-kernels --n 8 \
         --passes wgrad ;;
+    gemv-chunks)  # session 23's row-chunked GEMV (17-64 rows, TILEWISE_GEMV_ROW_CHUNKS=1): its
+      # GPU tests, then fp32 8 layers at batch 32/64 with it and without, same call
+      gpu_tests 200 tests/test_gemv_cuda.py -k "row_chunks or every_candidate_compiles"
+      for on in 0 1; do
+        TILEWISE_GEMV_ROW_CHUNKS=$on timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
+          --batches 32 64 --hiddens 128 256 512 1024 2048 --impls eager graph tilewise \
+          --no-train --no-compile --no-progress --study "mlp-gemv-chunks$on-s24" --out "$R" \
+          >"$R/mlp-gemv-chunks$on.log" 2>&1
+        echo "rc $? TILEWISE_GEMV_ROW_CHUNKS=$on"
+        grep -E "^fp32 +8 " "$R/mlp-gemv-chunks$on.log" | cut -c1-120
+      done
+      pack ;;
     tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
       gpu_tests 150 tests/test_layernorm.py -k "looped" ;;
     ln-replay)  # session 23's one layer_norm failure, replayed by its seed (race or ReLU mask?)

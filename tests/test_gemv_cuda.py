@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_gconv_cuda_compile import NVCC, _ptxas
 from test_linear import _inputs, _run_case
 
 import tilewise
@@ -153,8 +154,9 @@ def test_in_a_cuda_graph(monkeypatch):
         torch.testing.assert_close(y, ops.reference(x, w, b, "relu"), rtol=1e-5, atol=1e-5)
 
 
-def test_candidates_and_offer_rule():
+def test_candidates_and_offer_rule(monkeypatch):
     """Offered for 1-16 rows with K % 4 == 0 and SMs to fill; each split leaves no slice empty."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", False)
     assert gemv_cuda.candidates(17, 1024, 1024, 132) == ()
     assert gemv_cuda.candidates(0, 1024, 1024, 132) == ()
     assert gemv_cuda.candidates(16, 1024, 1024, 0) == ()  # no GPU: nothing to time
@@ -182,3 +184,57 @@ def test_bad_config():
         with pytest.raises(ValueError, match="'cfg'"):
             gemv_cuda.forward(x, w, None, "relu", cfg)
     assert workspace.all_zero()
+
+
+def test_row_chunks_offer_rule(monkeypatch):
+    """With ``ROW_CHUNKS`` (experimental) 17-64 rows are offered in chunks of 16: the same
+    accumulator budget per lane as 16 rows, and the K split counts the chunks' CTAs."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
+    assert gemv_cuda.row_limit() == gemv_cuda.CHUNKED_MAX_ROWS == 64
+    assert gemv_cuda.candidates(65, 1024, 1024, 132) == ()
+    for m in (17, 32, 33, 64):
+        cands = gemv_cuda.candidates(m, 1024, 1024, 132)
+        assert cands and cands == gemv_cuda.candidates(m, 1024, 1024, 132)
+        sixteen = gemv_cuda.candidates(16, 1024, 1024, 132)
+        # the shapes of 16 rows but those whose chunked variant spills; splits no larger
+        shapes = {(c.rows_per_warp, c.warps) for c in sixteen} - set(gemv_cuda._CHUNKED_SPILLS)
+        assert {(c.rows_per_warp, c.warps) for c in cands} == shapes
+        assert max(c.split_k for c in cands) <= max(c.split_k for c in sixteen)
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", False)
+    assert gemv_cuda.candidates(32, 1024, 1024, 132) == () and gemv_cuda.row_limit() == 16
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_every_candidate_compiles_without_spills(tmp_path, monkeypatch):
+    """Every variant the candidates use, row chunks (grid z) included, compiles offline
+    without spills."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
+    variants = set()
+    for m in (1, 3, 8, 16, 17, 64):
+        mp = gemv_cuda.next_pow2(min(m, gemv_cuda.MAX_ROWS))
+        for c in gemv_cuda.candidates(m, 4096, 4096, 132):
+            variants.add((mp, c.rows_per_warp, c.warps, m > gemv_cuda.MAX_ROWS))
+    assert any(v[3] for v in variants) and any(not v[3] for v in variants)
+    for mp, npw, warps, chunked in sorted(variants):
+        src = gemv_cuda.source(mp, npw, warps, 1, True, chunked)
+        regs, spills = _ptxas(src, tmp_path, entry="tw_gemv")
+        assert spills == 0, (mp, npw, warps, chunked, regs)
+
+
+CHUNK_SHAPES = [((17, 1024), 1000), ((32, 128), 128), ((33, 4100), 97), ((2, 25, 256), 64)]
+
+
+@gpu
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("cfg", [None, GemvConfig(1, 4), GemvConfig(4, 4, 3), GemvConfig(2, 8, 32)],
+                         ids=repr)  # fmt: skip
+def test_row_chunks_forward_backward(monkeypatch, activation, cfg, rng_seed):
+    """17-64 rows in chunks of 16 (``ROW_CHUNKS``): a ragged last chunk, N off the column
+    blocks, K splits with their per-chunk tickets; counters left zero."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
+    offered = _force(monkeypatch, cfg)
+    for x_shape, n in CHUNK_SHAPES:
+        for has_bias in (True, False):
+            x, w, b = _inputs(x_shape, n, "cuda", has_bias)
+            _run_case(x, w, b, activation, torch.float32, rng_seed)
+    assert len(offered) == 2 * len(CHUNK_SHAPES) and workspace.all_zero()

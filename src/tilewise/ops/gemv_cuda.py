@@ -1,4 +1,5 @@
-"""Few-row true-fp32 linear forwards in CUDA C++ (NVRTC): ``y = act(x @ W^T + b)``, x of <= 16 rows.
+"""Few-row true-fp32 linear forwards in CUDA C++ (NVRTC): ``y = act(x @ W^T + b)``, x of <= 16 rows
+(<= 64 in chunks of 16 with ``TILEWISE_GEMV_ROW_CHUNKS=1``).
 
 At small batch an fp32 linear layer is a stream of its weights: [16, 1024] x [1024, 1024] reads
 4 MB for 17 M fused multiply-adds, ~1.3 us from DRAM against ~0.5 us of FMAs on 132 SMs. cuBLAS's
@@ -21,6 +22,13 @@ into slot j of a workspace and takes a ticket from its column block's counter; t
 the slots in a fixed order (deterministic), adds the bias, applies the activation, writes ``y``
 and re-zeroes the counter.
 
+Row chunks (session 23, experimental: ``ROW_CHUNKS``, from ``TILEWISE_GEMV_ROW_CHUNKS=1``): 17-64
+rows run as ``blockIdx.z`` chunks of 16, each a GEMV as above over its rows (the weights stream
+once from DRAM, the other chunks' reads hit L2). At batch 32 an 8-layer fp32 MLP of hidden 128
+took 55 us in tilewise's GEMM tiles against 20 us at batch 16 in this kernel (H100 and H200);
+PyTorch + graph 118-126 us. Written without a GPU: offered only behind the flag until its GPU
+tests (``tests/test_gemv_cuda.py -k chunk``) and a timing have run.
+
 fp32 operands only (fp16/bf16 take tensor cores elsewhere), activation none or ReLU, ``W``
 contiguous [N, K] with K % 4 == 0, ``x`` with unit-stride rows, both 16-byte aligned
 (``usable``); offered per shape to the linear autotuner (``GemvConfig``), which keeps it only
@@ -30,6 +38,7 @@ where it wins.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +46,17 @@ import torch
 from tilewise.ops._common import activation_code, cdiv, next_pow2, unit_stride
 from tilewise.runtime import alloc, cuda_launch, nvrtc_cache, workspace
 
-#: the most rows of x: all of them sit in every lane's registers
+#: the most rows of x one CTA takes: all of them sit in every lane's registers
 MAX_ROWS = 16
+#: the most rows in chunks of ``MAX_ROWS`` (grid z), offered with ``ROW_CHUNKS``
+CHUNKED_MAX_ROWS = 64
+#: (rows per warp, warps) left out for row chunks: the chunked variant spills there (offline
+#: ptxas, sm_90, CUDA 13: 192 bytes at 4 x 4 warps on 255 registers, 276 at 2 x 16 warps, whose
+#: 512 threads cap a lane at 128), where the unchunked one (254 and 101 registers) does not
+_CHUNKED_SPILLS = ((4, 4), (2, 16))
+ENV_ROW_CHUNKS = "TILEWISE_GEMV_ROW_CHUNKS"
+#: offer 17-``CHUNKED_MAX_ROWS`` rows (experimental until its GPU tests run: off by default)
+ROW_CHUNKS = os.environ.get(ENV_ROW_CHUNKS, "0") == "1"
 _SPLIT_MAX = 32
 #: the kernel's arguments for the lean launcher: 6 pointers, 6 ints
 _SIGNATURE = "pppppp" + "i" * 6
@@ -53,6 +71,12 @@ _SOURCE = r"""
 #define WARPS {WARPS}
 #define ACT {ACT}
 #define HAS_BIAS {HAS_BIAS}
+#define CHUNKED {CHUNKED}
+#if CHUNKED  // K-split slots of MP rows per chunk
+#define SLOT_ROWS MP
+#else
+#define SLOT_ROWS M
+#endif
 
 __device__ __forceinline__ float tw_epilogue(float v, const float* __restrict__ bias, int n) {{
 #if HAS_BIAS
@@ -68,6 +92,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
         float* __restrict__ y, float* __restrict__ ws, unsigned int* __restrict__ cnt,
         int M, int N, int K, int sxm, int ks, int split) {{
+#if CHUNKED
+  {{  // row chunk blockIdx.z: rows [mz, mz + MP); its split slots of MP x N and its tickets
+    const int mz = blockIdx.z * MP;
+    M = min(MP, M - mz);
+    x += (long long)mz * sxm;
+    y += (long long)mz * N;
+    ws += (long long)blockIdx.z * split * MP * N;
+    cnt += blockIdx.z * gridDim.x;
+  }}
+#endif
   const int kb = blockIdx.y * ks;
   const int len = min(K - kb, ks);  // a multiple of 4 (K % 4 == 0, ks % 4 == 0); may be <= 0
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -123,7 +157,7 @@ tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* _
       }}
     return;
   }}
-  const long long slot = (long long)blockIdx.y * M * N;
+  const long long slot = (long long)blockIdx.y * SLOT_ROWS * N;
 #pragma unroll
   for (int m = 0; m < MP; ++m)
 #pragma unroll
@@ -145,7 +179,8 @@ tw_gemv(const float* __restrict__ x, const float* __restrict__ w, const float* _
     const int m = i / cols, n = c0 + (i - m * cols);
     if (n >= N) continue;
     float v = 0.f;
-    for (int s = 0; s < split; ++s) v += __ldcg(ws + (long long)s * M * N + (long long)m * N + n);
+    for (int s = 0; s < split; ++s)
+      v += __ldcg(ws + (long long)s * SLOT_ROWS * N + (long long)m * N + n);
     y[(long long)m * N + n] = tw_epilogue(v, bias, n);
   }}
   if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;  // a self-cleaning workspace
@@ -167,8 +202,19 @@ def _slice(k: int, split: int) -> int:
     return cdiv(cdiv(k, split), 4) * 4
 
 
+def _padded_rows(m: int) -> int:
+    """Rows the K-split workspace holds: chunks of ``MAX_ROWS``, or the power of two >= m."""
+    mp = next_pow2(min(m, MAX_ROWS))
+    return cdiv(m, mp) * mp
+
+
+def row_limit() -> int:
+    """The most rows offered: ``MAX_ROWS``, or ``CHUNKED_MAX_ROWS`` with ``ROW_CHUNKS``."""
+    return CHUNKED_MAX_ROWS if ROW_CHUNKS else MAX_ROWS
+
+
 def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
-    """Whether this kernel takes ``x @ weight^T``: CUDA fp32 operands, at most 16 rows,
+    """Whether this kernel takes ``x @ weight^T``: CUDA fp32 operands, at most ``row_limit()`` rows,
     activation none/relu, K % 4 == 0, ``weight`` contiguous, ``x``'s rows of unit stride at a
     multiple-of-4 row stride, both 16-byte aligned."""
     m, k = x.shape
@@ -176,7 +222,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
         x.is_cuda
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and 0 < m <= MAX_ROWS
+        and 0 < m <= row_limit()
         and k > 0
         and k % 4 == 0
         and activation in ("none", "relu")
@@ -191,32 +237,43 @@ def usable(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> tuple[GemvConfig, ...]:
-    """Configs worth timing for an [m, k] x [n, k]^T forward: none above ``MAX_ROWS`` rows,
+    """Configs worth timing for an [m, k] x [n, k]^T forward: none above ``row_limit()`` rows,
     without SMs or with K % 4 != 0; per (rows per warp, warps) the K split that gives the SMs
-    about ``_CTAS_PER_SM`` CTAs each and a quarter of it, every slice at least ``_MIN_SLICE``
-    long (but one) and none empty."""
-    if sms <= 0 or not 0 < m <= MAX_ROWS or n <= 0 or k <= 0 or k % 4:
+    about ``_CTAS_PER_SM`` CTAs each (row chunks count) and a quarter of it, every slice at
+    least ``_MIN_SLICE`` long (but one) and none empty."""
+    if sms <= 0 or not 0 < m <= row_limit() or n <= 0 or k <= 0 or k % 4:
         return ()
+    chunks = cdiv(m, MAX_ROWS)
     out = []
     # more columns per CTA for more rows: each CTA reads all of x's slice through L1, so x's L2
     # traffic is rows / columns of the weights' (call 5: 16 rows at 8 columns ran 2x slower)
     for npw, warps in ((1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (2, 16)):
-        if npw * next_pow2(m) > 64:  # accumulators per lane
+        if npw * next_pow2(min(m, MAX_ROWS)) > 64:  # accumulators per lane
+            continue
+        if chunks > 1 and (npw, warps) in _CHUNKED_SPILLS:
             continue
         blocks = cdiv(n, npw * warps)
-        split = min(_SPLIT_MAX, next_pow2(cdiv(_CTAS_PER_SM * sms, blocks)))
+        split = min(_SPLIT_MAX, next_pow2(cdiv(_CTAS_PER_SM * sms, blocks * chunks)))
         while split > 1 and _slice(k, split) < _MIN_SLICE:
             split //= 2
-        if split * m * n >= 2**31:
+        if split * _padded_rows(m) * n >= 2**31:
             continue
         for sp in dict.fromkeys((split, max(1, split // 4))):
             out.append(GemvConfig(npw, warps, cdiv(k, _slice(k, sp))))  # no empty slice
     return tuple(dict.fromkeys(out))
 
 
+def source(mp: int, npw: int, warps: int, act: int, has_bias: bool, chunked: bool) -> str:
+    """The CUDA source of a variant: ``mp`` rows per CTA (a power of two), ``chunked`` for
+    row chunks over grid z (more than ``MAX_ROWS`` rows; otherwise the code is as before)."""
+    return _SOURCE.format(
+        MP=mp, NPW=npw, WARPS=warps, ACT=act, HAS_BIAS=int(has_bias), CHUNKED=int(chunked)
+    )
+
+
 @functools.cache  # one NVRTC compile per variant and device
-def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int):
-    src = _SOURCE.format(MP=mp, NPW=npw, WARPS=warps, ACT=act, HAS_BIAS=int(has_bias))
+def _kernel(mp: int, npw: int, warps: int, act: int, has_bias: bool, device: int, chunked=False):
+    src = source(mp, npw, warps, act, has_bias, chunked)
     with torch.cuda.device(device):
         return nvrtc_cache.compile_kernel(src, "tw_gemv")
 
@@ -228,8 +285,8 @@ def forward(
     activation: str,
     cfg: GemvConfig,
 ) -> torch.Tensor:
-    """``act(x @ weight^T + bias)`` for fp32 ``x`` [M <= 16, K] and ``weight`` [N, K] as
-    ``usable`` asks; a contiguous [M, N] output."""
+    """``act(x @ weight^T + bias)`` for fp32 ``x`` [M <= ``row_limit()``, K] and ``weight``
+    [N, K] as ``usable`` asks; a contiguous [M, N] output."""
     m, k = x.shape
     n = weight.shape[0]
     if not usable(x, weight, activation):
@@ -240,7 +297,7 @@ def forward(
         )
     ks = _slice(k, max(1, cfg.split_k))
     split = cdiv(k, ks)
-    if cfg.split_k < 1 or split > 65535 or split * m * n >= 2**31:
+    if cfg.split_k < 1 or split > 65535 or split * _padded_rows(m) * n >= 2**31:
         raise ValueError(
             f"tilewise.linear: argument 'cfg' splits K={k} into {cfg.split_k} slices of an "
             f"[{m}, {n}] output"
@@ -255,17 +312,19 @@ def forward(
         return y
     cols = cfg.rows_per_warp * cfg.warps
     blocks = cdiv(n, cols)
-    mp = next_pow2(m)
+    mp = next_pow2(min(m, MAX_ROWS))
+    chunks = cdiv(m, mp)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(mp, cfg.rows_per_warp, cfg.warps, activation_code(activation),
-                     bias is not None, dev)  # fmt: skip
+                     bias is not None, dev, chunks > 1)  # fmt: skip
     ws = cnt = y
     if split > 1:
-        ws = alloc.empty((split, m, n), device=x.device, dtype=torch.float32)
-        cnt = workspace.zeroed(x.device, (blocks,))[0].view(torch.int32)
+        rows = (chunks, split, mp) if chunks > 1 else (split, m)  # as SLOT_ROWS
+        ws = alloc.empty((*rows, n), device=x.device, dtype=torch.float32)
+        cnt = workspace.zeroed(x.device, (blocks * chunks,))[0].view(torch.int32)
     args = (x, weight, y if bias is None else bias, y, ws, cnt)
     args += (m, n, k, x.stride(0) if m > 1 else 0, ks, split)
-    grid, block, smem = (blocks, split, 1), (32 * cfg.warps, 1, 1), 0
+    grid, block, smem = (blocks, split, chunks), (32 * cfg.warps, 1, 1), 0
     launcher = cuda_launch.lean_launcher(kernel, _SIGNATURE)
     with workspace.guarded(x.device):
         cuda_launch.launch(kernel, grid, block, args, smem, dev, launcher)
