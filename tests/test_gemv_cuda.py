@@ -46,12 +46,18 @@ SHAPES = [((1, 4), 1), ((3, 100), 97), ((16, 1024), 1024), ((7, 4100), 1031), ((
 def test_forward_backward(monkeypatch, activation, cfg, rng_seed):
     """Odd rows (1-16), N off every column block, K split into slices (some short); every
     forward offered the GEMV takes it; the column blocks' ticket counters are left zero."""
+    _forced_cases(monkeypatch, cfg, activation, SHAPES, rng_seed)
+
+
+def _forced_cases(monkeypatch, cfg, activation, shapes, rng_seed) -> None:
+    """Forward and backward of every (x shape, N) with and without a bias, the GEMV forced
+    (``cfg``) wherever offered, against fp64; each forward was offered it, counters left zero."""
     offered = _force(monkeypatch, cfg)
-    for x_shape, n in SHAPES:
+    for x_shape, n in shapes:
         for has_bias in (True, False):
             x, w, b = _inputs(x_shape, n, "cuda", has_bias)
             _run_case(x, w, b, activation, torch.float32, rng_seed)
-    assert len(offered) == 2 * len(SHAPES) and workspace.all_zero()
+    assert len(offered) == 2 * len(shapes) and workspace.all_zero()
 
 
 @gpu
@@ -226,15 +232,10 @@ CHUNK_SHAPES = [((17, 1024), 1000), ((32, 128), 128), ((33, 4100), 97), ((2, 25,
 
 @gpu
 @pytest.mark.parametrize("activation", ["none", "relu"])
-@pytest.mark.parametrize("cfg", [None, GemvConfig(1, 4), GemvConfig(4, 4, 3), GemvConfig(2, 8, 32)],
+@pytest.mark.parametrize("cfg", [None, GemvConfig(1, 4), GemvConfig(1, 8, 3), GemvConfig(2, 8, 32)],
                          ids=repr)  # fmt: skip
 def test_row_chunks_forward_backward(monkeypatch, activation, cfg, rng_seed):
     """17-64 rows in chunks of 16 (``ROW_CHUNKS``): a ragged last chunk, N off the column
     blocks, K splits with their per-chunk tickets; counters left zero."""
     monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
-    offered = _force(monkeypatch, cfg)
-    for x_shape, n in CHUNK_SHAPES:
-        for has_bias in (True, False):
-            x, w, b = _inputs(x_shape, n, "cuda", has_bias)
-            _run_case(x, w, b, activation, torch.float32, rng_seed)
-    assert len(offered) == 2 * len(CHUNK_SHAPES) and workspace.all_zero()
+    _forced_cases(monkeypatch, cfg, activation, CHUNK_SHAPES, rng_seed)
