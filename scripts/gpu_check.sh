@@ -3,7 +3,8 @@
 # and pytest: install tilewise without fetching anything, run the GPU tests, run the benchmarks
 # named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
 # print a short summary table last.
-#   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] scripts/gpu_check.sh [--no-tests] [BENCH ...]
+#   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] [GPU_TEST_JOBS=8]
+#          [GPU_TEST_SHARDS=3] scripts/gpu_check.sh [--no-tests] [BENCH ...]
 #   (test files run one at a time, or GPU_TEST_JOBS at once, each under its own timeout; the
 #   summary has a line per file; the files measured slower on an H100 get longer limits, see
 #   slow_limit below)
@@ -57,34 +58,75 @@ if [ "$run_tests" = 1 ]; then
       *) echo 300 ;;
     esac
   }
-  # one file: its log, and its summary line in a .status file (files may run at once)
+  # one unit (a file, or a shard of one: FILE@K with its node ids in $OUT/shards/NAME.ids): its
+  # log, and its summary line in a .status file (units may run at once)
+  unit_log() { echo "$OUT/gpu_tests__$(basename "${1%@*}" .py)${1##*.py}.log"; }
   run_test_file() {
-    local f=$1 log rc last finished limit
-    log="$OUT/gpu_tests__$(basename "$f" .py).log"
+    local u=$1 f=${1%@*} log rc last finished limit args
+    log=$(unit_log "$u")
     limit=${GPU_TEST_TIMEOUT:-$(slow_limit "$f")}
+    if [ "$u" != "$f" ]; then
+      mapfile -t args <"$OUT/shards/$(basename "$log" .log).ids"
+    else
+      args=("$f")
+    fi
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short \
-      "$f" >"$log" 2>&1
+      "${args[@]}" >"$log" 2>&1
     rc=$?
-    last=$(grep -E "passed|failed|error|deselected|no tests ran" "$log" | tail -n 1)
-    finished=$(grep -E "(passed|failed|error|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -n 1)
+    last=$(grep -E "passed|failed|error|skipped|deselected|no tests ran" "$log" | tail -n 1)
+    finished=$(grep -E "(passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -n 1)
     if [ "$rc" = 124 ] && [ -n "$finished" ]; then
       last="$finished (pytest finished; the $limit s limit hit during exit)"
     elif [ "$rc" = 124 ]; then
       last="TIMED OUT after $limit s; progress: $(grep -E '^[.FEsx]+' "$log" | tr -d ' \n' | cut -c1-80)"
     fi
-    echo "  $f: ${last:-no summary} (exit $rc)" >"${log%.log}.status"
+    echo "  $u: ${last:-no summary} (exit $rc)" >"${log%.log}.status"
   }
+  # GPU_TEST_SHARDS=N (default 1) splits each slow file (a limit above 300 s) into N units of
+  # whole test functions, the largest first onto the emptiest unit, so that its NVRTC/Triton
+  # compiles spread over N cores (session 23: 8 files at once left test_linear and
+  # test_gconv_cuda cut at 530 s each, the rest done)
+  shards=${GPU_TEST_SHARDS:-1}
+  units=()
+  for f in $files; do
+    if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
+      mkdir -p "$OUT/shards"
+      n=$("$PY" - "$f" "$shards" "$OUT/shards/gpu_tests__$(basename "$f" .py)" <<'PYEOF'
+import subprocess, sys
+f, k, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
+                      "-p", "no:cacheprovider", f], capture_output=True, text=True).stdout
+ids = [line for line in out.splitlines() if "::" in line]
+groups = {}
+for i in ids:
+    groups.setdefault(i.split("[")[0], []).append(i)
+bins = [[] for _ in range(k)]
+for g in sorted(groups.values(), key=len, reverse=True):
+    min(bins, key=len).extend(g)
+bins = [b for b in bins if b]
+for j, b in enumerate(bins):
+    with open(f"{prefix}@{j}.ids", "w") as fh:
+        fh.write("\n".join(b) + "\n")
+print(len(bins))
+PYEOF
+      )
+      for ((j = 0; j < ${n:-0}; j++)); do units+=("$f@$j"); done
+      [ "${n:-0}" -gt 0 ] || units+=("$f")
+    else
+      units+=("$f")
+    fi
+  done
   # GPU_TEST_JOBS files at once (default 1): the slow files spend their time compiling NVRTC
   # and Triton kernels on one CPU core each, so 4 at once fit one 10-minute device call
   jobs_max=${GPU_TEST_JOBS:-1}
-  for f in $files; do
+  for u in "${units[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
-    run_test_file "$f" &
+    run_test_file "$u" &
   done
   wait
-  for f in $files; do
-    log="$OUT/gpu_tests__$(basename "$f" .py).log"
-    test_status+=$'\n'"$(cat "${log%.log}.status" 2>/dev/null || echo "  $f: no status")"
+  for u in "${units[@]}"; do
+    log=$(unit_log "$u")
+    test_status+=$'\n'"$(cat "${log%.log}.status" 2>/dev/null || echo "  $u: no status")"
     grep -E "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
   done
 fi
