@@ -41,11 +41,17 @@ SOURCE = r"""
 // wgrad's dw_out element (out channel * 8 + in channel, tap): [C, 8, R_FULL, S] contiguous, or
 // with DW_CL in a channels_last weight's layout [C, R_FULL, S, 8], so that autograd keeps the
 // gradient of a channels_last parameter as it is instead of copying it into that layout
+// and the (out channel * 8 + in channel, tap) that the finishing loops' element i stands for:
+// i runs over the layout's order, so consecutive threads store consecutive elements
 #if DW_CL
 #define DW_OUT(oi8, tap) \
     ((long long)((oi8) >> 3) * (R_FULL * S * 8) + (long long)(tap) * 8 + ((oi8) & 7))
+#define FIN_OI(i) (((i) / (8 * TAPS)) * 8 + ((i) & 7))
+#define FIN_TAP(i) (((i) >> 3) % TAPS)
 #else
 #define DW_OUT(oi8, tap) ((long long)(oi8) * (R_FULL * S) + (tap))
+#define FIN_OI(i) ((i) / TAPS)
+#define FIN_TAP(i) ((i) % TAPS)
 #endif
 
 typedef unsigned short u16;
@@ -353,15 +359,15 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;
-            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + i % TAPS) * C * 8 + c0 * 8 + i / TAPS)
+            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i))
                           : 0.f;
         }}
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
-            const int i = base + j * WARPS * 32 + tid;  // i / TAPS = (co - c0) * 8 + ci
+            const int i = base + j * WARPS * 32 + tid;  // FIN_OI(i) = (co - c0) * 8 + ci
             if (i < NW) {{
-                dw_out[DW_OUT(c0 * 8 + i / TAPS, tap0 + i % TAPS)] = to_u16(v[j]);
-                st_cg(dw + (long long)(tap0 + i % TAPS) * C * 8 + c0 * 8 + i / TAPS, 0.f);
+                dw_out[DW_OUT(c0 * 8 + FIN_OI(i), tap0 + FIN_TAP(i))] = to_u16(v[j]);
+                st_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i), 0.f);
             }}
         }}
     }}
@@ -697,9 +703,9 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
     cluster_sync();
     const u32 rank = cluster_rank();
-    // dw_out [C, 8, R, S]: element i of this block is (out, in, tap) = (i / TAPS / 8, ...)
+    // dw_out [C, 8, R, S]: element i of this block is (FIN_OI(i), FIN_TAP(i)), in dw_out's order
     for (int i = rank * WARPS * 32 + tid; i < CB * 8 * TAPS; i += CLUSTER * WARPS * 32) {{
-        const int tap = i % TAPS, oi = i / TAPS;
+        const int tap = FIN_TAP(i), oi = FIN_OI(i);
         const u32 local = sbase + (tap * CB * 8 + oi) * 4;
         float v = 0.f;
 #pragma unroll
