@@ -124,7 +124,7 @@ for step in "$@"; do
         --passes wgrad ;;
     gemv-chunks)  # session 23's row-chunked GEMV (17-64 rows, TILEWISE_GEMV_ROW_CHUNKS=1): its
       # GPU tests, then fp32 8 layers at batch 32/64 with it and without, same call
-      gpu_tests 200 tests/test_gemv_cuda.py -k "row_chunks or every_candidate_compiles"
+      gpu_tests 200 tests/test_gemv_cuda.py -k "row_chunks or every_candidate"
       for on in 0 1; do
         TILEWISE_GEMV_ROW_CHUNKS=$on timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
           --batches 32 64 --hiddens 128 256 512 1024 2048 --impls eager graph tilewise \

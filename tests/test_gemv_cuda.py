@@ -62,8 +62,10 @@ def _forced_cases(monkeypatch, cfg, activation, shapes, rng_seed) -> None:
 
 @gpu
 def test_every_candidate(monkeypatch, rng_seed):
-    """Every config the autotuner may pick, on shapes whose candidates differ."""
-    for (m, k), n in (((16, 1024), 1000), ((2, 2048), 2048), ((9, 8192), 64)):
+    """Every config the autotuner may pick, on shapes whose candidates differ (33 rows: the
+    row chunks, ``ROW_CHUNKS``)."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
+    for (m, k), n in (((16, 1024), 1000), ((2, 2048), 2048), ((9, 8192), 64), ((33, 1024), 100)):
         for cfg in gemv_cuda.candidates(m, n, k, 132):
             _force(monkeypatch, cfg)
             x, w, b = _inputs((m, k), n, "cuda", True)
@@ -79,6 +81,7 @@ def test_strided_x_and_what_is_not_offered(monkeypatch, rng_seed):
     """x a column slice (rows of unit stride, aligned) is read in place; x a transposed view, a
     non-contiguous weight, K not a multiple of 4, fp16, GELU or more than 16 rows are not offered
     the GEMV (cuBLAS runs)."""
+    monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", False)  # 17 rows: offered only in chunks
     offered = _force(monkeypatch, GemvConfig(2, 4, 2))
     x, w, b = _inputs((9, 72), 21, "cuda", True)
     _run_case(x, w, b, "relu", torch.float32, rng_seed, xfn=lambda t: t.t().contiguous().t())
@@ -232,7 +235,7 @@ CHUNK_SHAPES = [((17, 1024), 1000), ((32, 128), 128), ((33, 4100), 97), ((2, 25,
 
 @gpu
 @pytest.mark.parametrize("activation", ["none", "relu"])
-@pytest.mark.parametrize("cfg", [None, GemvConfig(1, 4), GemvConfig(1, 8, 3), GemvConfig(2, 8, 32)],
+@pytest.mark.parametrize("cfg", [None, GemvConfig(1, 4), GemvConfig(4, 8, 3), GemvConfig(2, 8, 32)],
                          ids=repr)  # fmt: skip
 def test_row_chunks_forward_backward(monkeypatch, activation, cfg, rng_seed):
     """17-64 rows in chunks of 16 (``ROW_CHUNKS``): a ragged last chunk, N off the column

@@ -203,9 +203,8 @@ def _slice(k: int, split: int) -> int:
 
 
 def _padded_rows(m: int) -> int:
-    """Rows the K-split workspace holds: chunks of ``MAX_ROWS``, or the power of two >= m."""
-    mp = next_pow2(min(m, MAX_ROWS))
-    return cdiv(m, mp) * mp
+    """Rows the K-split workspace holds: m, or with row chunks whole chunks of ``MAX_ROWS``."""
+    return m if m <= MAX_ROWS else cdiv(m, MAX_ROWS) * MAX_ROWS
 
 
 def row_limit() -> int:

@@ -87,8 +87,8 @@ def _candidates(
     bias_act's epilogue kernel, with ``lt_relu`` also cuBLASLt's bias + ReLU epilogue, with
     ``cublas_split_k`` also cuBLAS over K slices, ``gemm_splitk``, where the output leaves SMs
     idle); with ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than
-    the SMs; with ``gemv`` (true-fp32 forwards of at most 16 rows) also ``gemv_cuda``'s configs;
-    one tuple object per shape (the autotuner's memo keys on it)."""
+    the SMs; with ``gemv`` (true-fp32 forwards as ``gemv_cuda.usable`` takes them) also
+    ``gemv_cuda``'s configs; one tuple object per shape (the autotuner's memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     hook = gemm.CONFIG_OVERRIDE
