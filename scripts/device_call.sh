@@ -59,6 +59,19 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
   pack
 }
 
+gemv_timing() {  # fp32 8 layers at batch 32/64 with the row-chunked GEMV offered and without
+  local on
+  for on in 0 1; do
+    TILEWISE_GEMV_ROW_CHUNKS=$on timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
+      --batches 32 64 --hiddens 128 256 512 1024 2048 --impls eager graph tilewise \
+      --no-train --no-compile --no-progress --study "mlp-gemv-chunks$on-s24" --out "$R" \
+      >"$R/mlp-gemv-chunks$on.log" 2>&1
+    echo "rc $? TILEWISE_GEMV_ROW_CHUNKS=$on"
+    grep -E "^fp32 +8 " "$R/mlp-gemv-chunks$on.log" | cut -c1-120
+  done
+  pack
+}
+
 nvidia-smi -L
 python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"
 for step in "$@"; do
@@ -125,15 +138,17 @@ for step in "$@"; do
     gemv-chunks)  # session 23's row-chunked GEMV (17-64 rows, TILEWISE_GEMV_ROW_CHUNKS=1): its
       # GPU tests, then fp32 8 layers at batch 32/64 with it and without, same call
       gpu_tests 200 tests/test_gemv_cuda.py -k "row_chunks or every_candidate"
-      for on in 0 1; do
-        TILEWISE_GEMV_ROW_CHUNKS=$on timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
-          --batches 32 64 --hiddens 128 256 512 1024 2048 --impls eager graph tilewise \
-          --no-train --no-compile --no-progress --study "mlp-gemv-chunks$on-s24" --out "$R" \
-          >"$R/mlp-gemv-chunks$on.log" 2>&1
-        echo "rc $? TILEWISE_GEMV_ROW_CHUNKS=$on"
-        grep -E "^fp32 +8 " "$R/mlp-gemv-chunks$on.log" | cut -c1-120
-      done
-      pack ;;
+      gemv_timing ;;
+    first-s24)  # everything session 23 wrote after its device time, in one call: the tests at
+      # once (5 processes), the 5x5 wgrad N = 8 cell, the row-chunked GEMV against without
+      par_tests first-s24 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks" \
+        tests/test_gconv.py "wgrad or channels_last or compile" \
+        tests/test_gconv_library.py "" \
+        tests/test_gemv_cuda.py "row_chunks or every_candidate"
+      study gconv-s24-wgrad-k5-n8 120 --channels 64 --kernels 5 --extra-kernels --n 8 \
+        --passes wgrad
+      gemv_timing ;;
     tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
       gpu_tests 150 tests/test_layernorm.py -k "looped" ;;
     ln-replay)  # session 23's one layer_norm failure, replayed by its seed (race or ReLU mask?)
