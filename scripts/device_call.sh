@@ -3,7 +3,8 @@
 # first run in session 22), then the steps named as
 # arguments (functions below). Everything is written to a scratch folder and packed into
 # $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
-# .tw-cache (carried both ways).
+# .tw-cache (carried both ways), the Triton compile cache as the bundle's triton-cache.tgz
+# (copy it to .triton-cache.tgz and carry that: the next call extracts it).
 #   usage: bash scripts/device_call.sh STEP [STEP ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -156,4 +157,14 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
 done
+# the Triton compile cache, for the next call to carry back (`.triton-cache.tgz`, extracted at
+# the top): the GPU tests compile hundreds of Triton kernels, each call from nothing until now
+if [ -d .triton-cache ]; then
+  tar czf "$R/triton-cache.tgz" -C . .triton-cache
+  size=$(stat -c %s "$R/triton-cache.tgz")
+  if [ "$size" -gt $((24 * 1024 * 1024)) ]; then  # the repo travels within 64 MiB
+    echo "triton cache $((size / 1048576)) MiB: not kept"
+    rm -f "$R/triton-cache.tgz"
+  fi
+fi
 pack
