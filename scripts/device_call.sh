@@ -63,7 +63,7 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
 gemv_timing() {  # fp32 8 layers at batch 32/64 with the row-chunked GEMV offered and without
   local on
   for on in 0 1; do
-    TILEWISE_GEMV_ROW_CHUNKS=$on timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
+    TILEWISE_GEMV_ROW_CHUNKS=$on timeout 120 "${TW[@]}" bench mlp --dtypes fp32 --layers 8 \
       --batches 32 64 --hiddens 128 256 512 1024 2048 --impls eager graph tilewise \
       --no-train --no-compile --no-progress --study "mlp-gemv-chunks$on-s24" --out "$R" \
       >"$R/mlp-gemv-chunks$on.log" 2>&1
@@ -147,7 +147,7 @@ for step in "$@"; do
         tests/test_gconv.py "wgrad or channels_last or compile" \
         tests/test_gconv_library.py "" \
         tests/test_gemv_cuda.py "row_chunks or every_candidate"
-      study gconv-s24-wgrad-k5-n8 120 --channels 64 --kernels 5 --extra-kernels --n 8 \
+      study gconv-s24-wgrad-k5-n8 100 --channels 64 --kernels 5 --extra-kernels --n 8 \
         --passes wgrad
       gemv_timing ;;
     tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
