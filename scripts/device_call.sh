@@ -60,6 +60,16 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
   pack
 }
 
+# (file, -k expression) pairs and study arguments the steps below share
+DWCL_TESTS=(
+  tests/test_gconv_cuda.py "every_wgrad_tile and float16"
+  tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks"
+  tests/test_gconv.py "wgrad or channels_last or compile"
+  tests/test_gconv_library.py ""
+)
+GEMV_TESTS=(tests/test_gemv_cuda.py "row_chunks or every_candidate")
+WGRAD_K5_N8=(--channels 64 --kernels 5 --extra-kernels --n 8 --passes wgrad)
+
 gemv_timing() {  # fp32 8 layers at batch 32/64 with the row-chunked GEMV offered and without
   local on
   for on in 0 1; do
@@ -129,26 +139,17 @@ for step in "$@"; do
       grep -E "compile warm-up|not built" "$R/mlp-compile-$dt.log"
       ;;
     tests-dwcl)  # session 23's channels_last dw (written after its device time), 4 processes
-      par_tests tests-dwcl tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
-        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks" \
-        tests/test_gconv.py "wgrad or channels_last or compile" \
-        tests/test_gconv_library.py "" ;;
+      par_tests tests-dwcl "${DWCL_TESTS[@]}" ;;
     wgrad-k5-n8)  # the cell under cuDNN since session 12 (0.90-0.94x in session 22)
-      study gconv-s24-wgrad-k5-n8 200 --channels 64 --kernels 5 --extra-kernels --n 8 \
-        --passes wgrad ;;
+      study gconv-s24-wgrad-k5-n8 200 "${WGRAD_K5_N8[@]}" ;;
     gemv-chunks)  # session 23's row-chunked GEMV (17-64 rows, TILEWISE_GEMV_ROW_CHUNKS=1): its
       # GPU tests, then fp32 8 layers at batch 32/64 with it and without, same call
-      gpu_tests 200 tests/test_gemv_cuda.py -k "row_chunks or every_candidate"
+      gpu_tests 200 "${GEMV_TESTS[0]}" -k "${GEMV_TESTS[1]}"
       gemv_timing ;;
     first-s24)  # everything session 23 wrote after its device time, in one call: the tests at
       # once (5 processes), the 5x5 wgrad N = 8 cell, the row-chunked GEMV against without
-      par_tests first-s24 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
-        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks" \
-        tests/test_gconv.py "wgrad or channels_last or compile" \
-        tests/test_gconv_library.py "" \
-        tests/test_gemv_cuda.py "row_chunks or every_candidate"
-      study gconv-s24-wgrad-k5-n8 100 --channels 64 --kernels 5 --extra-kernels --n 8 \
-        --passes wgrad
+      par_tests first-s24 "${DWCL_TESTS[@]}" "${GEMV_TESTS[@]}"
+      study gconv-s24-wgrad-k5-n8 100 "${WGRAD_K5_N8[@]}"
       gemv_timing ;;
     tests-ln)  # the long-row layer_norm backward (dweight/dbias from the kernel, session 23)
       gpu_tests 150 tests/test_layernorm.py -k "looped" ;;

@@ -34,6 +34,7 @@ from tilewise.ops.gconv_config import (
     candidate_tuple,
     check_conv_args,
     default_config,
+    dw_format,
     timing_mode,
 )
 from tilewise.runtime import alloc, autotune, dispatch
@@ -426,7 +427,7 @@ def dw_channels_last(weight: torch.Tensor) -> bool:
 def empty_weight_grad(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized weight gradient in the layout ``backward`` returns (shared with the fake
     kernel)."""
-    fmt = torch.channels_last if dw_channels_last(weight) else torch.contiguous_format
+    fmt = dw_format(dw_channels_last(weight))
     return torch.empty(weight.shape, dtype=dtype, device=weight.device, memory_format=fmt)
 
 

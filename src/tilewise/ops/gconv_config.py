@@ -19,6 +19,14 @@ from tilewise.runtime import dispatch
 
 OP = "grouped_conv2d"
 GROUP_WIDTH = 8
+
+
+def dw_format(channels_last: bool) -> torch.memory_format:
+    """The memory format a weight gradient is written in: channels_last for a channels_last
+    weight (``gconv.dw_channels_last``), else contiguous."""
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 MAX_KERNEL = 7
 PASSES = ("fprop", "dgrad", "wgrad")
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops._common import cdiv, num_sms
+from tilewise.ops.gconv_config import dw_format
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
@@ -744,8 +745,7 @@ def wgrad(
         tile = wgrad_twin(tile, c, r, s)
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
-    fmt = torch.channels_last if dw_cl else torch.contiguous_format
-    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype, memory_format=fmt)
+    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype, memory_format=dw_format(dw_cl))
     db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w

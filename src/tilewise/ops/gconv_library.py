@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilewise.ops.gconv_config import GROUP_WIDTH
+from tilewise.ops.gconv_config import GROUP_WIDTH, dw_format
 
 ENV = "TILEWISE_GCONV_LIBRARY"
 _HALF = (torch.float16, torch.bfloat16)
@@ -149,5 +149,4 @@ def wgrad(
         )
     if need_db and not fused_db:
         db = grad.sum((0, 2, 3), dtype=torch.float32)
-    fmt = torch.channels_last if dw_cl else torch.contiguous_format
-    return dw.contiguous(memory_format=fmt), db if need_db else None
+    return dw.contiguous(memory_format=dw_format(dw_cl)), db if need_db else None

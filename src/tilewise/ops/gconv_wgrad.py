@@ -31,6 +31,7 @@ from tilewise.ops.gconv_config import (
     GConvProblem,
     WgradConfig,
     candidate_tuple,
+    dw_format,
     timing_mode,
 )
 from tilewise.runtime import alloc, autotune, workspace
@@ -176,7 +177,7 @@ def launch_wgrad(
     chunks = cdiv(m, cfg.block_m * cfg.chunk_steps)
     grid = (chunks, cdiv(c, cfg.block_c), cdiv(r * s, cfg.tap_block))
     dev = x.device
-    fmt = torch.channels_last if dw_cl else torch.contiguous_format
+    fmt = dw_format(dw_cl)
     dw = alloc.empty(c, GROUP_WIDTH, r, s, device=dev, dtype=x.dtype, memory_format=fmt)
     db = alloc.empty(c, device=dev, dtype=torch.float32) if need_db else None
     sums, db_sums, counters = dw, db if need_db else dw, dw

@@ -312,14 +312,14 @@ def forward(
     cols = cfg.rows_per_warp * cfg.warps
     blocks = cdiv(n, cols)
     mp = next_pow2(min(m, MAX_ROWS))
-    chunks = cdiv(m, mp)
+    chunks = cdiv(m, MAX_ROWS)
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(mp, cfg.rows_per_warp, cfg.warps, activation_code(activation),
                      bias is not None, dev, chunks > 1)  # fmt: skip
     ws = cnt = y
     if split > 1:
-        rows = (chunks, split, mp) if chunks > 1 else (split, m)  # as SLOT_ROWS
-        ws = alloc.empty((*rows, n), device=x.device, dtype=torch.float32)
+        # split slots of SLOT_ROWS rows (per chunk when chunked): flat, as the kernel indexes it
+        ws = alloc.empty((split * _padded_rows(m), n), device=x.device, dtype=torch.float32)
         cnt = workspace.zeroed(x.device, (blocks * chunks,))[0].view(torch.int32)
     args = (x, weight, y if bias is None else bias, y, ws, cnt)
     args += (m, n, k, x.stride(0) if m > 1 else 0, ks, split)
