@@ -8,11 +8,15 @@
 #   (test files run one at a time, or GPU_TEST_JOBS at once, each under its own timeout; the
 #   summary has a line per file; the files measured slower on an H100 get longer limits, see
 #   slow_limit below)
+#   GPU_TEST_DEADLINE=S: no test runs past S seconds after the script started (each unit's limit
+#   shrinks to fit; units not started by then are reported as such), so that a bundle and the
+#   summary still come back inside the device call's limit
 #   BUNDLE=1: everything is written to a scratch folder and packed into $OUT/gpu_check.tgz, one
 #   file (the device tool brings back at most 8 files per call)
 #   BENCH in: none ceilings pointwise quick gconv gconv-insitu gconv-quick (both gconv studies, quick)
 #             gconv-sweep (every config beside cuDNN) mlp (quick grid) mlp-full (no compile)
 set -uo pipefail
+script_start=$(date +%s)
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -21,6 +25,11 @@ if [ -n "${BUNDLE:-}" ]; then
   OUT=$(mktemp -d)
 fi
 export PYTHONUNBUFFERED=1
+# a Triton compile cache from an earlier call (device_call.sh's bundle), carried as a tarball
+if [ -f .triton-cache.tgz ]; then
+  export TRITON_CACHE_DIR=$PWD/.triton-cache
+  tar xzf .triton-cache.tgz
+fi
 PY=${PYTHON:-python3}
 
 run_tests=1
@@ -54,7 +63,7 @@ if [ "$run_tests" = 1 ]; then
   slow_limit() {
     case "$(basename "$1")" in
       test_linear.py | test_gconv_cuda.py) echo 720 ;;
-      test_gconv.py | test_layernorm.py) echo 420 ;;
+      test_gconv.py | test_layernorm.py | test_bias_act.py) echo 420 ;;
       *) echo 300 ;;
     esac
   }
@@ -65,6 +74,14 @@ if [ "$run_tests" = 1 ]; then
     local u=$1 f=${1%@*} log rc last finished limit args
     log=$(unit_log "$u")
     limit=${GPU_TEST_TIMEOUT:-$(slow_limit "$f")}
+    if [ -n "${GPU_TEST_DEADLINE:-}" ]; then
+      local left=$((script_start + GPU_TEST_DEADLINE - $(date +%s)))
+      if [ "$left" -lt 20 ]; then
+        echo "  $u: not started (GPU_TEST_DEADLINE=$GPU_TEST_DEADLINE s reached)" >"${log%.log}.status"
+        return
+      fi
+      [ "$left" -lt "$limit" ] && limit=$left
+    fi
     if [ "$u" != "$f" ]; then
       mapfile -t args <"$OUT/shards/$(basename "$log" .log).ids"
     else
@@ -134,7 +151,7 @@ PYEOF
   for u in "${units[@]}"; do
     log=$(unit_log "$u")
     test_status+=$'\n'"$(cat "${log%.log}.status" 2>/dev/null || echo "  $u: no status")"
-    grep -E "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
+    grep -sE "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
   done
 fi
 

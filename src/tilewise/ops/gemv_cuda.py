@@ -55,8 +55,9 @@ CHUNKED_MAX_ROWS = 64
 #: 512 threads cap a lane at 128), where the unchunked one (254 and 101 registers) does not
 _CHUNKED_SPILLS = ((4, 4), (2, 16))
 ENV_ROW_CHUNKS = "TILEWISE_GEMV_ROW_CHUNKS"
-#: offer 17-``CHUNKED_MAX_ROWS`` rows (experimental until its GPU tests run: off by default)
-ROW_CHUNKS = os.environ.get(ENV_ROW_CHUNKS, "0") == "1"
+#: offer 17-``CHUNKED_MAX_ROWS`` rows (default since session 24: GPU tests pass on an H100, and fp32
+#: 8 layers at batch 32 x hidden 128 went from 55.2 to 20.7 us; ``TILEWISE_GEMV_ROW_CHUNKS=0`` turns it off)
+ROW_CHUNKS = os.environ.get(ENV_ROW_CHUNKS, "1") == "1"
 _SPLIT_MAX = 32
 #: the kernel's arguments for the lean launcher: 6 pointers, 6 ints
 _SIGNATURE = "pppppp" + "i" * 6
