@@ -155,6 +155,16 @@ for step in "$@"; do
       gpu_tests 150 tests/test_layernorm.py -k "looped" ;;
     ln-replay)  # session 23's one layer_norm failure, replayed by its seed (race or ReLU mask?)
       timeout 120 python scripts/ln_failure_replay.py 2>&1 | tee "$R/ln-replay.log" | grep -v Warn ;;
+    chain-probe)  # session 24: the fused fp32 chain under PyTorch + graph at large cells; which
+      # forward backend it picked, and each backend as a whole chain, timed in turns
+      timeout 240 python scripts/mlp_cell_probe.py --backends \
+        --cells fp32:8:512:8192 fp32:8:1024:4096 fp32:8:1024:8192 >"$R/chain-probe.log" 2>&1
+      echo "rc $?: chain-probe"
+      grep -vE "Warn|warn" "$R/chain-probe.log" | tail -n 30
+      pack ;;
+    bf16-big3)  # session 24's cut cells: bf16 C=128/256 3x3 at N = 128/256
+      study gconv-s25-bf16-big3 240 --kernels 3 --extra-kernels --n 128 256 --dtypes bf16 \
+        --channels 128 256 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -7,21 +7,32 @@ with ``--profile`` also the kernels one CUDA-graph replay of each impl launches,
 device times (torch.profiler; CUPTI stays active afterwards and slows later replays, so the
 timings of a profiled run are not comparable: run the script once without it for those).
 
+With ``--backends`` it also captures the whole chain on each cuBLAS forward backend the GEMM
+choice offers (``addmm`` + ReLU, ``mm`` + bias_act's epilogue, cuBLASLt's bias + ReLU) and times
+them with PyTorch + graph and tilewise in rotating turns (``bench.timing.interleaved``): whether
+tilewise's pick, made from short timings of one GEMM, is the fastest in the chain (session 24:
+the fused fp32 chain read 0.977x PyTorch + graph at 8 x 512 x 8192).
+
     python scripts/mlp_cell_probe.py [--cells fp32:1:4:128 bf16:1:4:128 ...] [--profile]
+    python scripts/mlp_cell_probe.py --cells fp32:8:512:8192 fp32:8:1024:4096 --backends
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from tilewise.bench.ceilings import tf32_off
 from tilewise.bench.mlp import _capture, make_mlp, tilewise_mlp
-from tilewise.bench.timing import time_graph
+from tilewise.bench.timing import GraphTimer, interleaved, time_graph
+from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import linear
 from tilewise.registry import DTYPES
+from tilewise.runtime import autotune
 
 
 def _kernels(replay) -> list[tuple[str, float]]:
@@ -35,6 +46,58 @@ def _kernels(replay) -> list[tuple[str, float]]:
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     ]
+
+
+def _backend_chain(eager: nn.Sequential, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The Linear + ReLU chain with every forward on one cuBLAS backend of ``ops.linear``."""
+    lins = [m for m in eager if isinstance(m, nn.Linear)]
+
+    def layer(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
+        wt = m.weight.t()
+        if backend == "cublas":  # linear.CUBLAS: the bias in cuBLAS's epilogue, ReLU in place
+            return torch.relu_(torch.addmm(m.bias, x, wt))
+        if backend == "cublas+epilogue":  # linear.CUBLAS_EPILOGUE
+            return _bias_act.forward(torch.mm(x, wt), m.bias, "relu", -1)
+        return torch._addmm_activation(m.bias, x, wt)  # linear.CUBLAS_LT_RELU
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for m in lins:
+            x = layer(x, m)
+        return x
+
+    return chain
+
+
+def compare_backends(dtype: str, layers: int, batch: int, hidden: int, reps: int = 24) -> None:
+    """PyTorch + graph, tilewise (its own picks) and each cuBLAS backend as whole chains, timed
+    by graph replay in rotating turns; the picks tilewise made, with their recorded times."""
+    dt = DTYPES[dtype]
+    torch.manual_seed(layers * 1_000_003 + batch * 1009 + hidden)
+    eager = make_mlp(layers, hidden, torch.device("cuda"), dt)
+    tw = tilewise_mlp(eager)
+    x = torch.randn(batch, hidden, device="cuda", dtype=dt)
+    fns = {"graph": eager, "tilewise": tw}
+    fns |= {b: _backend_chain(eager, b) for b in ("cublas", "cublas+epilogue", "cublaslt-relu")}
+    with torch.no_grad(), autotune.recording() as picks:
+        tw(x)  # the choices, made (or loaded) before capture
+        want = eager(x.clone())
+        for name, fn in fns.items():
+            err = (fn(x.clone()) - want).abs().max().item()
+            print(f"  {name:16s} max abs diff from PyTorch {err:.2e}")
+        timers = {n: GraphTimer(fn, [(x,)], warmup=1, rounds=2) for n, fn in fns.items()}
+        res = interleaved(timers, reps, chunks=6)
+    print(f"{dtype} {layers} x {batch} x {hidden} (graph replay, {reps} replays in 6 turns)")
+    for op, prob, cfg in picks[:2]:
+        print(f"  tilewise pick: {op} {prob} -> {cfg}")
+    base = res["graph"]
+    for name, t in res.items():
+        if isinstance(t, Exception):
+            print(f"  {name:16s} failed: {t!r}")
+            continue
+        ratio = base.median_s / t.median_s if not isinstance(base, Exception) else float("nan")
+        print(f"  {name:16s} {t.median_s * 1e6:10.1f} us  x graph {ratio:.3f}")
+    for t in timers.values():
+        t.close()
 
 
 def probe(dtype: str, layers: int, batch: int, hidden: int, profile: bool) -> None:
@@ -82,11 +145,19 @@ def main() -> None:
         default=["fp32:1:4:128", "fp32:1:2:256", "fp32:1:2:128", "bf16:1:4:128", "bf16:1:64:128"],
     )
     ap.add_argument("--profile", action="store_true", help="also list each replay's kernels")
+    ap.add_argument(
+        "--backends",
+        action="store_true",
+        help="time whole chains on each cuBLAS forward backend beside graph and tilewise",
+    )
     args = ap.parse_args()
     with tf32_off():
         for spec in args.cells:
             d, layers, batch, hidden = spec.split(":")
-            probe(d, int(layers), int(batch), int(hidden), args.profile)
+            if args.backends:
+                compare_backends(d, int(layers), int(batch), int(hidden))
+            else:
+                probe(d, int(layers), int(batch), int(hidden), args.profile)
 
 
 if __name__ == "__main__":

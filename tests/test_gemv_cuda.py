@@ -196,7 +196,7 @@ def test_bad_config():
 
 
 def test_row_chunks_offer_rule(monkeypatch):
-    """With ``ROW_CHUNKS`` (experimental) 17-64 rows are offered in chunks of 16: the same
+    """With ``ROW_CHUNKS`` (the default) 17-64 rows are offered in chunks of 16: the same
     accumulator budget per lane as 16 rows, and the K split counts the chunks' CTAs."""
     monkeypatch.setattr(gemv_cuda, "ROW_CHUNKS", True)
     assert gemv_cuda.row_limit() == gemv_cuda.CHUNKED_MAX_ROWS == 64

@@ -17,8 +17,8 @@ turning ``dy`` into ``dz`` as it loads it, the second also summing ``db = colsum
 Every GEMM also has a cuBLAS candidate (``torch.mm``, with bias_act's one-pass kernel for what
 cannot be fused into it); the forward of bias + ReLU also cuBLASLt's fused bias + ReLU epilogue
 (one kernel); true-fp32 forwards with few output tiles also cuBLAS over K slices
-(``ops.gemm_splitk``), and those of at most 16 rows (64 in row chunks with
-``TILEWISE_GEMV_ROW_CHUNKS=1``, experimental) a CUDA GEMV (``ops.gemv_cuda``).
+(``ops.gemm_splitk``), and those of at most 16 rows (64 in row chunks of 16) a CUDA GEMV
+(``ops.gemv_cuda``).
 ``_choose`` times them against the kernel's tile configs on first use per shape and fused work
 and caches the winner like any kernel config. True fp32 defaults to cuBLAS
 untimed: the kernel's IEEE path runs on CUDA cores.
