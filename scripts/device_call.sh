@@ -28,6 +28,7 @@ study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its exit code and 
   echo "rc $? $(($(date +%s) - start)) s: $name"
   pack
   grep -E "^C=|^shape" "$R/$name.log" | cut -c1-230
+  "${TW[@]}" bench gconv-bars "$R/$name"*.json 2>/dev/null | tail -n 3  # issue 3's bars, counted
 }
 gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...
   local limit=$1 start

@@ -610,6 +610,35 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gconv_bars(args: argparse.Namespace) -> int:
+    """``tilewise bench gconv-bars FILE...``: issue 3's bars, judged per reading of the isolated
+    grouped-conv study's result files (several files: every reading of every file)."""
+    from tilewise.bench.gconv_bars import bar_counts, bar_rows, bar_table
+    from tilewise.bench.results import format_table, load_results
+
+    records, devices = [], set()
+    for path in args.files:
+        data = load_results(path)
+        devices.add(data["environment"].get("device_name"))
+        records += [r for r in data["records"] if "pass" in r and "c" in r]
+    rows = bar_rows(records)
+    if args.bar_only:
+        rows = [r for r in rows if r.bar is not None]
+    if not rows:
+        print("no timed tilewise grouped-conv records in these files")
+        return 1
+    print(f"issue 3's bars on {', '.join(sorted(map(str, devices)))} (graph replay where timed)")
+    print(format_table(*bar_table(rows)))
+    for name, (met, judged) in bar_counts(rows).items():
+        what = {
+            "dram": ">= 0.85 / 0.75 of copy at >= 64 MB of activations",
+            "l2": "above copy where the problem fits in L2",
+            "cudnn": "not slower than cuDNN",
+        }[name]
+        print(f"{what}: {met} of {judged} readings")
+    return 0
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     """``tilewise bench merge STUDY FILE...``: one result file (and its table, and with
     ``--plot`` its figure) from studies run in parts, e.g. one process per batch size under a
@@ -692,6 +721,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep = studies.add_parser("report", help="summary tables of saved results in a directory")
     rep.add_argument("dir", type=Path)
     rep.set_defaults(func=_cmd_report)
+    bars = studies.add_parser("gconv-bars", help="issue 3's bars judged on gconv result files")
+    bars.add_argument("files", nargs="+", type=Path)
+    bars.add_argument(
+        "--bar-only", action="store_true", help="only the readings at >= 64 MB of activations"
+    )
+    bars.set_defaults(func=_cmd_gconv_bars)
     merge = studies.add_parser("merge", help="join result files of a study run in parts")
     merge.add_argument("study", help="name of the merged study (its prefix picks table and plot)")
     merge.add_argument("files", nargs="+", type=Path)
