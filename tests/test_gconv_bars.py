@@ -84,3 +84,10 @@ def test_cli_with_no_records_says_so(tmp_path, capsys):
     path = save_results("gconv-empty", [], None, tmp_path, env=ENV)
     assert cli.main(["bench", "gconv-bars", str(path)]) == 1
     assert "no timed tilewise" in capsys.readouterr().out
+
+
+def test_cli_skips_in_situ_files(tmp_path, capsys):
+    recs = [_rec("tilewise", "fprop", 128, 1.0, 0.9)]
+    path = save_results("gconv-insitu-test", recs, None, tmp_path, env=ENV)
+    assert cli.main(["bench", "gconv-bars", str(path)]) == 1
+    assert "an in-situ study" in capsys.readouterr().out

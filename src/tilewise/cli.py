@@ -619,6 +619,9 @@ def _cmd_gconv_bars(args: argparse.Namespace) -> int:
     records, devices = [], set()
     for path in args.files:
         data = load_results(path)
+        if str(data["study"]).startswith("gconv-insitu"):  # block stacks: no isolated bars
+            print(f"skipped {Path(path).name}: an in-situ study, not the isolated kernels")
+            continue
         devices.add(data["environment"].get("device_name"))
         records += [r for r in data["records"] if "pass" in r and "c" in r]
     rows = bar_rows(records)
