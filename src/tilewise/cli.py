@@ -1,5 +1,6 @@
 """``tilewise`` command line: ``bench ceilings``, ``bench pointwise``, ``bench gconv``,
-``bench gconv-insitu``, ``bench mlp`` (alias ``mlp-bench``), ``bench report`` and ``tour``.
+``bench gconv-insitu``, ``bench mlp`` (alias ``mlp-bench``), ``bench report``, ``bench merge``,
+``bench gconv-bars`` (those three in ``bench.reports``), ``cache`` and ``tour``.
 
 Everything printed is measured in the same run. Without a CUDA GPU the GPU studies refuse to
 run (exit code 2); ``tour`` then runs small CPU agreement checks instead and says so.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tilewise.bench import reports
 from tilewise.registry import DTYPES, OPS, RowsProblem
 
 if TYPE_CHECKING:
@@ -106,19 +108,6 @@ def pointwise_config(args: argparse.Namespace) -> PointwiseConfig:
     return _with_overrides(base, overrides)
 
 
-def _report(records: list[dict], title: str) -> None:
-    from tilewise.bench.pointwise import errors, summarize, summary_table
-    from tilewise.bench.results import format_table
-
-    print(f"\n{title}")
-    print(
-        "(tilewise/eager/compile: effective bandwidth as a fraction of the measured copy "
-        "ceiling; x: tilewise speedup; target: >= 0.85 at >= 64 MB and faster than both)"
-    )
-    print(format_table(*summary_table(summarize(records))))
-    _print_errors(errors(records))
-
-
 def _save(study: str, records: list[dict], ceilings, out: Path, plot: bool, plot_fn=None) -> None:
     """Write the JSON; with ``plot``, a PNG beside it drawn by ``plot_fn(results, path)``
     (default: fraction of copy vs size, for records that have ``frac_copy``)."""
@@ -178,7 +167,7 @@ def run_pointwise_command(args: argparse.Namespace) -> int:
         args,
         "pointwise",
         lambda ceilings: run_pointwise(config, ceilings, "cuda", progress=not args.no_progress),
-        _report,
+        reports.report_pointwise,
         "pointwise study",
         args.study,
     )
@@ -261,23 +250,12 @@ def run_gconv_command(args: argparse.Namespace) -> int:
         args,
         "gconv",
         lambda ceilings: run_gconv(config, ceilings, "cuda", progress=not args.no_progress),
-        _report_gconv,
+        reports.report_gconv,
         "grouped conv, isolated",
         args.study,
         plot_gconv,
         ("fp16", "bf16"),
     )
-
-
-def _report_gconv(records: list[dict], title: str) -> None:
-    from tilewise.bench.gconv import errors, summary_table
-    from tilewise.bench.results import format_table
-
-    print(f"\n{title}")
-    print("(GB/s: compulsory bytes / CUDA-event median; frac: of the measured copy ceiling;")
-    print(" prof: the same from the profiler's sum of every kernel of the pass)")
-    print(format_table(*summary_table(records)))
-    _print_errors(errors(records))
 
 
 def add_insitu_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -320,26 +298,12 @@ def run_insitu_command(args: argparse.Namespace) -> int:
         args,
         "gconv-insitu",
         lambda ceilings: run_insitu(config, ceilings, "cuda", progress=not args.no_progress),
-        _report_insitu,
+        reports.report_insitu,
         "grouped conv in situ",
         args.study,
         plot_insitu,
         ("fp16",),
     )
-
-
-def _report_insitu(records: list[dict], title: str) -> None:
-    from tilewise.bench.gconv_insitu import errors, summary_tables
-    from tilewise.bench.results import format_table
-
-    print(f"\n{title}")
-    print("(GB/s: one layer's compulsory bytes / its grouped-conv kernel time in the stack;")
-    print(" tw gconv us: tilewise's grouped-conv kernels alone;")
-    print(" steps: forward + backward + SGD, ms)")
-    for headers, rows in summary_tables(records):
-        print(format_table(headers, rows))
-        print()
-    _print_errors(errors(records))
 
 
 # --- bench mlp (alias: mlp-bench) ----------------------------------------------------------------
@@ -437,36 +401,12 @@ def run_mlp_command(args: argparse.Namespace) -> int:
         args,
         "mlp",
         lambda ceilings: run_mlp(config, ceilings, None, progress=not args.no_progress),
-        _report_mlp,
+        reports.report_mlp,
         "MLP grid (seed 001)",
         args.study,
         plot,
         config.dtypes,
     )
-
-
-def _report_mlp(records: list[dict], title: str) -> None:
-    from tilewise.bench.mlp import errors, summary_table, train_table
-    from tilewise.bench.results import format_table
-
-    print(f"\n{title}")
-    print("(us per forward, median; eager/compile: CUDA events per call, host overhead included;")
-    print(" graph/tilewise/strassen: CUDA-graph replay; best: faster of tilewise and strassen;")
-    print(" targets: >= 3x eager at hidden <= 1024, batch <= 64, 8 layers; >= 1.0x graph)")
-    print(format_table(*summary_table(records)))
-    headers, rows = train_table(records)
-    if rows:
-        print("\n(training step: forward + MSE loss + backward + AdamW; targets: tilewise >= 5x")
-        print(" eager and faster than torch.compile)")
-        print(format_table(headers, rows))
-    _print_errors(errors(records))
-
-
-def _print_errors(errs: list[str]) -> None:
-    if errs:
-        print(f"\n{len(errs)} measurements not reported:")
-        for line in errs:
-            print("  " + line)
 
 
 # --- tour ----------------------------------------------------------------------------------------
@@ -480,7 +420,9 @@ def _tour_gpu(args: argparse.Namespace) -> int:
     print(format_ceilings(ceilings))
     config = PointwiseConfig.tour()
     records = run_pointwise(config, ceilings, "cuda", progress=not args.no_progress)
-    _report(records, "tilewise vs eager PyTorch vs torch.compile (fp16, bf16; 64 and 256 MB)")
+    reports.report_pointwise(
+        records, "tilewise vs eager PyTorch vs torch.compile (fp16, bf16; 64 and 256 MB)"
+    )
     if args.out is not None:
         _save("tour", records, ceilings, args.out, plot=True)
     return 0 if _tour_models(torch.device("cuda")) else 1
@@ -579,109 +521,6 @@ def _frac(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    """``tilewise bench report DIR``: the summary tables of the JSON results found in DIR
-    (files named after their study: pointwise*, tour*, gconv*, gconv-insitu*, mlp*)."""
-    from tilewise.bench.results import load_results
-
-    reports = {  # longest prefix first
-        "mlp": _report_mlp,
-        "gconv-insitu": _report_insitu,
-        "gconv": _report_gconv,
-        "pointwise": _report,
-        "tour": _report,
-    }
-    found = 0
-    for path in sorted(Path(args.dir).glob("*.json")):
-        prefix = next((k for k in reports if path.name.startswith(k)), None)
-        if prefix is None:
-            continue
-        try:
-            data = load_results(path)
-        except ValueError as exc:  # another script's JSON that shares a prefix
-            print(f"skipped {path.name}: {exc}")
-            continue
-        found += 1
-        title = f"{path.name} ({data['environment'].get('device_name')})"
-        reports[prefix](list(data["records"]), title)
-    if not found:
-        print(f"no pointwise/tour/gconv/mlp results in {args.dir}")
-        return 1
-    return 0
-
-
-def _cmd_gconv_bars(args: argparse.Namespace) -> int:
-    """``tilewise bench gconv-bars FILE...``: issue 3's bars, judged per reading of the isolated
-    grouped-conv study's result files (several files: every reading of every file)."""
-    from tilewise.bench.gconv_bars import bar_counts, bar_rows, bar_table
-    from tilewise.bench.results import format_table, load_results
-
-    records, devices = [], set()
-    for path in args.files:
-        data = load_results(path)
-        if str(data["study"]).startswith("gconv-insitu"):  # block stacks: no isolated bars
-            print(f"skipped {Path(path).name}: an in-situ study, not the isolated kernels")
-            continue
-        devices.add(data["environment"].get("device_name"))
-        records += [r for r in data["records"] if "pass" in r and "c" in r]
-    rows = bar_rows(records)
-    if args.bar_only:
-        rows = [r for r in rows if r.bar is not None]
-    if not rows:
-        print("no timed tilewise grouped-conv records in these files")
-        return 1
-    print(f"issue 3's bars on {', '.join(sorted(map(str, devices)))} (graph replay where timed)")
-    print(format_table(*bar_table(rows)))
-    for name, (met, judged) in bar_counts(rows).items():
-        what = {
-            "dram": ">= 0.85 / 0.75 of copy at >= 64 MB of activations",
-            "l2": "above copy where the problem fits in L2",
-            "cudnn": "not slower than cuDNN",
-        }[name]
-        print(f"{what}: {met} of {judged} readings")
-    return 0
-
-
-def _cmd_merge(args: argparse.Namespace) -> int:
-    """``tilewise bench merge STUDY FILE...``: one result file (and its table, and with
-    ``--plot`` its figure) from studies run in parts, e.g. one process per batch size under a
-    time limit. The parts must come from one device; each record keeps the fractions of the
-    ceilings measured in its own run, and the merged file lists every part's ceilings."""
-    from tilewise.bench.gconv import plot_gconv
-    from tilewise.bench.gconv_insitu import plot_insitu
-    from tilewise.bench.mlp import plot_mlp
-    from tilewise.bench.results import load_results, result_path, save_results
-
-    parts = [load_results(p) for p in args.files]
-    devices = {d["environment"].get("device_name") for d in parts}
-    if len(devices) != 1:
-        raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
-    records = [r for d in parts for r in d["records"]]
-    names = [Path(p).name for p in args.files]
-    copies = sorted(c for d in parts if (c := (d["ceilings"] or {}).get("copy_bytes_per_s")))
-    ceilings = {"parts": [d["ceilings"] for d in parts], "files": names}
-    if copies:  # the plots' ceiling line: the median of the parts' measurements
-        ceilings["copy_bytes_per_s"] = copies[len(copies) // 2]
-    env = parts[0]["environment"]
-    target = result_path(args.study, args.out, env)
-    if any(target.resolve() == Path(p).resolve() for p in args.files):
-        raise ValueError(f"argument 'study': {target} is one of the files to merge")
-    path = save_results(args.study, records, ceilings, args.out, env)
-    print(f"wrote {path} ({len(records)} records from {len(parts)} files)")
-    kinds = {
-        "gconv-insitu": (_report_insitu, plot_insitu),
-        "gconv": (_report_gconv, plot_gconv),
-        "mlp": (_report_mlp, plot_mlp),
-    }
-    prefix = next((k for k in kinds if args.study.startswith(k)), None)
-    if prefix is not None:
-        report, plot_fn = kinds[prefix]
-        report(records, f"{args.study} ({devices.pop()})")
-        if args.plot:
-            print(f"wrote {plot_fn(load_results(path), path.with_suffix('.png'))}")
-    return 0
-
-
 def _cmd_cache(args: argparse.Namespace) -> int:
     """``tilewise cache export PATH`` / ``tilewise cache import PATH``: ship kernel-config choices
     (the autotune cache, keyed by device, problem, dtype and versions) to another machine, so its
@@ -723,19 +562,19 @@ def build_parser() -> argparse.ArgumentParser:
     ml.set_defaults(func=run_mlp_command)
     rep = studies.add_parser("report", help="summary tables of saved results in a directory")
     rep.add_argument("dir", type=Path)
-    rep.set_defaults(func=_cmd_report)
+    rep.set_defaults(func=reports.cmd_report)
     bars = studies.add_parser("gconv-bars", help="issue 3's bars judged on gconv result files")
     bars.add_argument("files", nargs="+", type=Path)
     bars.add_argument(
         "--bar-only", action="store_true", help="only the readings at >= 64 MB of activations"
     )
-    bars.set_defaults(func=_cmd_gconv_bars)
+    bars.set_defaults(func=reports.cmd_gconv_bars)
     merge = studies.add_parser("merge", help="join result files of a study run in parts")
     merge.add_argument("study", help="name of the merged study (its prefix picks table and plot)")
     merge.add_argument("files", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
     merge.add_argument("--plot", action="store_true", help="also write a PNG figure")
-    merge.set_defaults(func=_cmd_merge)
+    merge.set_defaults(func=reports.cmd_merge)
     alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
     alias.set_defaults(func=run_mlp_command)
     cache = sub.add_parser("cache", help="export or import the kernel-config (autotune) cache")
