@@ -183,7 +183,9 @@ echo "GPU tests:$test_status"
 # issue 3's bars, counted over the isolated grouped-conv studies of this run
 for f in "$OUT"/gconv*.json; do
   case "$(basename "$f")" in gconv-insitu*) continue ;; esac
-  [ -f "$f" ] && "$PY" -m tilewise.cli bench gconv-bars "$f" | tail -n 3
+  [ -f "$f" ] || continue
+  echo "$(basename "$f"):"
+  "$PY" -m tilewise.cli bench gconv-bars "$f" | tail -n 3
 done
 if [ -n "${BUNDLE:-}" ]; then
   tar czf "$FINAL_OUT/gpu_check.tgz" -C "$OUT" . && echo "packed $OUT into $FINAL_OUT/gpu_check.tgz"

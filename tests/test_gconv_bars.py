@@ -91,3 +91,23 @@ def test_cli_skips_in_situ_files(tmp_path, capsys):
     path = save_results("gconv-insitu-test", recs, None, tmp_path, env=ENV)
     assert cli.main(["bench", "gconv-bars", str(path)]) == 1
     assert "an in-situ study" in capsys.readouterr().out
+
+
+def test_a_failed_reading_does_not_shift_the_pairs():
+    recs = [
+        _rec("tilewise", "fprop", 128, 1.0, 0.9),
+        _rec("cudnn", "fprop", 128, 9.0, error="capture failed"),
+        _rec("tilewise", "fprop", 128, 2.0, 0.9),
+        _rec("cudnn", "fprop", 128, 4.0),
+        _rec("tilewise", "fprop", 128, 1.0, 0.9, error="check failed"),
+        _rec("cudnn", "fprop", 128, 5.0),
+    ]
+    rows = bar_rows(recs)
+    assert [r.x_cudnn for r in rows] == [None, pytest.approx(2.0)]
+
+
+def test_ratio_falls_back_to_events_when_cudnn_has_no_graph_time():
+    tw = _rec("tilewise", "wgrad", 128, 1.0, 0.8)  # median_s 1.1
+    cu = _rec("cudnn", "wgrad", 128, None, median_s=2.2)
+    (row,) = bar_rows([tw, cu])
+    assert row.frac == 0.8 and row.x_cudnn == pytest.approx(2.0)

@@ -39,7 +39,7 @@ class BarRow:
     frac: float | None  # tilewise, of copy (graph replay, else events)
     bar: float | None  # the DRAM bar, when the activations are >= 64 MB
     l2_frac: float | None  # tilewise, L2 column (problems that fit in L2)
-    x_cudnn: float | None  # cuDNN's time over tilewise's (same column as ``frac``)
+    x_cudnn: float | None  # cuDNN's time over tilewise's (graph replay where both have it)
 
     @property
     def dram_met(self) -> bool | None:
@@ -62,36 +62,38 @@ def activation_bytes(record: Mapping[str, Any]) -> int:
     return record["n"] * record["h"] * record["w"] * record["c"] * elem
 
 
-def _time_key(tw: Mapping[str, Any]) -> tuple[str, str]:
-    """(time key, fraction key): graph replay when tilewise has it, else events."""
-    if tw.get("graph_s"):
-        return "graph_s", "graph_frac_copy"
-    return "median_s", "frac_copy"
+def _frac_key(tw: Mapping[str, Any]) -> str:
+    """Tilewise's fraction of copy: graph replay when it has it, else events."""
+    return "graph_frac_copy" if tw.get("graph_s") else "frac_copy"
+
+
+def _x_cudnn(tw: Mapping[str, Any], cu: Mapping[str, Any] | None) -> float | None:
+    """cuDNN's time over tilewise's in a column both have (graph replay, else events); None
+    when cuDNN has no reading (failed, or not run)."""
+    if cu is None or cu.get("error"):
+        return None
+    for key in ("graph_s", "median_s"):
+        if tw.get(key) and cu.get(key):
+            return cu[key] / tw[key]
+    return None
 
 
 def bar_rows(records: Iterable[Mapping[str, Any]]) -> list[BarRow]:
-    """A row per (problem, pass, reading) with a timed tilewise record; the cuDNN record of the
-    same reading (same file: matched by ``rotation`` and order) gives the ratio."""
-    pending: dict[tuple, list[Mapping[str, Any]]] = {}
-    order: list[tuple] = []
+    """A row per (problem, pass, reading) with a timed tilewise record. Readings of a problem
+    pair in order: the i-th tilewise record (failed ones included) with the i-th cuDNN record,
+    so a failed reading of either side does not shift the later pairs."""
+    pending: dict[tuple, dict[str, list[Mapping[str, Any]]]] = {}
     for r in records:
-        if r.get("error") or r.get("impl") not in ("tilewise", "cudnn"):
+        if r.get("impl") not in ("tilewise", "cudnn"):
             continue
         key = (r["c"], r["h"], r["w"], r["k"], r["dtype"], r["n"], r["pass"])
-        if key not in pending:
-            order.append(key)
-        pending.setdefault(key, []).append(r)
+        pending.setdefault(key, {"tilewise": [], "cudnn": []})[r["impl"]].append(r)
     rows = []
-    for key in order:
-        c, h, w, k, dtype, n, pass_ = key
-        tws = [r for r in pending[key] if r["impl"] == "tilewise"]
-        cus = [r for r in pending[key] if r["impl"] == "cudnn"]
-        for i, tw in enumerate(tws):
-            cu = cus[i] if i < len(cus) else None
-            tkey, fkey = _time_key(tw)
-            x = None
-            if cu is not None and cu.get(tkey) and tw.get(tkey):
-                x = cu[tkey] / tw[tkey]
+    for (c, h, w, k, dtype, n, pass_), by in pending.items():
+        cus = by["cudnn"]
+        for i, tw in enumerate(by["tilewise"]):
+            if tw.get("error"):
+                continue
             act = activation_bytes(tw)
             rows.append(
                 BarRow(
@@ -100,10 +102,10 @@ def bar_rows(records: Iterable[Mapping[str, Any]]) -> list[BarRow]:
                     n=n,
                     pass_=pass_,
                     activation_mb=act / 1e6,
-                    frac=tw.get(fkey),
+                    frac=tw.get(_frac_key(tw)),
                     bar=DRAM_BARS.get(pass_) if act >= DRAM_BAR_BYTES else None,
                     l2_frac=tw.get("l2_frac_copy"),
-                    x_cudnn=x,
+                    x_cudnn=_x_cudnn(tw, cus[i] if i < len(cus) else None),
                 )
             )
     return rows
