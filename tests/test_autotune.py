@@ -574,3 +574,56 @@ def test_recording_collects_every_answer_inside_its_context(tuner):
     assert inner == [("op2", Prob(12), Cfg(32))]
     autotune.choose_config("op", Prob(13), tuple(CANDS), run, device=DEV)
     assert len(picks) == 2
+
+
+def _timed(monkeypatch, ms):
+    """``_bench`` reads ``ms[cfg]`` for every timing (first and near-tie rounds alike)."""
+    monkeypatch.setattr(autotune, "_bench", lambda fn: ms[fn()])
+
+
+def test_preferred_candidate_kept_for_long_problems_within_the_margin(tuner, monkeypatch):
+    """``prefer``: a long problem keeps the preferred candidate unless another is faster by
+    more than ``prefer_within``; a clear winner still wins, and short problems pick the fastest."""
+    _timed(monkeypatch, {Cfg(16): 1.015, Cfg(32): 1.0, Cfg(64): 2.0})  # 1.5% behind
+    pick = autotune.choose_config(
+        "op", Prob(11), CANDS, run, device=DEV, prefer=Cfg(16), prefer_within=0.02
+    )
+    assert pick == Cfg(16)
+    _timed(monkeypatch, {Cfg(16): 1.03, Cfg(32): 1.0, Cfg(64): 2.0})  # 3% behind: not kept
+    pick = autotune.choose_config(
+        "op", Prob(12), CANDS, run, device=DEV, prefer=Cfg(16), prefer_within=0.02
+    )
+    assert pick == Cfg(32)
+    short = autotune.PREFER_MIN_MS / 2
+    _timed(monkeypatch, {Cfg(16): 1.01 * short, Cfg(32): short, Cfg(64): 2 * short})
+    pick = autotune.choose_config(
+        "op", Prob(13), CANDS, run, device=DEV, prefer=Cfg(16), prefer_within=0.02
+    )
+    assert pick == Cfg(32)
+    _timed(monkeypatch, {Cfg(16): 1.01, Cfg(32): 1.0, Cfg(64): 2.0})
+    assert autotune.choose_config("op", Prob(14), CANDS, run, device=DEV) == Cfg(32)
+
+
+def test_preferred_candidate_must_be_within_the_margin_both_ways(tuner, monkeypatch):
+    """Timed warm and cold, the preferred candidate is kept only if it is within the margin of
+    the fastest in both timings."""
+    cold = {Cfg(16): 1.01, Cfg(32): 1.0, Cfg(64): 2.0}
+    warm = {Cfg(16): 1.05, Cfg(32): 1.0, Cfg(64): 2.0}
+    monkeypatch.setattr(autotune, "_bench_cold", lambda fn, device: cold[fn()])
+    _timed(monkeypatch, warm)
+    kw = {"device": DEV, "cold_l2": True, "warm_too": True, "prefer_within": 0.02}
+    assert autotune.choose_config("op", Prob(15), CANDS, run, prefer=Cfg(16), **kw) == Cfg(32)
+    warm[Cfg(16)] = 1.015
+    assert autotune.choose_config("op", Prob(16), CANDS, run, prefer=Cfg(16), **kw) == Cfg(16)
+
+
+def test_linear_prefers_pytorchs_path_only_for_true_fp32_none_or_relu_forwards():
+    """``linear.preferred_backend``: ``CUBLAS`` (addmm + ReLU, PyTorch's path) for true-fp32
+    forwards with no activation or ReLU where cuBLAS is legal, and for nothing else."""
+    from tilewise.ops.linear import CUBLAS, preferred_backend
+
+    assert preferred_backend(True, True, "relu+bias") == CUBLAS
+    assert preferred_backend(True, True, "none") == CUBLAS
+    assert preferred_backend(True, True, "gelu+bias") is None  # not PyTorch's path there
+    assert preferred_backend(True, False, "relu+bias") is None  # TF32, half precision, no cuBLAS
+    assert preferred_backend(False, True, "none") is None  # a backward GEMM

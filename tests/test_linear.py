@@ -652,4 +652,4 @@ def test_gemm_op_keys_keep_gemv_offers_apart():
     """A forward offered the GEMV (aligned, unit-stride operands) and one of the same shape that
     was not are cached under different keys: neither overwrites the other's choice."""
     keys = {ops.gemm_op_key(f, g) for f in (False, True) for g in (False, True)}
-    assert keys == {"linear.gemm", "linear.gemm.fwd5", "linear.gemm.fwd5.gemv"}
+    assert keys == {"linear.gemm", "linear.gemm.fwd6", "linear.gemm.fwd6.gemv"}

@@ -63,6 +63,13 @@ OP = "linear"
 #: (64 x 1024 x 1024, 2.25 MB) still choose warm.
 COLD_L2_MIN_BYTES = 4 << 20
 
+#: How much faster (fraction) another candidate of a long true-fp32 forward with no activation
+#: or ReLU must time than ``CUBLAS``, PyTorch's own path, to be chosen over it (session 24: the
+#: fused fp32 chain read 0.977x, 0.982x and 0.991x PyTorch + CUDA graph at 8 layers of 512 x
+#: 8192, 1024 x 4096 and 1024 x 8192, against 50.9 TFLOP/s for PyTorch's addmm; session 18 read
+#: 512 x 8192 at 0.975x: the one-GEMM timing's pick lost in the chain). Unmeasured as a fix.
+PREFER_CUBLAS_WITHIN = 0.02
+
 #: Activations whose backward needs the pre-activation, which the forward then also stores.
 SAVES_PRE_ACTIVATION = frozenset({"gelu", "silu"})
 
@@ -239,14 +246,32 @@ def _choose(
     cold, warm_too = timing_mode(nbytes, l2_bytes(a.device))
     # forwards (their candidates grew in session 13: cuBLASLt's bias + ReLU, split-K; in session
     # 14 cuBLAS split-K; fwd4, session 15: L2 flushed by reading, the few-row CUDA GEMV; fwd5,
-    # session 18: near-ties of long problems timed again in rotating rounds) under
+    # session 18: near-ties of long problems timed again in rotating rounds; fwd6, session 24:
+    # PyTorch's own path kept for long true-fp32 forwards unless beaten by a margin) under
     # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
     op = gemm_op_key(split_k, any(isinstance(c, GemvConfig) for c in cands))
     return autotune.choose_config(
-        op, prob, cands, run, device=a.device, cold_l2=cold, warm_too=warm_too
+        op,
+        prob,
+        cands,
+        run,
+        device=a.device,
+        cold_l2=cold,
+        warm_too=warm_too,
+        prefer=preferred_backend(split_k, ieee and cublas, epilogue),
+        prefer_within=PREFER_CUBLAS_WITHIN,
     )
+
+
+def preferred_backend(forward: bool, ieee_cublas: bool, epilogue: str) -> Backend | None:
+    """``CUBLAS`` for true-fp32 forwards with no activation or ReLU (cuBLAS legal): there it is
+    PyTorch's own path (``addmm``, then ReLU in place), which the autotuner keeps for long
+    problems unless another candidate wins by more than ``PREFER_CUBLAS_WITHIN``; else None."""
+    if forward and ieee_cublas and epilogue.split("+")[0] in ("none", "relu"):
+        return CUBLAS
+    return None
 
 
 def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
@@ -255,7 +280,7 @@ def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
     the shape) apart from those that were not, so neither overwrites the other's cached choice."""
     if not forward:
         return OP + ".gemm"
-    return OP + ".gemm.fwd5" + (".gemv" if gemv_offered else "")
+    return OP + ".gemm.fwd6" + (".gemv" if gemv_offered else "")
 
 
 def timing_mode(nbytes: int, l2: int) -> tuple[bool, bool]:

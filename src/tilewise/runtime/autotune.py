@@ -346,6 +346,8 @@ def choose_config(
     cold_l2: bool = False,
     warm_too: bool = False,
     screen: bool = False,
+    prefer: C | None = None,
+    prefer_within: float = 0.0,
 ) -> C:
     """The config to launch ``op`` on ``problem`` with (see the module docstring).
 
@@ -362,10 +364,22 @@ def choose_config(
     smallest: for layers whose weights stay in L2 in one model and stream from DRAM in another
     (session 15: a bf16 [8, 4096] x [4096, 4096] forward chose cold a Triton tile that ran 15.1 us
     where cuBLAS's 10.4 us path won with the weights in L2); cached under a third key. Every answer
-    is also appended to the list of an open ``recording`` context.
+    is also appended to the list of an open ``recording`` context. ``prefer`` (a candidate) is
+    kept for long problems (the fastest at least ``PREFER_MIN_MS``) unless another candidate is
+    faster by more than ``prefer_within`` in every way it was timed: for a baseline's own path,
+    which a one-GEMM timing cannot beat by a margin the whole model keeps.
     """
     config = _choose_config(
-        op, problem, candidates, run_fn, device, default, cold_l2, warm_too, screen
+        op,
+        problem,
+        candidates,
+        run_fn,
+        device,
+        default,
+        cold_l2,
+        warm_too,
+        screen,
+        (prefer, prefer_within),
     )
     picks = _picks.get()
     if picks is not None:
@@ -383,6 +397,7 @@ def _choose_config(
     cold_l2: bool,
     warm_too: bool,
     screen: bool,
+    preference: tuple[C | None, float] = (None, 0.0),
 ) -> C:
     """``choose_config`` without the recording."""
     # The per-call fast path: a launch must not pay for keys, JSON or config comparisons (those
@@ -399,7 +414,7 @@ def _choose_config(
     candidates = tuple(candidates)
     if not candidates:
         raise ValueError("argument 'candidates' is empty")
-    memo_key = (op, problem, device, candidates, default, env, cold_l2, warm_too)
+    memo_key = (op, problem, device, candidates, default, env, cold_l2, warm_too, preference)
     memo = _resolved.get(memo_key)
     if memo is not None:
         if isinstance(given, tuple):
@@ -437,6 +452,7 @@ def _choose_config(
         best = _least_worst_loss(table)
     else:
         best = min(range(len(candidates)), key=lambda i: _valid(times[i]))
+    best = _preferred(table, candidates, best, *preference)
     if best is None or not math.isfinite(_valid(times[best])):
         _warn_once(f"every candidate of {op} failed; using the heuristic config")
         _resolved[memo_key] = fallback
@@ -541,6 +557,29 @@ def _retime_close(
         got.sort()
         out[i] = got[len(got) // 2] if all(math.isfinite(t) for t in got) else math.inf
     return out
+
+
+#: ``choose_config(prefer=...)`` applies to problems whose fastest timing is at least this long
+#: (ms): long compute-bound kernels, whose clocks under the power cap differ between a one-GEMM
+#: timing and a model that runs them back to back
+PREFER_MIN_MS = 0.2
+
+
+def _preferred(
+    table: list[list[float]], candidates: Sequence, best: int | None, prefer: Any, within: float
+) -> int | None:
+    """``best``, or the index of ``prefer`` when the problem is long and ``prefer`` is within
+    ``within`` of the fastest in every row of ``table`` (one row per way of timing)."""
+    if best is None or prefer is None or prefer not in candidates:
+        return best
+    j = candidates.index(prefer)
+    rows = [[_valid(t) for t in row] for row in table]
+    fastest = [min(row) for row in rows]
+    if not all(math.isfinite(f) for f in fastest) or fastest[0] < PREFER_MIN_MS:
+        return best
+    if all(row[j] <= (1.0 + within) * f for row, f in zip(rows, fastest, strict=True)):
+        return j
+    return best
 
 
 def _valid(t: float) -> float:
