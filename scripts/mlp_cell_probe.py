@@ -7,8 +7,9 @@ with ``--profile`` also the kernels one CUDA-graph replay of each impl launches,
 device times (torch.profiler; CUPTI stays active afterwards and slows later replays, so the
 timings of a profiled run are not comparable: run the script once without it for those).
 
-With ``--backends`` it also captures the whole chain on each cuBLAS forward backend the GEMM
-choice offers (``addmm`` + ReLU, ``mm`` + bias_act's epilogue, cuBLASLt's bias + ReLU) and times
+With ``--backends`` it also captures tilewise's chain with every forward forced onto each cuBLAS
+backend the GEMM choice offers (``addmm`` + ReLU, ``mm`` + bias_act's epilogue, cuBLASLt's bias
++ ReLU; ``linear._choose`` patched while the chains are captured) and times
 them with PyTorch + graph and tilewise in rotating turns (``bench.timing.interleaved``): whether
 tilewise's pick, made from short timings of one GEMM, is the fastest in the chain (session 24:
 the fused fp32 chain read 0.977x PyTorch + graph at 8 x 512 x 8192).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +31,6 @@ from torch.profiler import ProfilerActivity, profile
 from tilewise.bench.ceilings import tf32_off
 from tilewise.bench.mlp import _capture, make_mlp, tilewise_mlp
 from tilewise.bench.timing import GraphTimer, interleaved, time_graph
-from tilewise.ops import bias_act as _bias_act
 from tilewise.ops import linear
 from tilewise.registry import DTYPES
 from tilewise.runtime import autotune
@@ -48,22 +49,24 @@ def _kernels(replay) -> list[tuple[str, float]]:
     ]
 
 
-def _backend_chain(eager: nn.Sequential, backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The Linear + ReLU chain with every forward on one cuBLAS backend of ``ops.linear``."""
-    lins = [m for m in eager if isinstance(m, nn.Linear)]
+#: the cuBLAS forward backends of ``ops.linear`` the chain is forced onto, by name
+_BACKENDS = {
+    "cublas": linear.CUBLAS,  # addmm (bias in cuBLAS's epilogue), then ReLU in place
+    "cublas+epilogue": linear.CUBLAS_EPILOGUE,  # mm, then bias_act's bias + ReLU kernel
+    "cublaslt-relu": linear.CUBLAS_LT_RELU,  # cuBLASLt's fused bias + ReLU
+}
 
-    def layer(x: torch.Tensor, m: nn.Linear) -> torch.Tensor:
-        wt = m.weight.t()
-        if backend == "cublas":  # linear.CUBLAS: the bias in cuBLAS's epilogue, ReLU in place
-            return torch.relu_(torch.addmm(m.bias, x, wt))
-        if backend == "cublas+epilogue":  # linear.CUBLAS_EPILOGUE
-            return _bias_act.forward(torch.mm(x, wt), m.bias, "relu", -1)
-        return torch._addmm_activation(m.bias, x, wt)  # linear.CUBLAS_LT_RELU
+
+def _forced(tw: nn.Module, backend: Any, forcing: dict) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``tw`` with every forward GEMM choice answered by ``backend`` (through the patched
+    ``linear._choose`` that reads ``forcing``): tilewise's own code path on that backend."""
 
     def chain(x: torch.Tensor) -> torch.Tensor:
-        for m in lins:
-            x = layer(x, m)
-        return x
+        forcing["backend"] = backend
+        try:
+            return tw(x)
+        finally:
+            forcing["backend"] = None
 
     return chain
 
@@ -76,16 +79,25 @@ def compare_backends(dtype: str, layers: int, batch: int, hidden: int, reps: int
     eager = make_mlp(layers, hidden, torch.device("cuda"), dt)
     tw = tilewise_mlp(eager)
     x = torch.randn(batch, hidden, device="cuda", dtype=dt)
+    forcing: dict = {"backend": None}
     fns = {"graph": eager, "tilewise": tw}
-    fns |= {b: _backend_chain(eager, b) for b in ("cublas", "cublas+epilogue", "cublaslt-relu")}
+    fns |= {name: _forced(tw, b, forcing) for name, b in _BACKENDS.items()}
+    choose = linear._choose
+
+    def forced_choose(a, b, *args, **kwargs):  # forwards only (they pass split_k=True)
+        if forcing["backend"] is not None and kwargs.get("split_k"):
+            return forcing["backend"]
+        return choose(a, b, *args, **kwargs)
+
+    timers, res = {}, {}
     with torch.no_grad(), autotune.recording() as picks:
-        tw(x)  # the choices, made (or loaded) before capture
-        want = eager(x.clone())
-        for name, fn in fns.items():
-            err = (fn(x.clone()) - want).abs().max().item()
-            print(f"  {name:16s} max abs diff from PyTorch {err:.2e}")
-        timers, res = {}, {}
+        linear._choose = forced_choose
         try:
+            tw(x)  # the choices, made (or loaded) before capture
+            want = eager(x.clone())
+            for name, fn in fns.items():
+                err = (fn(x.clone()) - want).abs().max().item()
+                print(f"  {name:16s} max abs diff from PyTorch {err:.2e}")
             for name, fn in fns.items():
                 try:  # one backend that cannot be captured leaves the others their timings
                     timers[name] = GraphTimer(fn, [(x,)], warmup=1, rounds=2)
@@ -95,6 +107,7 @@ def compare_backends(dtype: str, layers: int, batch: int, hidden: int, reps: int
         finally:
             for t in timers.values():
                 t.close()
+            linear._choose = choose
     print(f"{dtype} {layers} x {batch} x {hidden} (graph replay, {reps} replays in 6 turns)")
     for op, prob, cfg in [p for p in picks if str(p[0]).startswith("linear")][:1]:
         print(f"  tilewise pick: {op} {prob} -> {cfg}")

@@ -19,12 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tilewise.bench.gconv import shape_label
+from tilewise.bench.metrics import speedup
+from tilewise.registry import DTYPES
+
 #: activations (one input tensor) from this size on are held to the DRAM bars
 DRAM_BAR_BYTES = 64 * 10**6
 #: fraction of the copy ceiling each pass must reach at >= ``DRAM_BAR_BYTES``
 DRAM_BARS = {"fprop": 0.85, "dgrad": 0.85, "wgrad": 0.75}
-#: the element size of each dtype the study runs
-_ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class BarRow:
 
 def activation_bytes(record: Mapping[str, Any]) -> int:
     """One activation tensor of the problem: N x H x W x C elements."""
-    elem = _ELEM_BYTES.get(record["dtype"], 2)
+    elem = DTYPES[record["dtype"]].itemsize
     return record["n"] * record["h"] * record["w"] * record["c"] * elem
 
 
@@ -74,7 +76,7 @@ def _x_cudnn(tw: Mapping[str, Any], cu: Mapping[str, Any] | None) -> float | Non
         return None
     for key in ("graph_s", "median_s"):
         if tw.get(key) and cu.get(key):
-            return cu[key] / tw[key]
+            return speedup(cu[key], tw[key])
     return None
 
 
@@ -97,7 +99,7 @@ def bar_rows(records: Iterable[Mapping[str, Any]]) -> list[BarRow]:
             act = activation_bytes(tw)
             rows.append(
                 BarRow(
-                    shape=f"C={c} {h}x{w} {k}x{k}",
+                    shape=shape_label(c, h, w, k),
                     dtype=dtype,
                     n=n,
                     pass_=pass_,

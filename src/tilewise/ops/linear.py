@@ -265,13 +265,15 @@ def _choose(
     )
 
 
+#: the forward epilogues whose ``CUBLAS`` path is PyTorch's own (``addmm`` [+ ReLU in place])
+_PREFER_EPILOGUES = frozenset({"none", "relu", "none+bias", "relu+bias"})
+
+
 def preferred_backend(forward: bool, ieee_cublas: bool, epilogue: str) -> Backend | None:
     """``CUBLAS`` for true-fp32 forwards with no activation or ReLU (cuBLAS legal): there it is
     PyTorch's own path (``addmm``, then ReLU in place), which the autotuner keeps for long
     problems unless another candidate wins by more than ``PREFER_CUBLAS_WITHIN``; else None."""
-    if forward and ieee_cublas and epilogue.split("+")[0] in ("none", "relu"):
-        return CUBLAS
-    return None
+    return CUBLAS if forward and ieee_cublas and epilogue in _PREFER_EPILOGUES else None
 
 
 def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
