@@ -3,8 +3,8 @@
 # first run in session 22), then the steps named as
 # arguments (functions below). Everything is written to a scratch folder and packed into
 # $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
-# .tw-cache (carried both ways), the Triton compile cache as the bundle's triton-cache.tgz
-# (copy it to .triton-cache.tgz and carry that: the next call extracts it).
+# .tw-cache (carried both ways), the Triton compile cache as $OUT/triton-cache.tgz beside the
+# bundle (copy it to .triton-cache.tgz and carry that: the next call extracts it).
 #   usage: bash scripts/device_call.sh STEP [STEP ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -171,12 +171,14 @@ for step in "$@"; do
 done
 # the Triton compile cache, for the next call to carry back (`.triton-cache.tgz`, extracted at
 # the top): the GPU tests compile hundreds of Triton kernels, each call from nothing until now
+# It travels beside the bundle, never inside it: the tool brings back files of at most 16 MiB,
+# and session 25's first call lost its whole bundle to a cache packed into it.
+pack
 if [ -d .triton-cache ]; then
-  tar czf "$R/triton-cache.tgz" -C . .triton-cache
-  size=$(stat -c %s "$R/triton-cache.tgz")
-  if [ "$size" -gt $((24 * 1024 * 1024)) ]; then  # the repo travels within 64 MiB
+  tar czf "$OUT/triton-cache.tgz" -C . .triton-cache
+  size=$(stat -c %s "$OUT/triton-cache.tgz")
+  if [ "$size" -gt $((15 * 1024 * 1024)) ]; then  # the tool's per-file limit is 16 MiB
     echo "triton cache $((size / 1048576)) MiB: not kept"
-    rm -f "$R/triton-cache.tgz"
+    rm -f "$OUT/triton-cache.tgz"
   fi
 fi
-pack
