@@ -16,6 +16,9 @@ the fused fp32 chain read 0.977x PyTorch + graph at 8 x 512 x 8192).
 
     python scripts/mlp_cell_probe.py [--cells fp32:1:4:128 bf16:1:4:128 ...] [--profile]
     python scripts/mlp_cell_probe.py --cells fp32:8:512:8192 fp32:8:1024:4096 --backends
+    python scripts/mlp_cell_probe.py --cells fp32:8:512:4096 --row-groups
+
+``--row-groups`` times fused Strassen's row groups (``ops.strassen.ROW_GROUPS``, session 25).
 """
 
 from __future__ import annotations
@@ -121,6 +124,51 @@ def compare_backends(dtype: str, layers: int, batch: int, hidden: int, reps: int
         print(f"  {name:16s} {t.median_s * 1e6:10.1f} us  x graph {ratio:.3f}")
 
 
+def compare_row_groups(dtype: str, layers: int, batch: int, hidden: int, reps: int = 24) -> None:
+    """PyTorch + graph, fused Strassen with 1, 2 and 4 row groups forced (``ops.strassen.forward``,
+    ``groups=``) and with its own timed choice, whole chains by graph replay in rotating turns."""
+    from tilewise.nn.strassen import StrassenMLP
+    from tilewise.ops import strassen
+
+    dt = DTYPES[dtype]
+    torch.manual_seed(layers * 1_000_003 + batch * 1009 + hidden)
+    eager = make_mlp(layers, hidden, torch.device("cuda"), dt)
+    model = StrassenMLP.from_modules(eager, mode="strassen")
+    x = torch.randn(batch, hidden, device="cuda", dtype=dt)
+    blocks = [getattr(model, f"blocks{i}") for i in range(layers)]
+    biases = [lin.bias.detach() for lin in model.layers]
+    counts = [g for g in strassen.ROW_GROUPS if g == 1 or batch >= g * strassen.MIN_GROUP_ROWS]
+
+    def grouped(g: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda t: strassen.forward(t, blocks, biases, model.activations, model.sizes, g)
+
+    fns = {"graph": eager, "strassen (chosen)": model}
+    fns |= {f"strassen groups={g}": grouped(g) for g in counts}
+    timers = {}
+    with torch.no_grad(), autotune.recording() as picks:
+        want = eager(x.clone())
+        for name, fn in fns.items():
+            err = (fn(x.clone()) - want).abs().max().item()  # also makes the choices
+            print(f"  {name:20s} max abs diff from PyTorch {err:.2e}")
+        try:
+            timers = {name: GraphTimer(fn, [(x,)], warmup=1, rounds=2) for name, fn in fns.items()}
+            res = interleaved(timers, reps, chunks=6)
+        finally:
+            for t in timers.values():
+                t.close()
+    print(f"{dtype} {layers} x {batch} x {hidden} (graph replay, {reps} replays in 6 turns)")
+    for op, prob, cfg in picks:
+        if str(op).endswith("row_groups"):
+            print(f"  row-group pick: {prob} -> {cfg}")
+    base = res["graph"]
+    for name in fns:
+        t = res[name]
+        if isinstance(t, Exception) or isinstance(base, Exception):
+            print(f"  {name:20s} failed: {t!r}")
+            continue
+        print(f"  {name:20s} {t.median_s * 1e6:10.1f} us  x graph {base.median_s / t.median_s:.3f}")
+
+
 def probe(dtype: str, layers: int, batch: int, hidden: int, profile: bool) -> None:
     dt = DTYPES[dtype]
     torch.manual_seed(layers * 1_000_003 + batch * 1009 + hidden)
@@ -171,11 +219,18 @@ def main() -> None:
         action="store_true",
         help="time whole chains on each cuBLAS forward backend beside graph and tilewise",
     )
+    ap.add_argument(
+        "--row-groups",
+        action="store_true",
+        help="time fused Strassen with 1, 2, 4 row groups (and its choice) beside graph",
+    )
     args = ap.parse_args()
     with tf32_off():
         for spec in args.cells:
             d, layers, batch, hidden = spec.split(":")
-            if args.backends:
+            if args.row_groups:
+                compare_row_groups(d, int(layers), int(batch), int(hidden))
+            elif args.backends:
                 compare_backends(d, int(layers), int(batch), int(hidden))
             else:
                 probe(d, int(layers), int(batch), int(hidden), args.profile)

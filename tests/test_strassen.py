@@ -59,10 +59,11 @@ def _atol(dtype: torch.dtype, ref: torch.Tensor, k: int = 1) -> float:
     return 4 * ATOL[dtype] * max(1.0, ref.double().abs().max().item())
 
 
-def _judge_chain(x0, ws0, bs0, acts, dtype, seed):
+def _judge_chain(x0, ws0, bs0, acts, dtype, seed, groups=None):
     x, ws, bs = x0.to(dtype), _cast(ws0, dtype), _cast(bs0, dtype)
     outs = [w.shape[0] for w in ws]
-    y = ops.forward(x, [ops.format_weights(w) for w in ws], bs, acts, [x.shape[-1], *outs])
+    blocks = [ops.format_weights(w) for w in ws]
+    y = ops.forward(x, blocks, bs, acts, [x.shape[-1], *outs], groups=groups)
     assert y.dtype == dtype and y.shape == (*x.shape[:-1], outs[-1])
     y_torch = ops.reference(x, ws, bs, acts)
     ref = ops.reference(x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts)
@@ -454,7 +455,10 @@ def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
     """Each products plan the autotuner may pick, forced, through whole chains (fp32 and fp16)."""
     import types
 
-    monkeypatch.setattr(ops, "autotune", types.SimpleNamespace(choose_config=lambda *a, **k: plan))
+    def choose(op, *args, **kwargs):  # the plan for the products; one row group for the chain
+        return plan if op.endswith(".products") else 1
+
+    monkeypatch.setattr(ops, "autotune", types.SimpleNamespace(choose_config=choose))
     for dtype in (torch.float32, torch.float16):
         for x_shape, outs in GPU_SHAPES:
             x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
@@ -469,3 +473,90 @@ def test_strided_and_expanded_bias():
         y = ops.forward(x, [ops.format_weights(w)], [b], ["relu"], [8, 10])
         want = torch.relu(torch.nn.functional.linear(x, w, b))
         torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_row_bounds():
+    """Row groups: equal even ranges, the last taking the rest; a bad count names 'groups'."""
+    assert ops._row_bounds(512, 2) == [(0, 256), (256, 512)]
+    assert ops._row_bounds(513, 2) == [(0, 256), (256, 513)]
+    assert ops._row_bounds(1024, 4) == [(0, 256), (256, 512), (512, 768), (768, 1024)]
+    assert ops._row_bounds(9, 4) == [(0, 2), (2, 4), (4, 6), (6, 9)]
+    assert ops._row_bounds(3, 2) == [(0, 2), (2, 3)]
+    assert ops._row_bounds(7, 4) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    assert ops._row_bounds(5, 1) == [(0, 5)]
+    for m, groups in ((2, 2), (6, 4), (5, 0), (5, 2.0), (5, "2")):
+        with pytest.raises(ValueError, match="'groups'"):
+            ops._row_bounds(m, groups)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_row_groups_match_fp64(dtype, groups, rng_seed, monkeypatch):
+    """The chain split into row groups (odd group sizes and odd features included): each group's
+    own 2N+1 kernels, judged against fp64 like the whole chain."""
+    calls = {"prefix": 0}
+    real = ops.prefix
+
+    def counted(*args, **kwargs):
+        calls["prefix"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "prefix", counted)
+    for x_shape, outs in (((9, 6), [7, 5]), ((2, 4, 5), [6]), ((13, 10), [1, 10, 3])):
+        calls["prefix"] = 0
+        x, ws, bs, acts = _chain(x_shape, outs, "cpu")
+        _judge_chain(x, ws, bs, acts, dtype, rng_seed, groups=groups)
+        assert calls["prefix"] == groups
+
+
+def test_row_groups_bad_count_and_cpu_default(monkeypatch):
+    """A count that cannot split the rows raises before any launch; off CUDA, forward(groups=None)
+    runs one chain without timing anything."""
+    x, ws, bs, acts = _chain((6, 4), [4], "cpu")
+    blocks = [ops.format_weights(w) for w in ws]
+    for groups in (0, 4, 2.5):
+        with pytest.raises(ValueError, match="'groups'"):
+            ops.forward(x, blocks, bs, acts, [4, 4], groups=groups)
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed off CUDA")
+
+    monkeypatch.setattr(ops.autotune, "choose_config", no_timing)
+    x = torch.randn(2 * ops.MIN_GROUP_ROWS, 4)
+    assert ops._choose_row_groups(x, (blocks, bs, acts, [4, 4])) == 1
+    y = ops.forward(x, blocks, bs, acts, [4, 4])
+    want = torch.nn.functional.linear(x, ws[0], bs[0])
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_groups_on_streams_in_graph_and_timed(dtype, rng_seed):
+    """Row groups on CUDA: the groups' chains on parallel streams, eager and captured in a CUDA
+    graph (replayed on new inputs), judged against fp64; and the timed choice is a valid count."""
+    for x_shape, outs in GPU_SHAPES:
+        x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
+        for groups in (2, 4):
+            _judge_chain(x, ws, bs, acts, dtype, rng_seed, groups=groups)
+    x0, ws, bs, acts = _chain((1024, 4096), [4096] * 2, "cuda", True)
+    ws, bs = _cast(ws, dtype), _cast(bs, dtype)
+    blocks, sizes = [ops.format_weights(w) for w in ws], [4096, 4096, 4096]
+    static_x = x0.to(dtype)
+    ops.forward(static_x, blocks, bs, acts, sizes, groups=2)  # warm-up (autotune) off capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = ops.forward(static_x, blocks, bs, acts, sizes, groups=2)
+    for _ in range(2):
+        static_x.copy_(torch.randn_like(static_x))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ops.reference(
+            static_x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts
+        )
+        y_torch = ops.reference(static_x, ws, bs, acts)
+        assert_three_way(
+            static_y, y_torch, ref, _atol(dtype, ref, 4096), "strassen row groups graph", rng_seed
+        )
+    assert ops._choose_row_groups(static_x, (blocks, bs, acts, sizes)) in ops.ROW_GROUPS

@@ -438,23 +438,117 @@ def forward(
     biases: Sequence[torch.Tensor | None],
     activations: Sequence[str],
     sizes: Sequence[int],
+    groups: int | None = None,
 ) -> torch.Tensor:
     """The chain ``act_i(... @ W_i^T + b_i)`` through fused Strassen: ``y`` [..., sizes[-1]].
 
     ``blocks[i] = format_weights(W_i)``, ``W_i`` of shape [sizes[i + 1], sizes[i]] (the sizes
     are needed: formatting pads odd sizes, so blocks alone cannot tell 5 from 6). 2N+1 kernels
-    for N layers: 1 prefix, N ``torch.bmm``, N suffix.
+    for N layers: 1 prefix, N ``torch.bmm``, N suffix; per row group (``ROW_GROUPS``: ``groups``,
+    or None to let timing choose on CUDA), plus one gather of the groups' rows.
     """
     validate(x, blocks, biases, activations, sizes)
     x2 = x.reshape(-1, x.shape[-1])
     if not dispatch.use_kernel(OP, [x2, *blocks]):
         return strassen_reference(x, blocks, biases, activations, sizes)
+    layers = (blocks, biases, activations, sizes)
+    if groups is not None:
+        _row_bounds(x2.shape[0], groups)  # a bad count raises before any launch
+    else:
+        groups = _choose_row_groups(x2, layers)
+    y = _chain(x2, layers) if groups == 1 else _chain_in_row_groups(x2, layers, groups)
+    return y.view(*x.shape[:-1], sizes[-1])
+
+
+def _chain(x2: torch.Tensor, layers: tuple) -> torch.Tensor:
+    """The 2N+1 kernels on a 2-D input: ``y`` [M, sizes[-1]]."""
+    blocks, biases, activations, sizes = layers
     m = x2.shape[0]
     p = prefix(x2)
     last = len(blocks) - 1
     for i, (f, b, act, n) in enumerate(zip(blocks, biases, activations, sizes[1:], strict=True)):
         p = suffix(products(p, f), b, act, m, n, to_prefix=i < last)
-    return p.view(*x.shape[:-1], sizes[-1])
+    return p
+
+
+#: Row groups (``forward(groups=)``): the rows split into G independent chains on G CUDA streams.
+#: One layer's 7 products at M = 512, K = N = 4096 are 224 output tiles of 128 x 128 for 132 SMs:
+#: the second wave leaves 40 SMs idle, and the next layer waits for it. Two chains of 256 rows
+#: each, forked and joined once, let one chain's tiles fill the SMs the other's last wave leaves
+#: (and hide each suffix kernel), at the cost of reading each layer's weights once per group.
+#: Offered where every group keeps ``MIN_GROUP_ROWS`` rows; chosen per chain shape by timing.
+ROW_GROUPS = (1, 2, 4)
+MIN_GROUP_ROWS = 256
+
+
+@dataclass(frozen=True)
+class ChainKey:
+    """Autotune key of a whole chain's row-group count: rows, feature sizes, dtype, TF32."""
+
+    m: int
+    sizes: tuple[int, ...]
+    dtype: str
+    tf32: bool
+
+
+def _row_bounds(m: int, groups: int) -> list[tuple[int, int]]:
+    """``groups`` consecutive, non-empty row ranges covering ``m`` rows: all but the last of the
+    same even length (no padded row), the last taking the rest."""
+    if not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tilewise.{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
+    size = max(2, m // groups // 2 * 2)
+    if (groups - 1) * size >= m:
+        raise ValueError(f"tilewise.{OP}: argument 'groups'={groups} is too many for {m} rows")
+    return [(g * size, (g + 1) * size) for g in range(groups - 1)] + [((groups - 1) * size, m)]
+
+
+def _chain_in_row_groups(x2: torch.Tensor, layers: tuple, groups: int) -> torch.Tensor:
+    """The chain on each row group, group g on lane g (the current stream and ``groups - 1``
+    side streams, forked from and joined back to it, so a CUDA-graph capture records parallel
+    branches); ``y`` gathered on the current stream after the join. Off CUDA, groups in a row."""
+    bounds = _row_bounds(x2.shape[0], groups)
+    if x2.device.type != "cuda":
+        return torch.cat([_chain(x2[lo:hi], layers) for lo, hi in bounds])
+    current = torch.cuda.current_stream(x2.device)
+    side = [s for s in _streams(x2.device, groups) if s != current][: groups - 1]
+    lanes = [current, *side]
+    for lane in side:
+        lane.wait_stream(current)
+    ys = []
+    try:
+        for (lo, hi), lane in zip(bounds, lanes, strict=True):
+            with torch.cuda.stream(lane):
+                ys.append(_chain(x2[lo:hi], layers))
+    finally:  # joined even if a launch raises: a capture must not end with unjoined streams
+        for lane in side:
+            current.wait_stream(lane)
+    y = torch.cat(ys)  # on the current stream, after the join
+    for part in ys:  # made on a lane, last read here: no lane reuses its memory before the gather
+        part.record_stream(current)
+    return y
+
+
+#: the candidate tuples by largest group count (the same tuple objects on every call keep the
+#: autotuner's per-call fast path)
+_GROUP_CANDIDATES = {g: tuple(c for c in ROW_GROUPS if c <= g) for g in ROW_GROUPS}
+
+
+def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
+    """1 (one chain) unless timing on CUDA says a split into row groups is faster."""
+    m = x2.shape[0]
+    most = max(g for g in ROW_GROUPS if g == 1 or m >= g * MIN_GROUP_ROWS)
+    if x2.device.type != "cuda" or most == 1:
+        return 1
+    sizes = layers[3]
+    dtype = str(x2.dtype).removeprefix("torch.")
+    key = ChainKey(m, tuple(sizes), dtype, tf32_enabled())
+    return autotune.choose_config(
+        OP + ".row_groups",
+        key,
+        _GROUP_CANDIDATES[most],
+        lambda g: _chain(x2, layers) if g == 1 else _chain_in_row_groups(x2, layers, g),
+        device=x2.device,
+    )
 
 
 def tf32_enabled() -> bool:
