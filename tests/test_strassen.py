@@ -512,21 +512,52 @@ def test_row_groups_match_fp64(dtype, groups, rng_seed, monkeypatch):
 def test_row_groups_bad_count_and_cpu_default(monkeypatch):
     """A count that cannot split the rows raises before any launch; off CUDA, forward(groups=None)
     runs one chain without timing anything."""
+    from tilewise.runtime import autotune
+
     x, ws, bs, acts = _chain((6, 4), [4], "cpu")
     blocks = [ops.format_weights(w) for w in ws]
     for groups in (0, 4, 2.5):
         with pytest.raises(ValueError, match="'groups'"):
             ops.forward(x, blocks, bs, acts, [4, 4], groups=groups)
-
-    def no_timing(*args, **kwargs):
-        raise AssertionError("timed off CUDA")
-
-    monkeypatch.setattr(ops.autotune, "choose_config", no_timing)
+    monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed off CUDA"))
+    autotune.clear_memory_cache()
     x = torch.randn(2 * ops.MIN_GROUP_ROWS, 4)
     assert ops._choose_row_groups(x, (blocks, bs, acts, [4, 4])) == 1
     y = ops.forward(x, blocks, bs, acts, [4, 4])
     want = torch.nn.functional.linear(x, ws[0], bs[0])
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+    autotune.clear_memory_cache()
+
+
+def test_row_groups_timed_stored_and_reloaded(monkeypatch, tmp_path):
+    """On a (faked) CUDA machine the row-group count is timed once per chain shape, stored in the
+    on-disk cache (its candidates are dataclasses) and loaded by a fresh process's first call."""
+    from tilewise.runtime import autotune
+
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
+    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
+    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
+    autotune.clear_memory_cache()
+    timings = iter([3.0, 1.0, 2.0])  # 1, 2, 4 groups: two groups fastest
+
+    def fake_bench(fn):
+        fn()
+        return next(timings)
+
+    monkeypatch.setattr(autotune, "_bench", fake_bench)
+    monkeypatch.setattr(autotune, "_retime_close", lambda times, *a, **k: times)
+    x, ws, bs, acts = _chain((4 * ops.MIN_GROUP_ROWS, 4), [4], "cpu")
+    layers = ([ops.format_weights(w) for w in ws], bs, acts, [4, 4])
+    assert ops._choose_row_groups(x, layers) == 2
+    monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed twice"))
+    assert ops._choose_row_groups(x, layers) == 2
+    autotune.clear_memory_cache()  # a new process: the choice comes from the disk cache
+    assert ops._choose_row_groups(x, layers) == 2
+    y = ops.forward(x, *layers)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, ws[0], bs[0]), rtol=1e-4, atol=1e-4)
+    autotune.clear_memory_cache()
 
 
 @pytest.mark.gpu

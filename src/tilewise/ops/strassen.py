@@ -528,27 +528,38 @@ def _chain_in_row_groups(x2: torch.Tensor, layers: tuple, groups: int) -> torch.
     return y
 
 
+@dataclass(frozen=True)
+class RowGroups:
+    """A row-group count, as the autotuner stores candidates (dataclasses)."""
+
+    count: int
+
+
 #: the candidate tuples by largest group count (the same tuple objects on every call keep the
 #: autotuner's per-call fast path)
-_GROUP_CANDIDATES = {g: tuple(c for c in ROW_GROUPS if c <= g) for g in ROW_GROUPS}
+_GROUP_CANDIDATES = {g: tuple(RowGroups(c) for c in ROW_GROUPS if c <= g) for g in ROW_GROUPS}
 
 
 def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
-    """1 (one chain) unless timing on CUDA says a split into row groups is faster."""
+    """1 (one chain) unless timing says a split into row groups is faster (the autotuner times
+    only on CUDA; elsewhere, and during capture without a cached choice, it answers 1)."""
     m = x2.shape[0]
     most = max(g for g in ROW_GROUPS if g == 1 or m >= g * MIN_GROUP_ROWS)
-    if x2.device.type != "cuda" or most == 1:
+    if most == 1:
         return 1
     sizes = layers[3]
     dtype = str(x2.dtype).removeprefix("torch.")
     key = ChainKey(m, tuple(sizes), dtype, tf32_enabled())
-    return autotune.choose_config(
-        OP + ".row_groups",
-        key,
-        _GROUP_CANDIDATES[most],
-        lambda g: _chain(x2, layers) if g == 1 else _chain_in_row_groups(x2, layers, g),
-        device=x2.device,
+
+    def run(g: RowGroups) -> torch.Tensor:
+        if g.count == 1:
+            return _chain(x2, layers)
+        return _chain_in_row_groups(x2, layers, g.count)
+
+    choice = autotune.choose_config(
+        OP + ".row_groups", key, _GROUP_CANDIDATES[most], run, device=x2.device
     )
+    return choice.count
 
 
 def tf32_enabled() -> bool:
