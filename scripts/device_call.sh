@@ -169,12 +169,12 @@ for step in "$@"; do
     row-groups)  # session 25: fused Strassen's chain in row groups on parallel streams (written
       # after session 24's device time): its GPU tests, then 1/2/4 groups forced and chosen, in
       # turns, then the Strassen cells of the fp32 grid (layers 1-8) with the timed choice
-      gpu_tests 200 tests/test_strassen.py -k "row_groups or each_products or streams or large"
+      gpu_tests 120 tests/test_strassen.py -k "row_groups or each_products or streams or large"
       timeout 200 python scripts/mlp_cell_probe.py --row-groups --cells fp32:8:512:4096 \
         fp32:8:512:8192 fp32:8:1024:4096 fp32:8:4096:4096 >"$R/row-groups.log" 2>&1
       echo "rc $?: row-groups probe"
       grep -vE "Warn|warn|max abs" "$R/row-groups.log" | tail -n 40
-      timeout 150 "${TW[@]}" bench mlp --dtypes fp32 --layers 1 2 4 8 --batches 512 4096 \
+      timeout 170 "${TW[@]}" bench mlp --dtypes fp32 --layers 1 2 4 8 --batches 512 4096 \
         --hiddens 4096 8192 --impls graph tilewise strassen --no-compile --no-train \
         --no-progress --plot --study mlp-strassen-rows-s25 --out "$R" >"$R/mlp-strassen.log" 2>&1
       echo "rc $?: mlp-strassen-rows-s25"
