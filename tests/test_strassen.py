@@ -456,7 +456,7 @@ def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
     import types
 
     def choose(op, *args, **kwargs):  # the plan for the products; one row group for the chain
-        return plan if op.endswith(".products") else 1
+        return plan if op.endswith(".products") else ops.RowGroups(1)
 
     monkeypatch.setattr(ops, "autotune", types.SimpleNamespace(choose_config=choose))
     for dtype in (torch.float32, torch.float16):
