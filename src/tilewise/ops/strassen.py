@@ -471,14 +471,16 @@ def _chain(x2: torch.Tensor, layers: tuple) -> torch.Tensor:
     return p
 
 
-#: Row groups (``forward(groups=)``): the rows split into G independent chains on G CUDA streams.
-#: One layer's 7 products at M = 512, K = N = 4096 are 224 output tiles of 128 x 128 for 132 SMs:
-#: the second wave leaves 40 SMs idle, and the next layer waits for it. Two chains of 256 rows
-#: each, forked and joined once, let one chain's tiles fill the SMs the other's last wave leaves
-#: (and hide each suffix kernel), at the cost of reading each layer's weights once per group.
+#: Row groups (``forward(groups=)``): the rows split into G independent chains on G CUDA streams,
+#: forked and joined once, so that one chain's tiles fill the SMs another's last wave of a layer
+#: leaves idle (and hide each suffix kernel), at the cost of reading each layer's weights once per
+#: group. fp32, TF32 off, 8 layers, H100, whole chains against one chain (session 25,
+#: ``scripts/mlp_cell_probe.py --row-groups``): 1024 x 4096 two groups of 512 rows 1.152x PyTorch
+#: + graph against 1.052x; groups of 256 rows lose (512 x 4096: 0.972x against 1.047x; 1024 x
+#: 4096 in four: 0.759x), and so do 4096 x 4096 in two or four (1.076x, 1.056x against 1.122x).
 #: Offered where every group keeps ``MIN_GROUP_ROWS`` rows; chosen per chain shape by timing.
 ROW_GROUPS = (1, 2, 4)
-MIN_GROUP_ROWS = 256
+MIN_GROUP_ROWS = 512
 
 
 @dataclass(frozen=True)
