@@ -87,7 +87,7 @@ if [ "$run_tests" = 1 ]; then
     else
       args=("$f")
     fi
-    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short \
+    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short --durations=0 --durations-min=1 \
       "${args[@]}" >"$log" 2>&1
     rc=$?
     last=$(grep -E "passed|failed|error|skipped|deselected|no tests ran" "$log" | tail -n 1)
@@ -99,12 +99,16 @@ if [ "$run_tests" = 1 ]; then
     fi
     echo "  $u: ${last:-no summary} (exit $rc)" >"${log%.log}.status"
   }
-  # GPU_TEST_SHARDS=N (default 1) splits each slow file (a limit above 300 s) into N units of
-  # whole test functions, the largest first onto the emptiest unit, so that its NVRTC/Triton
-  # compiles spread over N cores (session 23: 8 files at once left test_linear and
-  # test_gconv_cuda cut at 530 s each, the rest done)
+  # GPU_TEST_SHARDS=N (default 1) splits each slow file (a limit above 300 s) into N units, so
+  # that its NVRTC/Triton compiles spread over N cores (session 23: 8 files at once left
+  # test_linear and test_gconv_cuda cut at 530 s each, the rest done). The test functions go
+  # cases go one by one, longest first (by tests/gpu_durations.txt, an earlier run's times) onto the
+  # least-loaded unit: whole functions per unit put both dtypes of
+  # test_every_tile_fprop_and_dgrad in one unit in session 25, which ran past 470 s. The slow
+  # files' units start first; each log lists its slowest tests, gathered into gpu_durations.txt.
   shards=${GPU_TEST_SHARDS:-1}
   units=()
+  later=()  # the files not sharded, started after the shards
   for f in $files; do
     if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
       mkdir -p "$OUT/shards"
@@ -125,8 +129,26 @@ groups = {}
 for i in ids:
     groups.setdefault(i.split("[")[0], []).append(i)
 bins = [[] for _ in range(k)]
-for g in sorted(groups.values(), key=len, reverse=True):
-    min(bins, key=len).extend(g)
+# seconds per test from an earlier run (tests/gpu_durations.txt, "SECONDS NODEID" lines, which
+# gpu_check writes as $OUT/gpu_durations.txt); cases it lacks weigh the median (1 s without it)
+known = {}
+try:
+    with open("tests/gpu_durations.txt") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 2 and not line.startswith("#"):
+                known[parts[1]] = float(parts[0])
+except OSError:
+    pass
+times = sorted(known.values())
+typical = times[len(times) // 2] if times else 1.0
+cases = [c for g in sorted(groups.values(), key=len, reverse=True) for c in g]
+weight = {c: known.get(c, typical) for c in cases}
+load = [0.0] * k
+for case in sorted(cases, key=lambda c: -weight[c]):  # longest first onto the least-loaded unit
+    j = min(range(k), key=lambda j: (load[j], len(bins[j])))
+    bins[j].append(case)
+    load[j] += weight[case]
 bins = [b for b in bins if b]
 for j, b in enumerate(bins):
     with open(f"{prefix}@{j}.ids", "w") as fh:
@@ -137,9 +159,10 @@ PYEOF
       for ((j = 0; j < ${n:-0}; j++)); do units+=("$f@$j"); done
       [ "${n:-0}" -gt 0 ] || units+=("$f")
     else
-      units+=("$f")
+      later+=("$f")
     fi
   done
+  units+=("${later[@]}")
   # GPU_TEST_JOBS files at once (default 1): the slow files spend their time compiling NVRTC
   # and Triton kernels on one CPU core each, so 4 at once fit one 10-minute device call
   jobs_max=${GPU_TEST_JOBS:-1}
@@ -172,6 +195,21 @@ for b in "${benches[@]}"; do
     *) echo "unknown benchmark '$b'" ;;
   esac
 done
+
+# every test's seconds (setup + call + teardown, those of at least 1 s) from the logs, for the
+# next run's sharding (copy to tests/gpu_durations.txt)
+if ls "$OUT"/gpu_tests__*.log >/dev/null 2>&1; then
+  cat "$OUT"/gpu_tests__*.log | "$PY" -c '
+import re, sys
+total = {}
+for line in sys.stdin:
+    m = re.match(r"\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S+::\S+)", line)
+    if m:
+        total[m.group(2)] = total.get(m.group(2), 0.0) + float(m.group(1))
+for node, sec in sorted(total.items(), key=lambda kv: -kv[1]):
+    print(f"{sec:.1f} {node}")
+' >"$OUT/gpu_durations.txt"
+fi
 
 # the kernel-config choices this run made or used, to ship back (`tilewise cache import FILE`)
 "$PY" -m tilewise.cli cache export "$OUT/autotune-cache.json" >>"$OUT/bench.log" 2>&1 || true
