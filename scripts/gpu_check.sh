@@ -101,68 +101,23 @@ if [ "$run_tests" = 1 ]; then
   }
   # GPU_TEST_SHARDS=N (default 1) splits each slow file (a limit above 300 s) into N units, so
   # that its NVRTC/Triton compiles spread over N cores (session 23: 8 files at once left
-  # test_linear and test_gconv_cuda cut at 530 s each, the rest done). The test functions go
-  # cases go one by one, longest first (by tests/gpu_durations.txt, an earlier run's times) onto the
-  # least-loaded unit: whole functions per unit put both dtypes of
-  # test_every_tile_fprop_and_dgrad in one unit in session 25, which ran past 470 s. The slow
-  # files' units start first; each log lists its slowest tests, gathered into gpu_durations.txt.
+  # test_linear and test_gconv_cuda cut at 530 s each, the rest done): scripts/shard_tests.py
+  # deals the cases, longest first by tests/gpu_durations.txt. The slow files' units start first;
+  # each log lists its tests of >= 1 s, gathered below into $OUT/gpu_durations.txt.
   shards=${GPU_TEST_SHARDS:-1}
   units=()
   later=()  # the files not sharded, started after the shards
   for f in $files; do
     if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
       mkdir -p "$OUT/shards"
-      n=$("$PY" - "$f" "$shards" "$OUT/shards/gpu_tests__$(basename "$f" .py)" <<'PYEOF'
-import subprocess, sys
-f, k, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-try:
-    res = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q",
-                          "-p", "no:cacheprovider", f], capture_output=True, text=True,
-                         timeout=120)
-except subprocess.TimeoutExpired:
-    res = None
-if res is None or res.returncode not in (0, 5):  # 5: nothing collected
-    print(0)  # the whole file as one unit
-    sys.exit()
-ids = [line for line in res.stdout.splitlines() if line.startswith(f + "::")]
-groups = {}
-for i in ids:
-    groups.setdefault(i.split("[")[0], []).append(i)
-bins = [[] for _ in range(k)]
-# seconds per test from an earlier run (tests/gpu_durations.txt, "SECONDS NODEID" lines, which
-# gpu_check writes as $OUT/gpu_durations.txt); cases it lacks weigh the median (1 s without it)
-known = {}
-try:
-    with open("tests/gpu_durations.txt") as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) == 2 and not line.startswith("#"):
-                known[parts[1]] = float(parts[0])
-except OSError:
-    pass
-times = sorted(known.values())
-typical = times[len(times) // 2] if times else 1.0
-cases = [c for g in sorted(groups.values(), key=len, reverse=True) for c in g]
-weight = {c: known.get(c, typical) for c in cases}
-load = [0.0] * k
-for case in sorted(cases, key=lambda c: -weight[c]):  # longest first onto the least-loaded unit
-    j = min(range(k), key=lambda j: (load[j], len(bins[j])))
-    bins[j].append(case)
-    load[j] += weight[case]
-bins = [b for b in bins if b]
-for j, b in enumerate(bins):
-    with open(f"{prefix}@{j}.ids", "w") as fh:
-        fh.write("\n".join(b) + "\n")
-print(len(bins))
-PYEOF
-      )
+      n=$("$PY" scripts/shard_tests.py "$f" "$shards" "$OUT/shards/gpu_tests__$(basename "$f" .py)")
       for ((j = 0; j < ${n:-0}; j++)); do units+=("$f@$j"); done
       [ "${n:-0}" -gt 0 ] || units+=("$f")
     else
       later+=("$f")
     fi
   done
-  units+=("${later[@]}")
+  units+=(${later[@]+"${later[@]}"})  # (set -u: an empty array is unbound in bash < 4.4)
   # GPU_TEST_JOBS files at once (default 1): the slow files spend their time compiling NVRTC
   # and Triton kernels on one CPU core each, so 4 at once fit one 10-minute device call
   jobs_max=${GPU_TEST_JOBS:-1}

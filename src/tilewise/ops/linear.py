@@ -67,7 +67,9 @@ COLD_L2_MIN_BYTES = 4 << 20
 #: or ReLU must time than ``CUBLAS``, PyTorch's own path, to be chosen over it (session 24: the
 #: fused fp32 chain read 0.977x, 0.982x and 0.991x PyTorch + CUDA graph at 8 layers of 512 x
 #: 8192, 1024 x 4096 and 1024 x 8192, against 50.9 TFLOP/s for PyTorch's addmm; session 18 read
-#: 512 x 8192 at 0.975x: the one-GEMM timing's pick lost in the chain). Unmeasured as a fix.
+#: 512 x 8192 at 0.975x: the one-GEMM timing's pick lost in the chain). Session 25, H100: with it
+#: the pick there is ``CUBLAS`` and the chain reads 1.000-1.001x; forced onto cuBLASLt's bias +
+#: ReLU the same chain reads 0.977-0.991x (``scripts/mlp_cell_probe.py --backends``).
 PREFER_CUBLAS_WITHIN = 0.02
 
 #: Activations whose backward needs the pre-activation, which the forward then also stores.

@@ -1,0 +1,86 @@
+"""Split one pytest file's GPU tests into units for ``gpu_check.sh`` (``GPU_TEST_SHARDS``).
+
+Cases go one by one, longest first, onto the least-loaded unit; a case's weight is its seconds in
+``tests/gpu_durations.txt`` ("SECONDS NODEID" lines, written by an earlier ``gpu_check.sh`` run as
+``$OUT/gpu_durations.txt``) or, where it has none, the median of the known ones (1 s without any).
+Session 25: whole test functions per unit put both dtypes of ``test_every_tile_fprop_and_dgrad``
+in one process, which ran past 470 s while the other units finished early.
+
+    python scripts/shard_tests.py FILE UNITS PREFIX   # writes PREFIX@J.ids, prints the unit count
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+DURATIONS = Path("tests/gpu_durations.txt")
+
+
+def read_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """Seconds per node id from a durations file; empty if there is none."""
+    known: dict[str, float] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return known
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            try:
+                known[parts[1]] = float(parts[0])
+            except ValueError:
+                continue
+    return known
+
+
+def plan(cases: Sequence[str], units: int, known: Mapping[str, float]) -> list[list[str]]:
+    """``cases`` in at most ``units`` non-empty lists, the longest first onto the least loaded
+    (ties: the unit with fewer cases, then the first); each case exactly once."""
+    if units < 1:
+        raise ValueError(f"argument 'units' must be >= 1, got {units}")
+    times = sorted(known.values())
+    typical = times[len(times) // 2] if times else 1.0
+    weight = {c: known.get(c, typical) for c in cases}
+    bins: list[list[str]] = [[] for _ in range(units)]
+    load = [0.0] * units
+    for case in sorted(dict.fromkeys(cases), key=lambda c: -weight[c]):  # stable for ties
+        j = min(range(units), key=lambda j: (load[j], len(bins[j])))
+        bins[j].append(case)
+        load[j] += weight[case]
+    return [b for b in bins if b]
+
+
+def collect(path: str) -> list[str] | None:
+    """The GPU-marked node ids of one test file, or None if collection fails."""
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q"]
+            + ["-p", "no:cacheprovider", path],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode not in (0, 5):  # 5: nothing collected
+        return None
+    return [line for line in res.stdout.splitlines() if line.startswith(path + "::")]
+
+
+def main() -> None:
+    path, units, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    cases = collect(path)
+    if cases is None:
+        print(0)  # gpu_check runs the whole file as one unit
+        return
+    bins = plan(cases, units, read_durations())
+    for j, b in enumerate(bins):
+        Path(f"{prefix}@{j}.ids").write_text("\n".join(b) + "\n")
+    print(len(bins))
+
+
+if __name__ == "__main__":
+    main()

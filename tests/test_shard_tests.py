@@ -1,0 +1,51 @@
+"""``scripts/shard_tests.py``: how gpu_check.sh splits a slow test file into units."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "shard_tests.py"
+_spec = importlib.util.spec_from_file_location("shard_tests", _PATH)
+shard_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(shard_tests)
+
+
+def _ids(fn: str, params: list[str]) -> list[str]:
+    return [f"tests/test_x.py::{fn}[{p}]" for p in params]
+
+
+def test_heavy_cases_land_in_different_units():
+    """Session 25's case: two long cases of one function went to one unit; with their times known
+    they go to two, and the short cases fill the others."""
+    heavy = _ids("test_every_tile", ["fp16", "bf16"])
+    light = _ids("test_small", [str(i) for i in range(8)])
+    known = {heavy[0]: 200.0, heavy[1]: 190.0} | {c: 5.0 for c in light}
+    bins = shard_tests.plan(heavy + light, 3, known)
+    assert sorted(c for b in bins for c in b) == sorted(heavy + light)
+    assert [sum(c in heavy for c in b) for b in bins].count(1) == 2
+    loads = [sum(known[c] for c in b) for b in bins]
+    assert max(loads) == 200.0  # the longest case alone bounds the slowest unit
+
+
+def test_unknown_cases_weigh_the_median_and_no_unit_is_empty():
+    cases = _ids("test_a", ["1", "2", "3"])
+    bins = shard_tests.plan(cases, 6, {})  # no durations: 1 s each, fewer cases than units
+    assert sorted(len(b) for b in bins) == [1, 1, 1]
+    b = _ids("test_b", ["1", "2", "3"])
+    known = {b[0]: 10.0, b[1]: 2.0, b[2]: 4.0}
+    bins = shard_tests.plan(cases + b, 2, known)
+    # the unknown test_a cases weigh the median, 4 s: 10 + 4 against 3 x 4 + 2 (had they weighed
+    # 1 s, test_b[3] would have joined test_b[2] and the three test_a cases instead)
+    assert bins == [[b[0], b[2]], [*cases, b[1]]]
+    with pytest.raises(ValueError, match="'units'"):
+        shard_tests.plan(cases, 0, {})
+
+
+def test_read_durations_skips_comments_and_bad_lines(tmp_path):
+    path = tmp_path / "gpu_durations.txt"
+    path.write_text("# seconds node\n12.5 tests/a.py::t[1]\nbad line here\nx tests/a.py::t[2]\n")
+    assert shard_tests.read_durations(path) == {"tests/a.py::t[1]": 12.5}
+    assert shard_tests.read_durations(tmp_path / "missing.txt") == {}
