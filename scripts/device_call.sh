@@ -173,7 +173,7 @@ for step in "$@"; do
       timeout 200 python scripts/mlp_cell_probe.py --row-groups --cells fp32:8:512:4096 \
         fp32:8:512:8192 fp32:8:1024:4096 fp32:8:4096:4096 >"$R/row-groups.log" 2>&1
       echo "rc $?: row-groups probe"
-      grep -vE "Warn|warn|max abs" "$R/row-groups.log" | tail -n 40
+      grep -vE "Warn|warn" "$R/row-groups.log" | tail -n 60
       timeout 170 "${TW[@]}" bench mlp --dtypes fp32 --layers 1 2 4 8 --batches 512 4096 \
         --hiddens 4096 8192 --impls graph tilewise strassen --no-compile --no-train \
         --no-progress --plot --study mlp-strassen-rows-s25 --out "$R" >"$R/mlp-strassen.log" 2>&1

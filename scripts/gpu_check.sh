@@ -87,7 +87,7 @@ if [ "$run_tests" = 1 ]; then
     else
       args=("$f")
     fi
-    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short --durations=0 --durations-min=1 \
+    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short --durations=0 \
       "${args[@]}" >"$log" 2>&1
     rc=$?
     last=$(grep -E "passed|failed|error|skipped|deselected|no tests ran" "$log" | tail -n 1)
@@ -151,18 +151,21 @@ for b in "${benches[@]}"; do
   esac
 done
 
-# every test's seconds (setup + call + teardown, those of at least 1 s) from the logs, for the
-# next run's sharding (copy to tests/gpu_durations.txt)
+# every test's seconds (setup + call + teardown) from the logs, over those of
+# tests/gpu_durations.txt (kept for tests this run did not finish), for the next run's sharding
+# (copy to tests/gpu_durations.txt)
 if ls "$OUT"/gpu_tests__*.log >/dev/null 2>&1; then
   cat "$OUT"/gpu_tests__*.log | "$PY" -c '
 import re, sys
-total = {}
+sys.path.insert(0, "scripts")
+from shard_tests import read_durations
+old, total = read_durations(), {}
 for line in sys.stdin:
     m = re.match(r"\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S+::\S+)", line)
     if m:
         total[m.group(2)] = total.get(m.group(2), 0.0) + float(m.group(1))
-for node, sec in sorted(total.items(), key=lambda kv: -kv[1]):
-    print(f"{sec:.1f} {node}")
+for node, sec in sorted((old | total).items(), key=lambda kv: -kv[1]):
+    print(f"{sec:.2f} {node}")
 ' >"$OUT/gpu_durations.txt"
 fi
 

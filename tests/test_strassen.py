@@ -516,17 +516,23 @@ def test_row_groups_bad_count_and_cpu_default(monkeypatch):
 
     x, ws, bs, acts = _chain((6, 4), [4], "cpu")
     blocks = [ops.format_weights(w) for w in ws]
-    for groups in (0, 4, 2.5):
+    for groups in (0, 4, 2.5, True):
         with pytest.raises(ValueError, match="'groups'"):
             ops.forward(x, blocks, bs, acts, [4, 4], groups=groups)
+    monkeypatch.setattr(dispatch, "use_kernel", lambda *args: False)  # the reference path too
+    with pytest.raises(ValueError, match="'groups'"):
+        ops.forward(x, blocks, bs, acts, [4, 4], groups=0)
+    monkeypatch.undo()
     monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed off CUDA"))
     autotune.clear_memory_cache()
-    x = torch.randn(2 * ops.MIN_GROUP_ROWS, 4)
-    assert ops._choose_row_groups(x, (blocks, bs, acts, [4, 4])) == 1
-    y = ops.forward(x, blocks, bs, acts, [4, 4])
-    want = torch.nn.functional.linear(x, ws[0], bs[0])
-    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
-    autotune.clear_memory_cache()
+    try:
+        x = torch.randn(2 * ops.MIN_GROUP_ROWS, 4)
+        assert ops._choose_row_groups(x, (blocks, bs, acts, [4, 4])) == 1
+        y = ops.forward(x, blocks, bs, acts, [4, 4])
+        want = torch.nn.functional.linear(x, ws[0], bs[0])
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+    finally:
+        autotune.clear_memory_cache()
 
 
 def test_row_groups_timed_stored_and_reloaded(monkeypatch, tmp_path):
@@ -550,29 +556,51 @@ def test_row_groups_timed_stored_and_reloaded(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_retime_close", lambda times, *a, **k: times)
     x, ws, bs, acts = _chain((4 * ops.MIN_GROUP_ROWS, 4), [4], "cpu")
     layers = ([ops.format_weights(w) for w in ws], bs, acts, [4, 4])
-    assert ops._choose_row_groups(x, layers) == 2
-    monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed twice"))
-    assert ops._choose_row_groups(x, layers) == 2
-    autotune.clear_memory_cache()  # a new process: the choice comes from the disk cache
-    assert ops._choose_row_groups(x, layers) == 2
-    y = ops.forward(x, *layers)
-    torch.testing.assert_close(y, torch.nn.functional.linear(x, ws[0], bs[0]), rtol=1e-4, atol=1e-4)
-    autotune.clear_memory_cache()
+    try:
+        assert ops._choose_row_groups(x, layers) == 2
+        monkeypatch.setattr(autotune, "_bench", lambda fn: pytest.fail("timed twice"))
+        assert ops._choose_row_groups(x, layers) == 2
+        autotune.clear_memory_cache()  # a new process: the choice comes from the disk cache
+        assert ops._choose_row_groups(x, layers) == 2
+        y = ops.forward(x, *layers)
+        want = torch.nn.functional.linear(x, ws[0], bs[0])
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+    finally:
+        autotune.clear_memory_cache()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_row_groups_on_streams_in_graph_and_timed(dtype, rng_seed):
-    """Row groups on CUDA: the groups' chains on parallel streams, eager and captured in a CUDA
-    graph (replayed on new inputs), judged against fp64; and the timed choice is a valid count."""
+    """Row groups on CUDA: the groups' chains on parallel streams (also issued from a stream that
+    is one of the side streams, and with more groups than lanes), eager and captured in a CUDA
+    graph (replayed on new inputs), judged against fp64; the timed choice is recorded and its
+    forward judged the same way."""
+    from tilewise.runtime import autotune
+
     for x_shape, outs in GPU_SHAPES:
         x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
         for groups in (2, 4):
             _judge_chain(x, ws, bs, acts, dtype, rng_seed, groups=groups)
+    x, ws, bs, acts = _chain((512, 256), [256] * 2, "cuda", True)
+    side = ops._streams(x.device, 2)[0]  # the lanes forward(groups=2) takes
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the current stream is a side stream of the row groups
+        _judge_chain(x, ws, bs, acts, dtype, rng_seed, groups=2)
+        _judge_chain(x, ws, bs, acts, dtype, rng_seed, groups=40)  # more groups than streams
+    torch.cuda.current_stream().wait_stream(side)
     x0, ws, bs, acts = _chain((1024, 4096), [4096] * 2, "cuda", True)
     ws, bs = _cast(ws, dtype), _cast(bs, dtype)
     blocks, sizes = [ops.format_weights(w) for w in ws], [4096, 4096, 4096]
     static_x = x0.to(dtype)
+
+    def judge(y, what):
+        ref = ops.reference(
+            static_x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts
+        )
+        y_torch = ops.reference(static_x, ws, bs, acts)
+        assert_three_way(y, y_torch, ref, _atol(dtype, ref, 4096), what, rng_seed)
+
     ops.forward(static_x, blocks, bs, acts, sizes, groups=2)  # warm-up (autotune) off capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -583,11 +611,9 @@ def test_row_groups_on_streams_in_graph_and_timed(dtype, rng_seed):
         static_y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = ops.reference(
-            static_x.double(), _cast(ws, torch.float64), _cast(bs, torch.float64), acts
-        )
-        y_torch = ops.reference(static_x, ws, bs, acts)
-        assert_three_way(
-            static_y, y_torch, ref, _atol(dtype, ref, 4096), "strassen row groups graph", rng_seed
-        )
-    assert ops._choose_row_groups(static_x, (blocks, bs, acts, sizes)) in ops.ROW_GROUPS
+        judge(static_y, "strassen row groups graph")
+    with autotune.recording() as picks:
+        y = ops.forward(static_x, blocks, bs, acts, sizes)  # groups=None: timed (or cached)
+    chosen = [cfg for op, _, cfg in picks if op == "strassen.row_groups"]
+    assert len(chosen) == 1 and chosen[0] in ops._GROUP_CANDIDATES[2]
+    judge(y, f"strassen row groups chosen {chosen[0]}")

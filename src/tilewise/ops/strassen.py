@@ -219,13 +219,17 @@ BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
 MM7_STREAMS = ProductsPlan(7, streams=7)
 PLANS = (BMM, MM7, MM7_STREAMS)
 
-_side_streams: dict[tuple[torch.device, int], list[torch.cuda.Stream]] = {}
+_side_streams: dict[tuple[torch.device, int, int | None], list[torch.cuda.Stream]] = {}
 
 
-def _streams(device: torch.device, count: int) -> list[torch.cuda.Stream]:
+def _streams(
+    device: torch.device, count: int, owner: torch.cuda.Stream | None = None
+) -> list[torch.cuda.Stream]:
     """``count`` side streams of ``device``, made once per process (graph capture needs the same
-    streams to stay alive; creating them per call would also cost host time)."""
-    key = (device, count)
+    streams to stay alive; creating them per call would also cost host time); a set of its own
+    per ``owner`` stream, so that row groups on different lanes do not queue their products on
+    one set of side streams."""
+    key = (device, count, None if owner is None else owner.stream_id)
     if key not in _side_streams:
         _side_streams[key] = [torch.cuda.Stream(device) for _ in range(count)]
     return _side_streams[key]
@@ -246,7 +250,8 @@ def run_products(
     # PyTorch hands out streams from a pool of 32 per device, so a side stream can be the
     # current one: it is left out, and its products go to the other lanes.
     current = torch.cuda.current_stream(p.device)
-    lanes = [current, *(s for s in _streams(p.device, plan.streams - 1) if s != current)]
+    side = _streams(p.device, plan.streams - 1, owner=current)
+    lanes = [current, *(s for s in side if s != current)]
     for lane in lanes[1:]:
         lane.wait_stream(current)
     try:
@@ -449,12 +454,12 @@ def forward(
     """
     validate(x, blocks, biases, activations, sizes)
     x2 = x.reshape(-1, x.shape[-1])
+    if groups is not None and x2.shape[0]:
+        _row_bounds(x2.shape[0], groups)  # a bad count raises on every path, before any launch
     if not dispatch.use_kernel(OP, [x2, *blocks]):
         return strassen_reference(x, blocks, biases, activations, sizes)
     layers = (blocks, biases, activations, sizes)
-    if groups is not None:
-        _row_bounds(x2.shape[0], groups)  # a bad count raises before any launch
-    else:
+    if groups is None:
         groups = _choose_row_groups(x2, layers)
     y = _chain(x2, layers) if groups == 1 else _chain_in_row_groups(x2, layers, groups)
     return y.view(*x.shape[:-1], sizes[-1])
@@ -496,8 +501,10 @@ class ChainKey:
 def _row_bounds(m: int, groups: int) -> list[tuple[int, int]]:
     """``groups`` consecutive, non-empty row ranges covering ``m`` rows: all but the last of the
     same even length (no padded row), the last taking the rest."""
-    if not isinstance(groups, int) or groups < 1:
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
         raise ValueError(f"tilewise.{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
+    if groups == 1:
+        return [(0, m)]
     size = max(2, m // groups // 2 * 2)
     if (groups - 1) * size >= m:
         raise ValueError(f"tilewise.{OP}: argument 'groups'={groups} is too many for {m} rows")
@@ -512,14 +519,17 @@ def _chain_in_row_groups(x2: torch.Tensor, layers: tuple, groups: int) -> torch.
     if x2.device.type != "cuda":
         return torch.cat([_chain(x2[lo:hi], layers) for lo, hi in bounds])
     current = torch.cuda.current_stream(x2.device)
-    side = [s for s in _streams(x2.device, groups) if s != current][: groups - 1]
+    # PyTorch hands out streams from a pool (32 per device): a side stream can be the current one
+    # (left out) or repeat; lanes are then shared round-robin, groups on one lane run in a row
+    side = list(dict.fromkeys(s for s in _streams(x2.device, groups) if s != current))
+    side = side[: groups - 1]  # one spare made, for the current stream being one of them
     lanes = [current, *side]
     for lane in side:
         lane.wait_stream(current)
     ys = []
     try:
-        for (lo, hi), lane in zip(bounds, lanes, strict=True):
-            with torch.cuda.stream(lane):
+        for g, (lo, hi) in enumerate(bounds):
+            with torch.cuda.stream(lanes[g % len(lanes)]):
                 ys.append(_chain(x2[lo:hi], layers))
     finally:  # joined even if a launch raises: a capture must not end with unjoined streams
         for lane in side:
@@ -551,7 +561,7 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
         return 1
     sizes = layers[3]
     dtype = str(x2.dtype).removeprefix("torch.")
-    key = ChainKey(m, tuple(sizes), dtype, tf32_enabled())
+    key = ChainKey(int(m), tuple(int(n) for n in sizes), dtype, tf32_enabled())
 
     def run(g: RowGroups) -> torch.Tensor:
         if g.count == 1:
