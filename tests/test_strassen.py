@@ -380,9 +380,9 @@ def test_load_state_dict_reformats_the_strassen_blocks(rng_seed):
         torch.testing.assert_close(model(x), other(x), atol=1e-5, rtol=1e-5)
 
 
-def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_path):
-    """On a (faked) CUDA machine, fp32 "auto" times Strassen against the fused chain on first
-    use of a shape and caches the faster; the second call times nothing."""
+def _fake_gpu_autotune(monkeypatch, tmp_path, timings: list[float]) -> None:
+    """The autotuner as on a CUDA machine ("Fake GPU", its cache in ``tmp_path``), each timing
+    running the candidate once and answering the next of ``timings``."""
     from tilewise.runtime import autotune
 
     monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
@@ -391,13 +391,22 @@ def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_p
     monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
     monkeypatch.setattr(autotune, "_capturing", lambda d: False)
     autotune.clear_memory_cache()
-    timings = iter([2.0, 1.0])  # the rule's default (linear at this size) first, then Strassen
+    answers = iter(timings)
 
     def fake_bench(fn):
         fn()
-        return next(timings)
+        return next(answers)
 
     monkeypatch.setattr(autotune, "_bench", fake_bench)
+
+
+def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_path):
+    """On a (faked) CUDA machine, fp32 "auto" times Strassen against the fused chain on first
+    use of a shape and caches the faster; the second call times nothing."""
+    from tilewise.runtime import autotune
+
+    # the rule's default (linear at this size) first, then Strassen
+    _fake_gpu_autotune(monkeypatch, tmp_path, [2.0, 1.0])
     model = StrassenMLP.from_modules(_mlp([6, 10, 4]))  # mode "auto"
     x = torch.randn(5, 6)
     assert not ops.strassen_wins(5, 4, torch.float32, "cpu")
@@ -540,19 +549,7 @@ def test_row_groups_timed_stored_and_reloaded(monkeypatch, tmp_path):
     on-disk cache (its candidates are dataclasses) and loaded by a fresh process's first call."""
     from tilewise.runtime import autotune
 
-    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
-    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
-    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
-    autotune.clear_memory_cache()
-    timings = iter([3.0, 1.0, 2.0])  # 1, 2, 4 groups: two groups fastest
-
-    def fake_bench(fn):
-        fn()
-        return next(timings)
-
-    monkeypatch.setattr(autotune, "_bench", fake_bench)
+    _fake_gpu_autotune(monkeypatch, tmp_path, [3.0, 1.0, 2.0])  # 1, 2, 4 groups: 2 fastest
     monkeypatch.setattr(autotune, "_retime_close", lambda times, *a, **k: times)
     x, ws, bs, acts = _chain((4 * ops.MIN_GROUP_ROWS, 4), [4], "cpu")
     layers = ([ops.format_weights(w) for w in ws], bs, acts, [4, 4])

@@ -45,16 +45,6 @@ def _flatten(modules: Iterable[nn.Module]) -> list[nn.Module]:
 
 
 @dataclass(frozen=True)
-class ChainProblem:
-    """A cache key for the per-shape path choice of ``StrassenMLP(mode="auto")``."""
-
-    batch: int
-    sizes: tuple[int, ...]
-    dtype: str
-    tf32: bool
-
-
-@dataclass(frozen=True)
 class Path:
     """``strassen`` or ``linear``: the path a ``StrassenMLP`` call takes."""
 
@@ -180,7 +170,7 @@ class StrassenMLP(nn.Module):
             # than the three-way rule allows, so it is never chosen by timing there
             return rule == STRASSEN
         dtype = str(x.dtype).removeprefix("torch.")
-        problem = ChainProblem(batch, tuple(self.sizes), dtype, ops.tf32_enabled())
+        problem = ops.ChainProblem(batch, tuple(self.sizes), dtype, ops.tf32_enabled())
         path = autotune.choose_config(
             "strassen_mlp.path",
             problem,

@@ -489,10 +489,11 @@ MIN_GROUP_ROWS = 512
 
 
 @dataclass(frozen=True)
-class ChainKey:
-    """Autotune key of a whole chain's row-group count: rows, feature sizes, dtype, TF32."""
+class ChainProblem:
+    """Autotune key of a whole chain's choices (its row-group count here, ``StrassenMLP``'s
+    path): rows, feature sizes, dtype, TF32."""
 
-    m: int
+    batch: int
     sizes: tuple[int, ...]
     dtype: str
     tf32: bool
@@ -561,7 +562,7 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
         return 1
     sizes = layers[3]
     dtype = str(x2.dtype).removeprefix("torch.")
-    key = ChainKey(int(m), tuple(int(n) for n in sizes), dtype, tf32_enabled())
+    key = ChainProblem(int(m), tuple(int(n) for n in sizes), dtype, tf32_enabled())
 
     def run(g: RowGroups) -> torch.Tensor:
         if g.count == 1:
