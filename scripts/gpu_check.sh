@@ -87,8 +87,8 @@ if [ "$run_tests" = 1 ]; then
     else
       args=("$f")
     fi
-    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --tb=short --durations=0 \
-      "${args[@]}" >"$log" 2>&1
+    TILEWISE_TEST_TIMES="${log%.log}.times" timeout "$limit" "$PY" -m pytest -m gpu -q \
+      -p no:cacheprovider --tb=short "${args[@]}" >"$log" 2>&1
     rc=$?
     last=$(grep -E "passed|failed|error|skipped|deselected|no tests ran" "$log" | tail -n 1)
     finished=$(grep -E "(passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s" "$log" | tail -n 1)
@@ -103,7 +103,7 @@ if [ "$run_tests" = 1 ]; then
   # that its NVRTC/Triton compiles spread over N cores (session 23: 8 files at once left
   # test_linear and test_gconv_cuda cut at 530 s each, the rest done): scripts/shard_tests.py
   # deals the cases, longest first by tests/gpu_durations.txt. The slow files' units start first;
-  # each log lists its tests of >= 1 s, gathered below into $OUT/gpu_durations.txt.
+  # each unit's test times are gathered below into $OUT/gpu_durations.txt.
   shards=${GPU_TEST_SHARDS:-1}
   units=()
   later=()  # the files not sharded, started after the shards
@@ -151,23 +151,10 @@ for b in "${benches[@]}"; do
   esac
 done
 
-# every test's seconds (setup + call + teardown) from the logs, over those of
-# tests/gpu_durations.txt (kept for tests this run did not finish), for the next run's sharding
-# (copy to tests/gpu_durations.txt)
-if ls "$OUT"/gpu_tests__*.log >/dev/null 2>&1; then
-  cat "$OUT"/gpu_tests__*.log | "$PY" -c '
-import re, sys
-sys.path.insert(0, "scripts")
-from shard_tests import read_durations
-old, total = read_durations(), {}
-for line in sys.stdin:
-    m = re.match(r"\s*([0-9.]+)s (?:setup|call|teardown)\s+(\S+::\S+)", line)
-    if m:
-        total[m.group(2)] = total.get(m.group(2), 0.0) + float(m.group(1))
-for node, sec in sorted((old | total).items(), key=lambda kv: -kv[1]):
-    print(f"{sec:.2f} {node}")
-' >"$OUT/gpu_durations.txt"
-fi
+# every test's seconds (from each unit's .times file; a test its unit's limit cut off counts to
+# the cut, at least) over those of tests/gpu_durations.txt, for the next run's sharding (copy
+# $OUT/gpu_durations.txt to tests/gpu_durations.txt)
+"$PY" scripts/shard_tests.py --gather "$OUT" >"$OUT/gpu_durations.txt" 2>>"$OUT/bench.log" || true
 
 # the kernel-config choices this run made or used, to ship back (`tilewise cache import FILE`)
 "$PY" -m tilewise.cli cache export "$OUT/autotune-cache.json" >>"$OUT/bench.log" 2>&1 || true

@@ -7,6 +7,12 @@ Session 25: whole test functions per unit put both dtypes of ``test_every_tile_f
 in one process, which ran past 470 s while the other units finished early.
 
     python scripts/shard_tests.py FILE UNITS PREFIX   # writes PREFIX@J.ids, prints the unit count
+    python scripts/shard_tests.py --gather DIR        # durations from DIR/*.times, merged over
+                                                      # tests/gpu_durations.txt, to stdout
+
+``*.times`` files hold "start|end EPOCH NODEID" lines (``tests/conftest.py`` writes them under
+``TILEWISE_TEST_TIMES``). A test with a start and no end was cut off: it counts from its start to
+its file's last write (when the unit was killed), a lower bound that still marks it as long.
 """
 
 from __future__ import annotations
@@ -53,6 +59,29 @@ def plan(cases: Sequence[str], units: int, known: Mapping[str, float]) -> list[l
     return [b for b in bins if b]
 
 
+def gather(folder: Path, known: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per test from the ``*.times`` files in ``folder``, over ``known``."""
+    out = dict(known)
+    for path in sorted(folder.glob("*.times")):
+        starts: dict[str, float] = {}
+        for line in path.read_text().splitlines():
+            parts = line.split(maxsplit=2)
+            if len(parts) != 3 or parts[0] not in ("start", "end"):
+                continue
+            try:
+                stamp = float(parts[1])
+            except ValueError:
+                continue
+            if parts[0] == "start":
+                starts[parts[2]] = stamp
+            elif parts[2] in starts:
+                out[parts[2]] = stamp - starts.pop(parts[2])
+        cut_at = path.stat().st_mtime
+        for node, start in starts.items():  # cut off: at least this long
+            out[node] = max(out.get(node, 0.0), cut_at - start)
+    return out
+
+
 def collect(path: str) -> list[str] | None:
     """The GPU-marked node ids of one test file, or None if collection fails."""
     try:
@@ -71,6 +100,11 @@ def collect(path: str) -> list[str] | None:
 
 
 def main() -> None:
+    if sys.argv[1] == "--gather":
+        times = gather(Path(sys.argv[2]), read_durations())
+        for node, sec in sorted(times.items(), key=lambda kv: -kv[1]):
+            print(f"{sec:.2f} {node}")
+        return
     path, units, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     cases = collect(path)
     if cases is None:

@@ -1,6 +1,7 @@
 """Test setup: CPU runs use the Triton interpreter so the real kernels execute on tiny shapes."""
 
 import os
+import time
 
 import torch
 
@@ -37,3 +38,23 @@ def rng_seed():
     seed = int(replay) if replay else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     return seed
+
+
+# TILEWISE_TEST_TIMES=FILE (set per unit by scripts/gpu_check.sh): each test's start and end
+# times, a line each as they happen, so a unit killed by its time limit still tells which test
+# it was in and for how long (scripts/shard_tests.py --gather turns them into durations)
+_TIMES = os.environ.get("TILEWISE_TEST_TIMES")
+
+
+def _mark_time(event: str, nodeid: str) -> None:
+    with open(_TIMES, "a") as fh:
+        fh.write(f"{event} {time.time():.3f} {nodeid}\n")
+
+
+if _TIMES:
+
+    def pytest_runtest_logstart(nodeid, location):
+        _mark_time("start", nodeid)
+
+    def pytest_runtest_logfinish(nodeid, location):
+        _mark_time("end", nodeid)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,36 @@ def test_read_durations_skips_comments_and_bad_lines(tmp_path):
     path.write_text("# seconds node\n12.5 tests/a.py::t[1]\nbad line here\nx tests/a.py::t[2]\n")
     assert shard_tests.read_durations(path) == {"tests/a.py::t[1]": 12.5}
     assert shard_tests.read_durations(tmp_path / "missing.txt") == {}
+
+
+def test_gather_finished_and_cut_off_tests(tmp_path):
+    """Finished tests count end - start; one whose unit was killed counts to the file's last
+    write; both over the earlier file's times."""
+    times = tmp_path / "gpu_tests__test_a@0.times"
+    times.write_text(
+        "start 100.0 tests/a.py::t[1]\nend 112.5 tests/a.py::t[1]\n"
+        "start 113.0 tests/a.py::slow\ngarbage\n"
+    )
+    os.utime(times, (400.0, 400.0))  # the unit was killed at t = 400
+    known = {"tests/a.py::t[1]": 99.0, "tests/a.py::old": 3.0}
+    got = shard_tests.gather(tmp_path, known)
+    assert got == {"tests/a.py::t[1]": 12.5, "tests/a.py::slow": 287.0, "tests/a.py::old": 3.0}
+
+
+def test_conftest_writes_test_times(tmp_path):
+    """Under TILEWISE_TEST_TIMES the test session writes a start and an end line per test."""
+    out = tmp_path / "unit.times"
+    node = "tests/test_shard_tests.py::test_read_durations_skips_comments_and_bad_lines"
+    env = dict(os.environ, TILEWISE_TEST_TIMES=str(out))
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+        cwd=_PATH.parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = [line.split()[0] + " " + line.split()[2] for line in out.read_text().splitlines()]
+    assert events == [f"start {node}", f"end {node}"]
+    assert shard_tests.gather(tmp_path, {})[node] >= 0.0
