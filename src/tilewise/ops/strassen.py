@@ -219,7 +219,7 @@ BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
 MM7_STREAMS = ProductsPlan(7, streams=7)
 PLANS = (BMM, MM7, MM7_STREAMS)
 
-_side_streams: dict[tuple[torch.device, int, int | None], list[torch.cuda.Stream]] = {}
+_side_streams: dict[tuple, list[torch.cuda.Stream]] = {}
 
 
 def _streams(
@@ -229,7 +229,7 @@ def _streams(
     streams to stay alive; creating them per call would also cost host time); a set of its own
     per ``owner`` stream, so that row groups on different lanes do not queue their products on
     one set of side streams."""
-    key = (device, count, None if owner is None else owner.stream_id)
+    key = (device, count, owner)  # streams hash and compare by the CUDA stream they wrap
     if key not in _side_streams:
         _side_streams[key] = [torch.cuda.Stream(device) for _ in range(count)]
     return _side_streams[key]
@@ -513,9 +513,10 @@ def _row_bounds(m: int, groups: int) -> list[tuple[int, int]]:
 
 
 def _chain_in_row_groups(x2: torch.Tensor, layers: tuple, groups: int) -> torch.Tensor:
-    """The chain on each row group, group g on lane g (the current stream and ``groups - 1``
-    side streams, forked from and joined back to it, so a CUDA-graph capture records parallel
-    branches); ``y`` gathered on the current stream after the join. Off CUDA, groups in a row."""
+    """The chain on each row group, group g on lane g modulo the lanes (the current stream and
+    up to ``groups - 1`` side streams, forked from and joined back to it, so a CUDA-graph capture
+    records parallel branches); ``y`` gathered on the current stream after the join. Off CUDA,
+    the groups in a row."""
     bounds = _row_bounds(x2.shape[0], groups)
     if x2.device.type != "cuda":
         return torch.cat([_chain(x2[lo:hi], layers) for lo, hi in bounds])
