@@ -74,6 +74,11 @@ class MLPConfig:
     cell_budget_s: float = 0.5  # fewer reps for cells whose calls are long (estimated from flops)
     tiny_reps: int = 200  # cells of a few microseconds: their replays jitter, so take more
     min_samples: int = 12  # long cells too: under the power cap their p20-p80 spans ~5%
+    # cells whose call passes ~1 ms: at least this many samples in this many rotating turns
+    # (session 25: 12 in 4 read tilewise's fp32 chain 0.987-0.996x graph at 512 x 8192 and
+    # 4096 x 4096/8192 while it ran PyTorch's own kernels; the probe's 24 in 6 read 1.000-1.001x)
+    long_min_samples: int = 24
+    long_turns: int = 6
     tiny_s: float = 20e-6
     compile_mode: str = "max-autotune"
     train: bool = True
@@ -195,9 +200,11 @@ def measure_cell(
         reps = max(cfg.min_samples, min(most, int(cfg.cell_budget_s / max(est_s, 1e-9))))
         # a graph replay runs rounds x len(sets) calls: one round once a call passes ~1 ms, so
         # min_samples replays of long cells do not multiply their cost by 4
-        rounds = 1 if est_s > 1e-3 else max(1, 4 // len(sets))
+        long = est_s > 1e-3
+        rounds = 1 if long else max(1, 4 // len(sets))
         args = [(x,) for x in sets]
-        replays = max(cfg.min_samples, reps // (rounds * len(sets)))
+        least = cfg.long_min_samples if long else cfg.min_samples
+        replays = max(least, reps // (rounds * len(sets)))
         timers: dict[str, GraphTimer | EventTimer] = {}
         counts: dict[str, int] = {}
         recs_by: dict[str, dict[str, Any]] = {}
@@ -224,13 +231,14 @@ def measure_cell(
                     timers[impl], counts[impl] = GraphTimer(fn, args, 1, rounds), replays
                 elif device.type == "cuda":  # host overhead included, as eager code pays it
                     timers[impl] = EventTimer(fn, args, cfg.warmup, keep_ahead=False)
-                    counts[impl] = reps
+                    counts[impl] = max(reps, least)
                 else:
                     _record_timing(rec, time_events(fn, args, cfg.warmup, reps), flops)
             except Exception as exc:
                 rec["error"] = first_line(exc)
         try:  # one impl that fails while timed loses only its own record
-            for impl, t in interleaved(timers, counts).items():
+            turns = cfg.long_turns if long else 4
+            for impl, t in interleaved(timers, counts, chunks=turns).items():
                 if isinstance(t, Exception):
                     recs_by[impl]["error"] = first_line(t)
                 else:
