@@ -131,10 +131,10 @@ for step in "$@"; do
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)
       dt=${step##*-}
       start=$(date +%s)
-      # shellcheck disable=SC2086
       # MLP_LAYERS="1 2 4" (default 8); inductor keeps GEMM autotune results on disk, so the
       # extra layer counts of a cell should build faster than its first (unmeasured)
       layers=${MLP_LAYERS:-8}
+      # shellcheck disable=SC2086
       timeout "${MLP_TIMEOUT:-560}" "${TW[@]}" bench mlp --dtypes "$dt" --layers $layers ${MLP_BATCHES:+--batches $MLP_BATCHES} \
         --impls ${MLP_IMPLS:-eager graph compile tilewise strassen} --compile-warm-jobs 10 --no-train \
         --no-progress --plot --study "mlp-compile-L${layers// /-}-$dt${MLP_IMPLS:+-${MLP_IMPLS// /-}}${MLP_BATCHES:+-b${MLP_BATCHES// /-}}" --out "$R" >"$R/mlp-compile-$dt.log" 2>&1
