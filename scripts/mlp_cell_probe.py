@@ -114,14 +114,19 @@ def compare_backends(dtype: str, layers: int, batch: int, hidden: int, reps: int
     print(f"{dtype} {layers} x {batch} x {hidden} (graph replay, {reps} replays in 6 turns)")
     for op, prob, cfg in [p for p in picks if str(p[0]).startswith("linear")][:1]:
         print(f"  tilewise pick: {op} {prob} -> {cfg}")
+    _print_vs_graph(res, list(fns), 16)
+
+
+def _print_vs_graph(res: dict, names: list[str], width: int) -> None:
+    """Each timing in us and against ``res["graph"]`` (nan where graph failed), or its failure."""
     base = res["graph"]
-    for name in fns:
+    for name in names:
         t = res[name]
         if isinstance(t, Exception):
-            print(f"  {name:16s} failed: {t!r}")
+            print(f"  {name:{width}s} failed: {t!r}")
             continue
         ratio = base.median_s / t.median_s if not isinstance(base, Exception) else float("nan")
-        print(f"  {name:16s} {t.median_s * 1e6:10.1f} us  x graph {ratio:.3f}")
+        print(f"  {name:{width}s} {t.median_s * 1e6:10.1f} us  x graph {ratio:.3f}")
 
 
 def compare_row_groups(dtype: str, layers: int, batch: int, hidden: int, reps: int = 24) -> None:
@@ -161,13 +166,7 @@ def compare_row_groups(dtype: str, layers: int, batch: int, hidden: int, reps: i
     for op, prob, cfg in picks:
         if str(op).endswith("row_groups"):
             print(f"  row-group pick: {prob} -> {cfg}")
-    base = res["graph"]
-    for name in fns:
-        t = res[name]
-        if isinstance(t, Exception) or isinstance(base, Exception):
-            print(f"  {name:20s} failed: {t!r}")
-            continue
-        print(f"  {name:20s} {t.median_s * 1e6:10.1f} us  x graph {base.median_s / t.median_s:.3f}")
+    _print_vs_graph(res, list(fns), 20)
 
 
 def probe(dtype: str, layers: int, batch: int, hidden: int, profile: bool) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -65,3 +65,17 @@ def deterministic_algorithms() -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(was, warn_only=was_warn)
+
+
+def fake_gpu_autotuner(monkeypatch, tmp_path, bench: Callable) -> None:
+    """The autotuner as on a CUDA machine ("Fake GPU", its cache in ``tmp_path``, never capturing),
+    timing with ``bench(fn)``; its in-memory cache cleared."""
+    from tilewise.runtime import autotune
+
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
+    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
+    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
+    monkeypatch.setattr(autotune, "_bench", bench)
+    autotune.clear_memory_cache()

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from checks import fake_gpu_autotuner
 
 import tilewise
 from tilewise.ops import gconv_cuda
@@ -47,11 +48,6 @@ def run(cfg: Cfg) -> Cfg:
 @pytest.fixture
 def tuner(monkeypatch, tmp_path):
     """A fake CUDA machine: ``_bench`` runs fn once and returns the config's made-up time."""
-    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
-    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
-    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
     calls: list = []
 
     def fake_bench(fn):
@@ -59,8 +55,7 @@ def tuner(monkeypatch, tmp_path):
         calls.append(cfg)
         return TIMES.get(cfg, 5.0) if isinstance(cfg, Cfg) else 1.0 + len(calls) % 7
 
-    monkeypatch.setattr(autotune, "_bench", fake_bench)
-    autotune.clear_memory_cache()
+    fake_gpu_autotuner(monkeypatch, tmp_path, fake_bench)
     yield SimpleNamespace(calls=calls, path=tmp_path / autotune.CACHE_FILE)
     autotune.clear_memory_cache()
 

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from checks import ATOL, DEVICE_DTYPES, assert_three_way
+from checks import ATOL, DEVICE_DTYPES, assert_three_way, fake_gpu_autotuner
 from torch import nn
 
 import tilewise
@@ -381,23 +381,15 @@ def test_load_state_dict_reformats_the_strassen_blocks(rng_seed):
 
 
 def _fake_gpu_autotune(monkeypatch, tmp_path, timings: list[float]) -> None:
-    """The autotuner as on a CUDA machine ("Fake GPU", its cache in ``tmp_path``), each timing
-    running the candidate once and answering the next of ``timings``."""
-    from tilewise.runtime import autotune
-
-    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TILEWISE_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune, "_tunable", lambda d: True)
-    monkeypatch.setattr(autotune, "_device_name", lambda d: "Fake GPU")
-    monkeypatch.setattr(autotune, "_capturing", lambda d: False)
-    autotune.clear_memory_cache()
+    """``fake_gpu_autotuner`` whose timings run the candidate once and answer the next of
+    ``timings``."""
     answers = iter(timings)
 
     def fake_bench(fn):
         fn()
         return next(answers)
 
-    monkeypatch.setattr(autotune, "_bench", fake_bench)
+    fake_gpu_autotuner(monkeypatch, tmp_path, fake_bench)
 
 
 def test_auto_mode_times_both_paths_once_and_keeps_the_winner(monkeypatch, tmp_path):
