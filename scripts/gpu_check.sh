@@ -107,6 +107,8 @@ if [ "$run_tests" = 1 ]; then
   shards=${GPU_TEST_SHARDS:-1}
   units=()
   later=()  # the files not sharded, started after the shards
+  # longest known total first (tests/gpu_durations.txt), so no slow file's units wait for a slot
+  [ "$shards" -gt 1 ] && files=$("$PY" scripts/shard_tests.py --order $files)
   for f in $files; do
     if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
       mkdir -p "$OUT/shards"

@@ -9,6 +9,7 @@ in one process, which ran past 470 s while the other units finished early.
     python scripts/shard_tests.py FILE UNITS PREFIX   # writes PREFIX@J.ids, prints the unit count
     python scripts/shard_tests.py --gather DIR        # durations from DIR/*.times, merged over
                                                       # tests/gpu_durations.txt, to stdout
+    python scripts/shard_tests.py --order FILE...     # the files, longest known total first
 
 ``*.times`` files hold "start|end EPOCH NODEID" lines (``tests/conftest.py`` writes them under
 ``TILEWISE_TEST_TIMES``). A test with a start and no end was cut off: it counts from its start to
@@ -33,7 +34,7 @@ def read_durations(path: Path = DURATIONS) -> dict[str, float]:
     except OSError:
         return known
     for line in lines:
-        parts = line.split()
+        parts = line.split(maxsplit=1)  # node ids may hold spaces (a dataclass repr)
         if len(parts) == 2 and not line.startswith("#"):
             try:
                 known[parts[1]] = float(parts[0])
@@ -57,6 +58,14 @@ def plan(cases: Sequence[str], units: int, known: Mapping[str, float]) -> list[l
         bins[j].append(case)
         load[j] += weight[case]
     return [b for b in bins if b]
+
+
+def order(files: Sequence[str], known: Mapping[str, float]) -> list[str]:
+    """``files`` by their tests' known total seconds, longest first (ties and unknown files keep
+    their order, last): gpu_check starts the slow files' units in this order, so the longest do
+    not wait for a job slot (session 26: test_linear's shards, started last, were cut)."""
+    total = {f: sum(t for n, t in known.items() if n.split("::")[0] == f) for f in files}
+    return sorted(files, key=lambda f: -total[f])
 
 
 def gather(folder: Path, known: Mapping[str, float]) -> dict[str, float]:
@@ -100,6 +109,9 @@ def collect(path: str) -> list[str] | None:
 
 
 def main() -> None:
+    if sys.argv[1] == "--order":
+        print("\n".join(order(sys.argv[2:], read_durations())))
+        return
     if sys.argv[1] == "--gather":
         times = gather(Path(sys.argv[2]), read_durations())
         for node, sec in sorted(times.items(), key=lambda kv: -kv[1]):

@@ -178,37 +178,39 @@ def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
     ]
 
 
+def _case_id(case: tuple) -> str:
+    n, c, h, w, r, s, ph, pw, has_b = case
+    return f"n{n}c{c}-{h}x{w}-k{r}x{s}-p{ph}{pw}" + ("-b" if has_b else "")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_every_tile_fprop_and_dgrad(dtype, rng_seed):
-    for n, c, h, w, r, s, ph, pw, has_b in CASES:
-        x = _cl(torch.randn(n, c, h, w, device="cuda"))
-        wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
-        if h % 2:  # a channels_last model's weights: read through their strides
-            wt = _cl(wt)
-        b = torch.randn(c, device="cuda") if has_b else None
-        g = c // 8
-        pad = (ph, pw)
-        ref = F.conv2d(
-            x.double(), wt.double(), b.double() if has_b else None, padding=pad, groups=g
+@pytest.mark.parametrize("case", CASES, ids=_case_id)  # one test each: the GPU suite's shards
+def test_every_tile_fprop_and_dgrad(case, dtype, rng_seed):
+    n, c, h, w, r, s, ph, pw, has_b = case
+    x = _cl(torch.randn(n, c, h, w, device="cuda"))
+    wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
+    if h % 2:  # a channels_last model's weights: read through their strides
+        wt = _cl(wt)
+    b = torch.randn(c, device="cuda") if has_b else None
+    g = c // 8
+    pad = (ph, pw)
+    ref = F.conv2d(x.double(), wt.double(), b.double() if has_b else None, padding=pad, groups=g)
+    bt = b.to(dtype) if has_b else None
+    same = F.conv2d(x.to(dtype), wt.to(dtype), bt, padding=pad, groups=g)
+    dy = torch.randn(ref.shape, device="cuda")
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g)
+    for tile in _tiles(c, r, s):
+        tag = f"n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
+        out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
+        assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed, ulps=1)
+        dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(
+            _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
         )
-        bt = b.to(dtype) if has_b else None
-        same = F.conv2d(x.to(dtype), wt.to(dtype), bt, padding=pad, groups=g)
-        dy = torch.randn(ref.shape, device="cuda")
-        dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
-        dsame = torch.nn.grad.conv2d_input(
-            x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g
-        )
-        for tile in _tiles(c, r, s):
-            tag = f"n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
-            out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
-            gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
-            assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed, ulps=1)
-            dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
-            gconv_cuda.fprop(
-                _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
-            )
-            assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
+        assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
 
 
 @pytest.mark.gpu

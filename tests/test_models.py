@@ -353,6 +353,28 @@ def test_attribution_on_a_cpu_profile_of_the_eager_stack():
     assert not any("forward" in m.__dict__ for m in mods)  # tags removed
 
 
+def test_attribution_by_name_where_the_isolated_signatures_miss():
+    """cuDNN may pick another algorithm in the stack than alone: backward kernels the signatures
+    do not know go to the pass their name says, others stay unmatched."""
+    depth, iters = 2, 1
+    model = block_stack("convfirst", 16, depth=depth, expansion=2, extra=0).to(memory_format=CL)
+    mods = [m for _, m in grouped_convs(model)]
+    events = ins.profile_window(ins.fwd_bwd_step(model, amp=None), [(_x(1),)], mods, iters, 1)
+
+    def kernels(evt):
+        if evt.name != "aten::convolution_backward":
+            return []
+        return [("sm90_xmma_dgrad_nhwc", 2e-6), ("cutlass_wgrad_kernel", 3e-6), ("helper", 1e-6)]
+
+    att = ins.attribute(events, {"dgrad": {"other": 1.0}, "wgrad": {"other": 1.0}}, kernels)
+    backward_nodes = att.launches["dgrad"]  # one of each kernel per grouped conv's backward
+    assert backward_nodes >= depth * iters
+    assert att.seconds["dgrad"] == pytest.approx(backward_nodes * 2e-6)
+    assert att.seconds["wgrad"] == pytest.approx(backward_nodes * 3e-6)
+    assert att.launches["unmatched"] == backward_nodes
+    assert ins.pass_by_name("xmma_dgrad_wgrad") is None and ins.pass_by_name("WGRAD") == "wgrad"
+
+
 def test_attribution_on_a_cpu_profile_of_the_tilewise_stack():
     depth, iters = 2, 1
     model = ins.prepare(block_stack("mbconv", 8, depth=depth, expansion=2, extra=1), "tilewise")

@@ -47,10 +47,28 @@ def test_unknown_cases_weigh_the_median_and_no_unit_is_empty():
         shard_tests.plan(cases, 0, {})
 
 
+def test_order_puts_the_longest_files_first():
+    known = {"tests/a.py::t[1]": 5.0, "tests/a.py::t[2]": 5.0, "tests/b.py::t": 30.0}
+    known["tests/c.py::t"] = 9.0
+    files = ["tests/a.py", "tests/d.py", "tests/b.py", "tests/c.py"]
+    assert shard_tests.order(files, known) == [
+        "tests/b.py",
+        "tests/a.py",
+        "tests/c.py",
+        "tests/d.py",
+    ]
+    assert shard_tests.order(["tests/x.py", "tests/y.py"], {}) == ["tests/x.py", "tests/y.py"]
+
+
 def test_read_durations_skips_comments_and_bad_lines(tmp_path):
     path = tmp_path / "gpu_durations.txt"
-    path.write_text("# seconds node\n12.5 tests/a.py::t[1]\nbad line here\nx tests/a.py::t[2]\n")
-    assert shard_tests.read_durations(path) == {"tests/a.py::t[1]": 12.5}
+    text = "# seconds node\n12.5 tests/a.py::t[1]\nbad\nx tests/a.py::t[2]\n"
+    text += "3 tests/a.py::t[C(a=1, b=2)]\n"
+    path.write_text(text)
+    assert shard_tests.read_durations(path) == {
+        "tests/a.py::t[1]": 12.5,
+        "tests/a.py::t[C(a=1, b=2)]": 3.0,  # a node id with spaces
+    }
     assert shard_tests.read_durations(tmp_path / "missing.txt") == {}
 
 

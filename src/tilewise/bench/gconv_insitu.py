@@ -22,7 +22,8 @@ through the profiler's CPU-op tree, not by guessing kernel names:
   same pass launches when run alone on the same problem in the same process (same cuDNN
   benchmark cache, same tilewise autotune choice): ``profile_kernels`` of ``bench.gconv.pass_fn``.
   A name both passes launch (a generic copy) is split by their launch counts; a name neither
-  launches is reported as "unmatched" and left out of both.
+  launches goes to the pass its name says ("dgrad"/"wgrad": cuDNN can pick another algorithm
+  for the stack's layouts, noted in the record) or is reported as "unmatched" and left out.
 
 Launch counts per iteration are compared with depth x the isolated launches (``expected``). For
 tilewise a name-only cross-check is recorded too (``name_s``): the Triton kernels whose names
@@ -65,6 +66,7 @@ from tilewise.bench.gconv_attribution import (  # noqa: F401 (re-exported for te
     attribute,
     device_kernels,
     name_split,
+    pass_by_name,
 )
 from tilewise.bench.grid import free_memory, run_grid, study_device
 from tilewise.bench.metrics import effective_bandwidth, fraction
@@ -310,6 +312,11 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
         notes = [note] if note else []
         if pass_ == "fprop" and att.unmatched_fprop:
             notes.append(f"fprop kernels not seen in isolation: {list(att.unmatched_fprop)}")
+        by_name = [
+            n for n in att.kernels.get(pass_, {}) if pass_ != "fprop" and n not in sigs[pass_]
+        ]
+        if by_name:
+            notes.append(f"attributed by name, not seen in isolation: {by_name}")
         if impl == "tilewise" and names is None:
             notes.append("name cross-check: gconv launch count does not fit the stack")
         s = att.seconds[pass_] / it
@@ -335,7 +342,10 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
             note="; ".join(notes) or None,
         )
         if s <= 0:
-            rec = replace(rec, error="no kernels attributed to the grouped convs")
+            left = sorted(att.kernels.get("unmatched", {}))
+            rec = replace(
+                rec, error=f"no kernels attributed to the grouped convs (unmatched: {left})"
+            )
         elif impl == "tilewise" and not (tree_found or names):
             rec = replace(rec, error="no tilewise kernels: did the layers fall back to PyTorch?")
         else:
