@@ -483,6 +483,32 @@ def test_merge_joins_parts_of_one_device(tmp_path, capsys):
         cli.main(["bench", "merge", "x", str(a), str(c), "--out", str(out)])
 
 
+def test_merge_unique_by_keeps_the_latest_part_of_a_cell(tmp_path, capsys):
+    """A cell re-run in a later part replaces the earlier reading (``--unique-by``); without it
+    both stay; a field the records lack is refused by name."""
+    env = {"device_name": "GPU A"}
+    base = {"dtype": "bf16", "layers": 8, "hidden": 256, "impl": "graph", "error": None}
+    a = save_results("mlp-a", [{**base, "batch": 32, "median_s": 1.0}, {**base, "batch": 64,
+                     "median_s": 2.0}], {}, tmp_path, env)  # fmt: skip
+    part_b = [
+        {**base, "batch": 64, "median_s": 3.0},
+        {**base, "batch": 32, "median_s": None, "error": "boom"},
+    ]
+    b = save_results("mlp-b", part_b, {}, tmp_path, env)
+    out = tmp_path / "merged"
+    key = ["--unique-by", "dtype", "layers", "batch", "hidden", "impl"]
+    assert cli.main(["bench", "merge", "mlp-ab", str(a), str(b), "--out", str(out), *key]) == 0
+    got = load_results(out / "mlp-ab__gpu-a.json")["records"]
+    # batch 64 re-read in part b wins; batch 32's failed re-run there does not replace part a's
+    assert [(r["batch"], r["median_s"]) for r in got] == [(32, 1.0), (64, 3.0)]
+    assert cli.main(["bench", "merge", "mlp-all", str(a), str(b), "--out", str(out)]) == 0
+    assert len(load_results(out / "mlp-all__gpu-a.json")["records"]) == 4
+    with pytest.raises(ValueError, match="unique_by.*seed"):
+        cli.main(
+            ["bench", "merge", "mlp-x", str(a), str(b), "--out", str(out), "--unique-by", "seed"]
+        )
+
+
 def test_merge_prints_and_plots_mlp_parts(tmp_path, capsys):
     """MLP grids run in parts (one process per dtype or layer count) merge into one table and
     one heatmap pair, as a study run whole writes."""

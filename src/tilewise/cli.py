@@ -574,6 +574,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("files", nargs="+", type=Path)
     merge.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for JSON/PNG")
     merge.add_argument("--plot", action="store_true", help="also write a PNG figure")
+    merge.add_argument(
+        "--unique-by",
+        nargs="+",
+        metavar="FIELD",
+        help="keep one record per value of these fields, the one from the latest file "
+        "(e.g. dtype layers batch hidden impl: a cell re-run in a later part replaces it)",
+    )
     merge.set_defaults(func=reports.cmd_merge)
     alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
     alias.set_defaults(func=run_mlp_command)

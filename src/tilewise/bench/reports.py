@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -137,6 +139,25 @@ def cmd_gconv_bars(args: argparse.Namespace) -> int:
     return 0
 
 
+def unique_records(records: list[dict], fields: Sequence[str]) -> list[dict]:
+    """``records`` with one per value of ``fields`` (none: all kept): a later record replaces an
+    earlier one and takes the later place, so a cell re-run in a later part (a file listed
+    later) wins, unless it failed (``error``) where the earlier one did not."""
+    if not fields:
+        return list(records)
+    missing = sorted({f for r in records for f in fields if f not in r})
+    if missing:
+        raise ValueError(f"argument 'unique_by': records without {missing}")
+    kept: dict[tuple, dict] = {}
+    for r in records:
+        key = tuple(json.dumps(r[f], sort_keys=True) for f in fields)
+        if r.get("error") and key in kept and not kept[key].get("error"):
+            continue  # a failed re-run does not replace a reading
+        kept.pop(key, None)  # re-inserted last: the order follows the latest part
+        kept[key] = r
+    return list(kept.values())
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     """``tilewise bench merge STUDY FILE...``: one result file (and its table, and with
     ``--plot`` its figure) from studies run in parts, e.g. one process per batch size under a
@@ -151,7 +172,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     devices = {d["environment"].get("device_name") for d in parts}
     if len(devices) != 1:
         raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
-    records = [r for d in parts for r in d["records"]]
+    records = unique_records([r for d in parts for r in d["records"]], args.unique_by or ())
     names = [Path(p).name for p in args.files]
     copies = sorted(c for d in parts if (c := (d["ceilings"] or {}).get("copy_bytes_per_s")))
     ceilings = {"parts": [d["ceilings"] for d in parts], "files": names}
