@@ -126,6 +126,10 @@ for step in "$@"; do
     small-fp16) study gconv-s21-small-fp16 200 --n 1 8 32 --extra-kernels --dtypes fp16 ;;
     small-bf16) study gconv-s23-small-bf16 200 --n 1 8 32 --extra-kernels --dtypes bf16 ;;
     big) study gconv-s23-big 420 --n 128 256 --extra-kernels ;;
+    mbconv-iso)  # MBConv's grouped conv alone (C=1024 16x16; in situ 0.68-0.71 from batch 96 on,
+      # session 26), against the in-situ readings
+      study gconv-s27-c1024 ${STUDY_LIMIT:-300} --shapes 1024:16x16 --n 32 64 128 256 \
+        --dtypes fp16 --extra-kernels ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)

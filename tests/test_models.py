@@ -426,6 +426,17 @@ def test_gconv_commands_need_cuda(study, tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def capsys_err(parser, shape: str) -> str:
+    """argparse's error text for ``--shapes SHAPE``."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        parser.parse_args(["bench", "gconv", "--shapes", shape])
+    return err.getvalue()
+
+
 def test_gconv_cli_options_build_configs():
     parser = cli.build_parser()
     args = parser.parse_args(["bench", "gconv", "--quick", "--n", "4", "--extra-kernels"])
@@ -439,6 +450,17 @@ def test_gconv_cli_options_build_configs():
     assert {(p.c, p.r) for p in cli.gconv_config(args).problems()} == {(256, 3)}
     with pytest.raises(SystemExit, match="--channels"):
         cli.gconv_config(parser.parse_args(["bench", "gconv", "--quick", "--channels", "128"]))
+    args = parser.parse_args(["bench", "gconv", "--shapes", "1024:16x16", "64:64x64", "--n", "2"])
+    cfg = cli.gconv_config(args)  # MBConv's grouped conv; C=64 64x64 keeps its 5x5/7x7
+    assert cfg.shapes == ((1024, 16, 16), (64, 64, 64))
+    assert {(p.c, p.h, p.r) for p in cfg.problems()} == {(1024, 16, 3), (64, 64, 3), (64, 64, 5),
+                                                         (64, 64, 7)}  # fmt: skip
+    args = parser.parse_args(["bench", "gconv", "--shapes", "1024:16x16"])
+    assert {(p.c, p.r) for p in cli.gconv_config(args).problems()} == {(1024, 3)}
+    for bad in ("1024:16", "12:16x16", "0:8x8", "64"):
+        with pytest.raises(SystemExit):  # argparse: "argument --shapes: ..."
+            parser.parse_args(["bench", "gconv", "--shapes", bad])
+    assert "C must be a positive multiple of 8" in capsys_err(parser, "12:16x16")
     args = parser.parse_args(["bench", "gconv-insitu", "--blocks", "mbconv", "--batches", "32"])
     cfg = cli.insitu_config(args)
     assert cfg.blocks == ("mbconv",) and cfg.batches == (32,) and cfg.impls == ins.IMPLS

@@ -183,6 +183,22 @@ def _common_study_args(p: argparse.ArgumentParser, study: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def gconv_shape(text: str) -> tuple[int, int, int]:
+    """``C:HxW`` (e.g. ``1024:16x16``) as ``(C, H, W)``; C a positive multiple of 8."""
+    try:
+        c, hw = text.split(":")
+        h, w = hw.lower().split("x")
+        shape = (int(c), int(h), int(w))
+    except ValueError:
+        msg = f"expected C:HxW such as 1024:16x16, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if min(shape) < 1 or shape[0] % 8:
+        raise argparse.ArgumentTypeError(
+            f"C must be a positive multiple of 8, H and W >= 1: {text!r}"
+        )
+    return shape
+
+
 def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Options of the isolated grouped-conv study (shared with ``benchmarks/bench_gconv.py``)."""
     p.add_argument("--quick", action="store_true", help="fp16, C=64 64x64 3x3, N in {1, 32}")
@@ -194,6 +210,13 @@ def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=int,
         choices=[64, 128, 256],
         help="only the shapes of these channel counts (C=64 64x64, C=128 32x32, C=256 16x16)",
+    )
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        type=gconv_shape,
+        metavar="C:HxW",
+        help="the shapes instead of the three above, e.g. 1024:16x16 (MBConv's grouped conv)",
     )
     p.add_argument("--kernels", nargs="+", type=int, help="kernel sizes at every shape (3)")
     p.add_argument(
@@ -219,10 +242,14 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
 
     base = GConvStudyConfig.quick() if args.quick else GConvStudyConfig()
     shapes = extra = None
+    if getattr(args, "shapes", None):
+        shapes = tuple(dict.fromkeys(args.shapes))
+        if base.extra_shape not in shapes:
+            extra = ()  # the extra kernel sizes run at C=64 64x64 only
     if args.channels:
-        shapes = tuple(s for s in base.shapes if s[0] in args.channels)
+        shapes = tuple(s for s in shapes or base.shapes if s[0] in args.channels)
         if base.extra_shape[0] not in args.channels:
-            extra = ()  # the extra kernel sizes run at C=64 only
+            extra = ()
     overrides = {
         "shapes": shapes,
         "dtypes": args.dtypes,
@@ -237,7 +264,9 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
     }
     config = _with_overrides(base, overrides)
     if not config.problems():
-        raise SystemExit("tilewise bench gconv: --channels (with --quick: 64) leaves no problem")
+        raise SystemExit(
+            "tilewise bench gconv: --channels (with --quick: 64) or --shapes leaves no problem"
+        )
     return config
 
 
