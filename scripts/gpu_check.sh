@@ -108,7 +108,9 @@ if [ "$run_tests" = 1 ]; then
   units=()
   later=()  # the files not sharded, started after the shards
   # longest known total first (tests/gpu_durations.txt), so no slow file's units wait for a slot
-  [ "$shards" -gt 1 ] && files=$("$PY" scripts/shard_tests.py --order $files)
+  if [ "$shards" -gt 1 ]; then
+    ordered=$("$PY" scripts/shard_tests.py --order $files) && [ -n "$ordered" ] && files=$ordered
+  fi
   for f in $files; do
     if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
       mkdir -p "$OUT/shards"
