@@ -93,12 +93,12 @@ for step in "$@"; do
       gpu_tests 300 tests/test_gconv_library.py tests/test_gconv_cuda.py \
         -k "library or wide_kernel or every_tile_fprop or dependent or lean" ;;
     tests-par)  # the same tests in 4 processes at once (NVRTC compiles dominate: one core each)
-      par_tests tests-par tests/test_gconv_cuda.py "every_tile_fprop and float16" \
+      par_tests tests-par tests/test_gconv_cuda.py "every_tile_fprop and not bfloat16" \
         tests/test_gconv_cuda.py "every_tile_fprop and bfloat16" \
         tests/test_gconv_cuda.py "wide_kernel or lean or dependent" \
         tests/test_gconv_library.py "" ;;
     tests-wide)  # the wide-kernel tiles (offered by default since session 22) and every tile
-      par_tests tests-wide tests/test_gconv_cuda.py "every_tile_fprop and float16" \
+      par_tests tests-wide tests/test_gconv_cuda.py "every_tile_fprop and not bfloat16" \
         tests/test_gconv_cuda.py "every_tile_fprop and bfloat16" \
         tests/test_gconv_cuda.py "wide_kernel or lean or dependent" \
         tests/test_gconv.py "not wgrad" ;;
@@ -128,8 +128,8 @@ for step in "$@"; do
     big) study gconv-s23-big 420 --n 128 256 --extra-kernels ;;
     mbconv-iso)  # MBConv's grouped conv alone (C=1024 16x16; in situ 0.68-0.71 from batch 96 on,
       # session 26), against the in-situ readings
-      study gconv-s27-c1024 ${STUDY_LIMIT:-300} --shapes 1024:16x16 --n 32 64 128 256 \
-        --dtypes fp16 --extra-kernels ;;
+      study gconv-s27-c1024 "${STUDY_LIMIT:-300}" --shapes 1024:16x16 --n 32 64 128 256 \
+        --dtypes fp16 ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)

@@ -34,7 +34,7 @@ def read_durations(path: Path = DURATIONS) -> dict[str, float]:
     except OSError:
         return known
     for line in lines:
-        parts = line.split(maxsplit=1)  # node ids may hold spaces (a dataclass repr)
+        parts = line.strip().split(maxsplit=1)  # node ids may hold spaces (a dataclass repr)
         if len(parts) == 2 and not line.startswith("#"):
             try:
                 known[parts[1]] = float(parts[0])

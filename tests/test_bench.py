@@ -503,10 +503,22 @@ def test_merge_unique_by_keeps_the_latest_part_of_a_cell(tmp_path, capsys):
     assert [(r["batch"], r["median_s"]) for r in got] == [(32, 1.0), (64, 3.0)]
     assert cli.main(["bench", "merge", "mlp-all", str(a), str(b), "--out", str(out)]) == 0
     assert len(load_results(out / "mlp-all__gpu-a.json")["records"]) == 4
-    with pytest.raises(ValueError, match="unique_by.*seed"):
+    with pytest.raises(ValueError, match="unique_by.*no record has.*seed"):
         cli.main(
             ["bench", "merge", "mlp-x", str(a), str(b), "--out", str(out), "--unique-by", "seed"]
         )
+
+
+def test_unique_records_keys_a_missing_field_as_none():
+    """In-situ parts mix pass records and step records (no ``pass_``): both kinds dedupe."""
+    from tilewise.bench.reports import unique_records
+
+    step = {"record": "step", "impl": "eager", "batch": 32}
+    fprop = {"record": "pass", "impl": "eager", "batch": 32, "pass_": "fprop"}
+    recs = [step | {"ms": 1}, fprop | {"gbs": 1}, step | {"ms": 2}, fprop | {"gbs": 2}]
+    got = unique_records(recs, ["record", "impl", "batch", "pass_"])
+    assert got == [step | {"ms": 2}, fprop | {"gbs": 2}]
+    assert unique_records(recs, []) == recs
 
 
 def test_merge_prints_and_plots_mlp_parts(tmp_path, capsys):

@@ -342,10 +342,9 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
             note="; ".join(notes) or None,
         )
         if s <= 0:
-            left = sorted(att.kernels.get("unmatched", {}))
-            rec = replace(
-                rec, error=f"no kernels attributed to the grouped convs (unmatched: {left})"
-            )
+            left = sorted(att.kernels.get("unmatched", {})) if pass_ != "fprop" else []
+            why = f" (unmatched backward kernels: {left})" if left else ""
+            rec = replace(rec, error=f"no kernels attributed to the grouped convs{why}")
         elif impl == "tilewise" and not (tree_found or names):
             rec = replace(rec, error="no tilewise kernels: did the layers fall back to PyTorch?")
         else:

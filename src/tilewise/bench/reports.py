@@ -145,12 +145,12 @@ def unique_records(records: list[dict], fields: Sequence[str]) -> list[dict]:
     later) wins, unless it failed (``error``) where the earlier one did not."""
     if not fields:
         return list(records)
-    missing = sorted({f for r in records for f in fields if f not in r})
-    if missing:
-        raise ValueError(f"argument 'unique_by': records without {missing}")
+    unknown = sorted(f for f in fields if not any(f in r for r in records))
+    if unknown:
+        raise ValueError(f"argument 'unique_by': no record has {unknown}")
     kept: dict[tuple, dict] = {}
-    for r in records:
-        key = tuple(json.dumps(r[f], sort_keys=True) for f in fields)
+    for r in records:  # a field a record lacks (a step record's pass) keys as None
+        key = tuple(json.dumps(r.get(f), sort_keys=True) for f in fields)
         if r.get("error") and key in kept and not kept[key].get("error"):
             continue  # a failed re-run does not replace a reading
         kept.pop(key, None)  # re-inserted last: the order follows the latest part
