@@ -1,6 +1,6 @@
 """``tilewise`` command line: ``bench ceilings``, ``bench pointwise``, ``bench gconv``,
 ``bench gconv-insitu``, ``bench mlp`` (alias ``mlp-bench``), ``bench report``, ``bench merge``,
-``bench gconv-bars`` (those three in ``bench.reports``), ``cache`` and ``tour``.
+``bench gconv-bars``, ``bench mlp-targets`` (those in ``bench.reports``), ``cache`` and ``tour``.
 
 Everything printed is measured in the same run. Without a CUDA GPU the GPU studies refuse to
 run (exit code 2); ``tour`` then runs small CPU agreement checks instead and says so.
@@ -598,6 +598,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--bar-only", action="store_true", help="only the readings at >= 64 MB of activations"
     )
     bars.set_defaults(func=reports.cmd_gconv_bars)
+    targets = studies.add_parser("mlp-targets", help="issue 4's targets judged on mlp result files")
+    targets.add_argument("files", nargs="+", type=Path)
+    targets.add_argument("--all", action="store_true", help="every judged cell, not only misses")
+    targets.set_defaults(func=reports.cmd_mlp_targets)
     merge = studies.add_parser("merge", help="join result files of a study run in parts")
     merge.add_argument("study", help="name of the merged study (its prefix picks table and plot)")
     merge.add_argument("files", nargs="+", type=Path)

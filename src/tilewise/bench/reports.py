@@ -139,6 +139,32 @@ def cmd_gconv_bars(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mlp_targets(args: argparse.Namespace) -> int:
+    """``tilewise bench mlp-targets FILE...``: issue 4's targets counted over MLP study result
+    files, oldest first (each file judged alone, a cell's latest file counting; the misses
+    listed, or every row with ``--all``). The files must come from one device."""
+    from tilewise.bench.mlp_targets import TARGETS, latest_rows, target_counts, target_table
+    from tilewise.bench.results import format_table, load_results
+
+    parts = [load_results(p) for p in args.files]
+    devices = {d["environment"].get("device_name") for d in parts}
+    if len(devices) != 1:
+        raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
+    runs = [[r for r in d["records"] if "impl" in r and "layers" in r] for d in parts]
+    rows = latest_rows(runs)  # each file judged alone: ratios within one run
+    if not rows:
+        print("no cell of these files has the impls a target compares")
+        return 1
+    shown = rows if args.all else [r for r in rows if not r.met]
+    print(f"issue 4's targets on {devices.pop()} ({len(parts)} files)")
+    if shown:
+        print(format_table(*target_table(shown)))
+    for name, (met, judged) in target_counts(rows).items():
+        op = ">" if name == "train > compile" else ">="
+        print(f"{name} ({TARGETS[name][1]} {op} {TARGETS[name][0]:.2f}x): {met} of {judged} cells")
+    return 0
+
+
 def unique_records(records: list[dict], fields: Sequence[str]) -> list[dict]:
     """``records`` with one per value of ``fields`` (none: all kept): a later record replaces an
     earlier one and takes the later place, so a cell re-run in a later part (a file listed
