@@ -14,10 +14,20 @@ export TRITON_CACHE_DIR=$PWD/.triton-cache
 R=$(mktemp -d)
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-pack() {
+pack() {  # written aside and moved: a copy taken mid-write is never half a tarball
   cp .tw-cache/autotune.json "$R/" 2>/dev/null
-  tar czf "$OUT/bundle.tgz" -C "$R" .
+  local tmp="$OUT/.bundle.$BASHPID.tmp"  # the repacker and a step may pack at once
+  tar czf "$tmp" -C "$R" . && mv -f "$tmp" "$OUT/bundle.tgz"
 }
+# every PACK_EVERY seconds (default 45) the bundle is packed again, so a call the device tool
+# cuts at its limit (session 26, call 7: the budget left shortened it, and the step, packed
+# only at its end, returned nothing) still returns the studies' partial files and logs
+main_pid=$$
+(
+  while sleep "${PACK_EVERY:-45}" && kill -0 "$main_pid" 2>/dev/null; do pack; done
+) &
+repacker=$!
+trap 'kill "$repacker" 2>/dev/null' EXIT
 TW=(python -m tilewise.cli)
 study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its exit code and table printed
   local name=$1 limit=$2 start
@@ -190,6 +200,8 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
 done
+kill "$repacker" 2>/dev/null
+wait "$repacker" 2>/dev/null
 # the Triton compile cache, for the next call to carry back (`.triton-cache.tgz`, extracted at
 # the top): the GPU tests compile hundreds of Triton kernels, each call from nothing until now
 # It travels beside the bundle, never inside it: the tool brings back files of at most 16 MiB,
