@@ -242,7 +242,7 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
 
     base = GConvStudyConfig.quick() if args.quick else GConvStudyConfig()
     shapes = extra = None
-    if getattr(args, "shapes", None):
+    if args.shapes:
         shapes = tuple(dict.fromkeys(args.shapes))
         if base.extra_shape not in shapes:
             extra = ()  # the extra kernel sizes run at C=64 64x64 only

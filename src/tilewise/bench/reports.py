@@ -1,5 +1,6 @@
-"""The summary tables of saved study results: the CLI's ``bench report``, ``bench merge`` and
-``bench gconv-bars`` commands, and the table each study prints after it runs."""
+"""The summary tables of saved study results: the CLI's ``bench report``, ``bench merge``,
+``bench gconv-bars`` and ``bench mlp-targets`` commands, and the table each study prints after
+it runs."""
 
 from __future__ import annotations
 
@@ -144,25 +145,33 @@ def cmd_mlp_targets(args: argparse.Namespace) -> int:
     files, oldest first (each file judged alone, a cell's latest file counting; the misses
     listed, or every row with ``--all``). The files must come from one device."""
     from tilewise.bench.mlp_targets import TARGETS, latest_rows, target_counts, target_table
-    from tilewise.bench.results import format_table, load_results
+    from tilewise.bench.results import format_table
 
-    parts = [load_results(p) for p in args.files]
-    devices = {d["environment"].get("device_name") for d in parts}
-    if len(devices) != 1:
-        raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
+    parts, device = _one_device(args.files)
     runs = [[r for r in d["records"] if "impl" in r and "layers" in r] for d in parts]
     rows = latest_rows(runs)  # each file judged alone: ratios within one run
     if not rows:
         print("no cell of these files has the impls a target compares")
         return 1
     shown = rows if args.all else [r for r in rows if not r.met]
-    print(f"issue 4's targets on {devices.pop()} ({len(parts)} files)")
+    print(f"issue 4's targets on {device} ({len(parts)} files)")
     if shown:
         print(format_table(*target_table(shown)))
     for name, (met, judged) in target_counts(rows).items():
         op = ">" if name == "train > compile" else ">="
         print(f"{name} ({TARGETS[name][1]} {op} {TARGETS[name][0]:.2f}x): {met} of {judged} cells")
     return 0
+
+
+def _one_device(files: Sequence[Path]) -> tuple[list[dict], str]:
+    """The loaded result files and their one device; files of several devices are refused."""
+    from tilewise.bench.results import load_results
+
+    parts = [load_results(p) for p in files]
+    devices = {str(d["environment"].get("device_name")) for d in parts}
+    if len(devices) != 1:
+        raise ValueError(f"argument 'files' mixes devices: {sorted(devices)}")
+    return parts, devices.pop()
 
 
 def unique_records(records: list[dict], fields: Sequence[str]) -> list[dict]:
@@ -194,10 +203,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from tilewise.bench.mlp import plot_mlp
     from tilewise.bench.results import load_results, result_path, save_results
 
-    parts = [load_results(p) for p in args.files]
-    devices = {d["environment"].get("device_name") for d in parts}
-    if len(devices) != 1:
-        raise ValueError(f"argument 'files' mixes devices: {sorted(map(str, devices))}")
+    parts, device = _one_device(args.files)
     records = unique_records([r for d in parts for r in d["records"]], args.unique_by or ())
     names = [Path(p).name for p in args.files]
     copies = sorted(c for d in parts if (c := (d["ceilings"] or {}).get("copy_bytes_per_s")))
@@ -218,7 +224,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     prefix = next((k for k in kinds if args.study.startswith(k)), None)
     if prefix is not None:
         report, plot_fn = kinds[prefix]
-        report(records, f"{args.study} ({devices.pop()})")
+        report(records, f"{args.study} ({device})")
         if args.plot:
             print(f"wrote {plot_fn(load_results(path), path.with_suffix('.png'))}")
     return 0

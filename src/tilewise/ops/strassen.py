@@ -461,8 +461,7 @@ def forward(
     layers = (blocks, biases, activations, sizes)
     if groups is None:
         groups = _choose_row_groups(x2, layers)
-    y = _chain(x2, layers) if groups == 1 else _chain_in_row_groups(x2, layers, groups)
-    return y.view(*x.shape[:-1], sizes[-1])
+    return _chain_in_row_groups(x2, layers, groups).view(*x.shape[:-1], sizes[-1])
 
 
 def _chain(x2: torch.Tensor, layers: tuple) -> torch.Tensor:
@@ -516,7 +515,9 @@ def _chain_in_row_groups(x2: torch.Tensor, layers: tuple, groups: int) -> torch.
     """The chain on each row group, group g on lane g modulo the lanes (the current stream and
     up to ``groups - 1`` side streams, forked from and joined back to it, so a CUDA-graph capture
     records parallel branches); ``y`` gathered on the current stream after the join. Off CUDA,
-    the groups in a row."""
+    the groups in a row; one group is the plain chain."""
+    if groups == 1:
+        return _chain(x2, layers)
     bounds = _row_bounds(x2.shape[0], groups)
     if x2.device.type != "cuda":
         return torch.cat([_chain(x2[lo:hi], layers) for lo, hi in bounds])
@@ -566,8 +567,6 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
     key = ChainProblem(int(m), tuple(int(n) for n in sizes), dtype, tf32_enabled())
 
     def run(g: RowGroups) -> torch.Tensor:
-        if g.count == 1:
-            return _chain(x2, layers)
         return _chain_in_row_groups(x2, layers, g.count)
 
     choice = autotune.choose_config(
