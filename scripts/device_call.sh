@@ -140,6 +140,15 @@ for step in "$@"; do
       # session 26), against the in-situ readings
       study gconv-s27-c1024 "${STUDY_LIMIT:-300}" --shapes 1024:16x16 --n 32 64 128 256 \
         --dtypes fp16 ;;
+    fp32-tc)  # session 27: fp32-accurate GEMMs on tensor cores (Triton's tf32x3, bf16x3/x6)
+      # against cuBLAS's SIMT SGEMM, at Strassen's 512 x 4096 cell: speed and error vs fp64
+      timeout "${PROBE_LIMIT:-150}" python scripts/fp32_tc_probe.py --json "$R/fp32-tc-probe-s27.json" \
+        ${PROBE_SHAPES:+--shapes $PROBE_SHAPES} >"$R/fp32-tc-probe.log" 2>&1
+      echo "rc $?: fp32-tc probe"
+      grep -vE "Warn|warn|failed" "$R/fp32-tc-probe.log" | tail -n 40
+      grep -c "failed" "$R/fp32-tc-probe.log"
+      grep "failed" "$R/fp32-tc-probe.log" | cut -c1-200 | sort -u -t: -k1,1 | head -8
+      pack ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)

@@ -1,0 +1,169 @@
+"""Can tensor cores give fp32-accurate GEMMs faster than cuBLAS's SIMT SGEMM? (issue 4's Strassen
+cell at 512 x 4096, fp32 with TF32 off, where cuBLAS's half-size products cap Strassen at 1.04x.)
+
+Triton splits each fp32 operand into tensor-core pieces (``tl.dot(input_precision=...)``):
+``tf32x3`` (hi*hi + hi*lo + lo*hi in TF32), ``bf16x3`` and ``bf16x6`` (three bf16 pieces). Per
+shape and precision this times a batched Triton GEMM over a few tiles (CUDA-graph replay, two
+input sets) against cuBLAS fp32 with TF32 off and on, and measures the error against an fp64
+product: the RMS and max relative error (to the output's RMS) and the worst three-way ratio
+``max |out - ref| / (2 |cublas_fp32 - ref| + atol)`` at ``atol = 1e-5 * sqrt(K) * rms`` (the tests'
+fp32 tolerance) and at a 10x tighter one.
+
+    python scripts/fp32_tc_probe.py [--shapes 1:512:4096:4096 7:256:2048:2048] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+from tilewise.bench.ceilings import tf32_off
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_graph
+
+
+@triton.jit
+def _bgemm(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
+    PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    bat = tl.program_id(1).to(tl.int64)
+    npm = tl.cdiv(M, BM)
+    npn = tl.cdiv(N, BN)
+    per = GM * npn
+    fm = (pid // per) * GM
+    gm = tl.minimum(npm - fm, GM)
+    pm = fm + (pid % per) % gm
+    pn = (pid % per) // gm
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_p = a_ptr + bat * s_ab + rm[:, None] * s_am + rk[None, :] * s_ak
+    b_p = b_ptr + bat * s_bb + rk[:, None] * s_bk + rn[None, :] * s_bn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_p, mask=(rm[:, None] < M) & (k0 + rk[None, :] < K), other=0.0)
+        b = tl.load(b_p, mask=(k0 + rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+        a_p += BK * s_ak
+        b_p += BK * s_bk
+    c_p = c_ptr + bat * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
+    tl.store(c_p, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# (BM, BN, BK, warps, stages)
+TILES = (
+    (128, 128, 32, 8, 3),
+    (128, 128, 32, 4, 3),
+    (128, 256, 32, 8, 3),
+    (64, 128, 32, 4, 4),
+    (128, 64, 32, 4, 4),
+    (128, 128, 16, 8, 4),
+)
+PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32")
+
+
+def bgemm(a, b, c, prec, tile):
+    bm, bn, bk, w, st = tile
+    bt, m, k = a.shape
+    n = b.shape[2]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), bt)
+    _bgemm[grid](
+        a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(),
+        PREC=prec, BM=bm, BN=bn, BK=bk, GM=8, num_warps=w, num_stages=st,
+    )  # fmt: skip
+    return c
+
+
+def errors(out, cub, ref, k):
+    o, t, r = out.double(), cub.double(), ref
+    rms = r.square().mean().sqrt().item()
+    err = (o - r).abs()
+    row = {"rms_rel": (err.square().mean().sqrt() / rms).item(), "max_rel": err.max().item() / rms}
+    for name, scale in (("ratio", 1e-5), ("ratio_tight", 1e-6)):
+        atol = scale * k**0.5 * rms
+        row[name] = (err / (2 * (t - r).abs() + atol)).max().item()
+    return row
+
+
+def probe(bt: int, m: int, n: int, k: int, device: str = "cuda") -> dict:
+    dev = dict(device=device, dtype=torch.float32)
+    # weights K-major (a transposed view), as strassen.format_weights stores them
+    sets = [
+        (torch.randn(bt, m, k, **dev), torch.randn(bt, n, k, **dev).transpose(1, 2))
+        for _ in range(2)
+    ]
+    out = torch.empty(bt, m, n, **dev)
+    flops = 2 * bt * m * n * k
+    a0, b0 = sets[0]
+    ref = torch.bmm(a0.double(), b0.double())
+    row: dict = {"batch": bt, "m": m, "n": n, "k": k}
+    with tf32_off():
+        cub = torch.bmm(a0, b0)
+        t = time_graph(lambda a, b: torch.bmm(a, b, out=out), sets, rounds=2, replays=10).median_s
+    row["cublas_ieee"] = {"us": t * 1e6, "tflops": flops / t / 1e12, **errors(cub, cub, ref, k)}
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        got = torch.bmm(a0, b0)
+        t = time_graph(lambda a, b: torch.bmm(a, b, out=out), sets, rounds=2, replays=10).median_s
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    row["cublas_tf32"] = {"us": t * 1e6, "tflops": flops / t / 1e12, **errors(got, cub, ref, k)}
+    for prec in PRECISIONS:
+        best = None
+        for tile in TILES:
+            try:
+                got = bgemm(a0, b0, out.clone(), prec, tile)
+                t = time_graph(
+                    lambda a, b, p=prec, tl_=tile: bgemm(a, b, out, p, tl_),
+                    sets,
+                    rounds=2,
+                    replays=10,
+                ).median_s
+            except Exception as exc:  # an unsupported precision or a tile that does not fit
+                why = f"{prec} {tile}: {type(exc).__name__}: {exc}"
+                row.setdefault("failed", []).append(why[:300])
+                continue
+            rec = {"us": t * 1e6, "tflops": flops / t / 1e12, "tile": tile}
+            rec.update(errors(got, cub, ref, k))
+            if best is None or rec["us"] < best["us"]:
+                best = rec
+        if best is not None:
+            row[prec] = best
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", default=["1:512:4096:4096", "7:256:2048:2048"])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    rows = []
+    for spec in args.shapes:
+        bt, m, n, k = (int(v) for v in spec.split(":"))
+        row = probe(bt, m, n, k, args.device)
+        rows.append(row)
+        print(f"{bt} x {m} x {n} x {k}")
+        for name, rec in row.items():
+            if isinstance(rec, dict):
+                print(
+                    f"  {name:12s} {rec['us']:9.1f} us {rec['tflops']:6.1f} TF/s  rms_rel "
+                    f"{rec['rms_rel']:.2e} max_rel {rec['max_rel']:.2e} ratio {rec['ratio']:.3f} "
+                    f"tight {rec['ratio_tight']:.3f} {rec.get('tile', '')}"
+                )
+        for line in row.get("failed", []):
+            print("  failed:", line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": environment(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
