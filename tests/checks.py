@@ -79,3 +79,14 @@ def fake_gpu_autotuner(monkeypatch, tmp_path, bench: Callable) -> None:
     monkeypatch.setattr(autotune, "_capturing", lambda d: False)
     monkeypatch.setattr(autotune, "_bench", bench)
     autotune.clear_memory_cache()
+
+
+@contextlib.contextmanager
+def allow_tf32(value: bool) -> Iterator[None]:
+    """PyTorch's fp32-matmul TF32 switch set to ``value`` inside the block, restored after."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = value
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from checks import ATOL, DEVICE_DTYPES, assert_three_way, fake_gpu_autotuner
+from checks import ATOL, DEVICE_DTYPES, allow_tf32, assert_three_way, fake_gpu_autotuner
 from torch import nn
 
 import tilewise
@@ -414,7 +414,7 @@ def test_products_plans_agree():
     p, blocks = torch.randn(7, 5, 6), torch.randn(7, 3, 6)
     want = torch.bmm(p, blocks.transpose(1, 2))
     kmajor = blocks.transpose(1, 2).contiguous().transpose(1, 2)  # format_weights' storage
-    for plan in ops.PLANS:
+    for plan in ops.FP32_PLANS:  # the tensor-core ones through the interpreter on the CPU
         for b in (blocks, kmajor):
             out = torch.full((7, 5, 3), float("nan"))
             assert ops.run_products(plan, p, b, out) is out
@@ -450,20 +450,28 @@ def test_streams_plan_in_graph_and_side_stream():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "plan", ops.PLANS, ids=lambda p: f"launches{p.launches}-streams{p.streams}"
+    "plan",
+    ops.FP32_PLANS,
+    ids=lambda p: (
+        f"tc{p.tc.block_m}x{p.tc.block_n}-w{p.tc.num_warps}"
+        if p.tc
+        else f"launches{p.launches}-streams{p.streams}"
+    ),
 )
 def test_chain_with_each_products_plan(plan, monkeypatch, rng_seed):
-    """Each products plan the autotuner may pick, forced, through whole chains (fp32 and fp16)."""
+    """Each products plan the autotuner may pick, forced, through whole chains (fp32 and fp16;
+    the tensor-core 3xTF32 plans are offered for fp32 with TF32 off only)."""
     import types
 
     def choose(op, *args, **kwargs):  # the plan for the products; one row group for the chain
         return plan if op.endswith(".products") else ops.RowGroups(1)
 
     monkeypatch.setattr(ops, "autotune", types.SimpleNamespace(choose_config=choose))
-    for dtype in (torch.float32, torch.float16):
-        for x_shape, outs in GPU_SHAPES:
-            x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
-            _judge_chain(x, ws, bs, acts, dtype, rng_seed)
+    with allow_tf32(False):
+        for dtype in (torch.float32,) if plan.tc else (torch.float32, torch.float16):
+            for x_shape, outs in GPU_SHAPES:
+                x, ws, bs, acts = _chain(x_shape, outs, "cuda", True)
+                _judge_chain(x, ws, bs, acts, dtype, rng_seed)
 
 
 def test_strided_and_expanded_bias():

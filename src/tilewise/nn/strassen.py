@@ -169,8 +169,7 @@ class StrassenMLP(nn.Module):
             # half precision / TF32: Strassen's sums cost ~3.5x PyTorch's rounding error, more
             # than the three-way rule allows, so it is never chosen by timing there
             return rule == STRASSEN
-        dtype = str(x.dtype).removeprefix("torch.")
-        problem = ops.ChainProblem(batch, tuple(self.sizes), dtype, ops.tf32_enabled())
+        problem = ops.chain_problem(batch, self.sizes, x.dtype)
         path = autotune.choose_config(
             "strassen_mlp.path",
             problem,

@@ -10,7 +10,8 @@ Strassen's seven products ``M1..M7`` give ``C = A @ B`` from 7 half-size GEMMs i
   A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22 (the padding is written as exact zeros).
 * per layer one ``torch.bmm`` (cuBLAS; TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says):
   ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]; or, where timing says so per shape, seven ``torch.mm``
-  launches into the same tensor, in a row or on parallel streams (``ProductsPlan``).
+  launches into the same tensor, in a row or on parallel streams (``ProductsPlan``); fp32 with
+  TF32 off, also one fp32-accurate tensor-core GEMM (``gemm_fp32tc``: 3xTF32), timed likewise.
 * ``_suffix_kernel``: C11 = M1+M4-M5+M7, C12 = M3+M5, C21 = M2+M4, C22 = M1-M2+M3+M6, then bias and
   activation, then either the unpadded ``y`` (last layer) or directly the next layer's 7 prefix
   operands: block (r, c) of C is block (r, c) of the next A, so no C tensor is ever stored.
@@ -29,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tilewise.ops import gemm_fp32tc
 from tilewise.ops._common import (
     TileConfig,
     act_fwd,
@@ -39,6 +41,7 @@ from tilewise.ops._common import (
     pick_config,
     unit_stride,
 )
+from tilewise.ops.gemm_fp32tc import Fp32TcConfig
 from tilewise.ops.linear import COLD_L2_MIN_BYTES
 from tilewise.runtime import alloc, autotune, dispatch
 
@@ -213,11 +216,19 @@ class ProductsPlan:
 
     launches: int = 1
     streams: int = 1
+    #: fp32 with TF32 off: the 7 products as one fp32-accurate tensor-core batched GEMM
+    #: (``gemm_fp32tc``, Triton's 3xTF32 split) of this tile instead of cuBLAS
+    tc: Fp32TcConfig | None = None
 
 
 BMM, MM7 = ProductsPlan(1), ProductsPlan(7)
 MM7_STREAMS = ProductsPlan(7, streams=7)
 PLANS = (BMM, MM7, MM7_STREAMS)
+#: what fp32 products with TF32 off are also timed against (session 27,
+#: ``scripts/fp32_tc_probe.py``: at 7 x [256 x 2048] x [2048 x 2048] 239.7 us against cuBLAS's
+#: bmm 351.2 us, at a quarter of its RMS error against fp64)
+TC_PLANS = tuple(ProductsPlan(1, tc=cfg) for cfg in gemm_fp32tc.CONFIGS)
+FP32_PLANS = PLANS + TC_PLANS
 
 _side_streams: dict[tuple, list[torch.cuda.Stream]] = {}
 
@@ -239,6 +250,8 @@ def run_products(
     plan: ProductsPlan, p: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
     """``out[i] = p[i] @ blocks[i]^T`` for the 7 products, as ``plan`` says."""
+    if plan.tc is not None:
+        return gemm_fp32tc.bmm(p, blocks.transpose(1, 2), out, plan.tc)
     if plan.launches == 1:
         return torch.bmm(p, blocks.transpose(1, 2), out=out)
     if plan.streams <= 1 or p.device.type != "cuda":
@@ -274,11 +287,13 @@ class ProductsProblem:
     dtype: str
     tf32: bool
     layout: str = "nn"  # "nn": blocks stored K-major (``format_weights``); "nt": contiguous
+    fp32_tc: bool = False  # the tensor-core split offered (fp32, TF32 off; ``fp32_tc_offered``)
 
 
 def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """The 7 Strassen products ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]: one ``torch.bmm`` or seven
-    ``torch.mm`` (``ProductsPlan``, timed per shape on CUDA)."""
+    """The 7 Strassen products ``Mi = P[i] @ F[i]^T``, [7, M/2, N/2]: one ``torch.bmm``, seven
+    ``torch.mm`` or, fp32 with TF32 off, one tensor-core 3xTF32 batched GEMM (``ProductsPlan``,
+    timed per shape on CUDA)."""
     out = alloc.empty((7, p.shape[1], blocks.shape[1]), device=p.device, dtype=p.dtype)
 
     def run(plan: ProductsPlan) -> torch.Tensor:
@@ -289,10 +304,12 @@ def products(p: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     mh, kh, nh = p.shape[1], p.shape[2], blocks.shape[1]
     layout = "nn" if blocks.stride(1) == 1 else "nt"
     dtype = str(p.dtype).removeprefix("torch.")
-    prob = ProductsProblem(mh, kh, nh, dtype, tf32_enabled(), layout)
+    tc = fp32_tc_offered(p.dtype)
+    prob = ProductsProblem(mh, kh, nh, dtype, tf32_enabled(), layout, tc)
     # operands past linear's threshold are timed with L2 flushed, as its GEMMs are
     cold = 7 * (mh * kh + kh * nh + mh * nh) * p.element_size() >= COLD_L2_MIN_BYTES
-    plan = autotune.choose_config(OP + ".products", prob, PLANS, run, device=p.device, cold_l2=cold)
+    plans = FP32_PLANS if tc else PLANS
+    plan = autotune.choose_config(OP + ".products", prob, plans, run, device=p.device, cold_l2=cold)
     return run(plan)
 
 
@@ -496,6 +513,7 @@ class ChainProblem:
     sizes: tuple[int, ...]
     dtype: str
     tf32: bool
+    fp32_tc: bool = False  # products may run the tensor-core split (``fp32_tc_offered``)
 
 
 def _row_bounds(m: int, groups: int) -> list[tuple[int, int]]:
@@ -563,8 +581,7 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
     if most == 1:
         return 1
     sizes = layers[3]
-    dtype = str(x2.dtype).removeprefix("torch.")
-    key = ChainProblem(int(m), tuple(int(n) for n in sizes), dtype, tf32_enabled())
+    key = chain_problem(int(m), sizes, x2.dtype)
 
     def run(g: RowGroups) -> torch.Tensor:
         return _chain_in_row_groups(x2, layers, g.count)
@@ -578,6 +595,20 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
 def tf32_enabled() -> bool:
     """Whether fp32 matmuls may use TF32 (PyTorch's global switch, which ``torch.bmm`` obeys)."""
     return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def fp32_tc_offered(dtype: torch.dtype) -> bool:
+    """Whether the products may run as fp32-accurate tensor-core GEMMs: fp32 with TF32 off (with
+    TF32 on, cuBLAS's TF32 GEMM is faster and what the user asked for), unless
+    ``TILEWISE_FP32_TENSOR_CORES=0``."""
+    return dtype == torch.float32 and not tf32_enabled() and gemm_fp32tc.enabled()
+
+
+def chain_problem(batch: int, sizes: Sequence[int], dtype: torch.dtype) -> ChainProblem:
+    """The autotune key of a chain's whole-chain choices (row groups, ``StrassenMLP``'s path)."""
+    name = str(dtype).removeprefix("torch.")
+    sizes = tuple(int(n) for n in sizes)
+    return ChainProblem(int(batch), sizes, name, tf32_enabled(), fp32_tc_offered(dtype))
 
 
 #: A hook for measured data: ``(batch, hidden, dtype, device) -> bool | None``; None defers to the
