@@ -151,11 +151,12 @@ for step in "$@"; do
       pack ;;
     strassen-tc)  # session 27: Strassen's fp32 products on tensor cores (3xTF32, timed against
       # cuBLAS per shape): the kernel's and the chain's GPU tests, then the fp32 Strassen cells
-      # (layers 1-8, batch 512/1024/4096, hidden 4096/8192) with it, and without it in the same call
-      gpu_tests "${TEST_LIMIT:-150}" tests/test_gemm_fp32tc.py tests/test_strassen.py
+      # (layers 1-8, batch 512/4096, hidden 4096/8192) with it, and without it in the same call
+      gpu_tests "${TEST_LIMIT:-90}" tests/test_gemm_fp32tc.py
+      gpu_tests "${TEST_LIMIT:-150}" tests/test_strassen.py
       for tc in 1 0; do
         TILEWISE_FP32_TENSOR_CORES=$tc timeout "${MLP_TIMEOUT:-200}" "${TW[@]}" bench mlp --dtypes fp32 \
-          --layers 1 2 4 8 --batches ${MLP_BATCHES:-512 1024 4096} --hiddens 4096 8192 \
+          --layers 1 2 4 8 --batches ${MLP_BATCHES:-512 4096} --hiddens 4096 8192 \
           --impls graph tilewise strassen --no-compile --no-train --no-progress --plot \
           --study "mlp-strassen-tc$tc-s27" --out "$R" >"$R/mlp-strassen-tc$tc.log" 2>&1
         echo "rc $?: mlp-strassen-tc$tc-s27"

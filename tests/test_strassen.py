@@ -152,6 +152,17 @@ def test_format_weights_and_algebra():
     torch.testing.assert_close(f[2], w21 - w22, rtol=0, atol=0)
     torch.testing.assert_close(f[3], w12 - w11, rtol=0, atol=0)
     assert ops.format_weights(w.half()).dtype == torch.float16
+    # "nt": contiguous (K fastest), the tensor-core fp32 products' layout; the default for fp32
+    # with TF32 off, where they are offered
+    nt = ops.format_weights(w, layout="nt")
+    assert nt.is_contiguous() and torch.equal(nt, f)
+    with allow_tf32(False):
+        assert ops.format_weights(w.float()).is_contiguous()
+        assert ops.format_weights(w.half()).transpose(1, 2).is_contiguous()
+    with allow_tf32(True):
+        assert ops.format_weights(w.float()).transpose(1, 2).is_contiguous()
+    with pytest.raises(ValueError, match="'layout'"):
+        ops.format_weights(w, layout="tn")
     # the Strassen algebra in fp64 equals the plain chain (rounding only)
     x, ws, bs, acts = _chain((9, 7), [5, 4, 3], "cpu")
     ws, bs, x = _cast(ws, torch.float64), _cast(bs, torch.float64), x.double()
@@ -413,7 +424,7 @@ def test_products_plans_agree():
     """One bmm or seven mm launches: the same 7 products (``ops.run_products``)."""
     p, blocks = torch.randn(7, 5, 6), torch.randn(7, 3, 6)
     want = torch.bmm(p, blocks.transpose(1, 2))
-    kmajor = blocks.transpose(1, 2).contiguous().transpose(1, 2)  # format_weights' storage
+    kmajor = blocks.transpose(1, 2).contiguous().transpose(1, 2)  # format_weights' "nn" storage
     for plan in ops.FP32_PLANS:  # the tensor-core ones through the interpreter on the CPU
         for b in (blocks, kmajor):
             out = torch.full((7, 5, 3), float("nan"))
@@ -427,7 +438,7 @@ def test_streams_plan_in_graph_and_side_stream():
     and issued from a non-default stream, each equal to the one-bmm result."""
     torch.manual_seed(0)
     p = torch.randn(7, 96, 130, device="cuda")
-    blocks = ops.format_weights(torch.randn(140, 260, device="cuda"))  # K-major, as shipped
+    blocks = ops.format_weights(torch.randn(140, 260, device="cuda"), layout="nn")
     assert blocks.shape == (7, 70, 130)
     want = torch.bmm(p, blocks.transpose(1, 2))
     side = torch.cuda.Stream()
