@@ -163,6 +163,16 @@ for step in "$@"; do
         grep -E "^fp32 " "$R/mlp-strassen-tc$tc.log"
         pack
       done ;;
+    linear-tc)  # session 27: 3xTF32 tiles offered to true-fp32 forwards of the fused linear: its
+      # GPU tests, then fp32 cells at layers 1/8 with the fused chain and Strassen both offered it
+      gpu_tests "${TEST_LIMIT:-200}" tests/test_linear.py -k "tf32x3 or tf32_switch or split_k_forward"
+      timeout "${MLP_TIMEOUT:-300}" "${TW[@]}" bench mlp --dtypes fp32 --layers 1 8 \
+        --batches ${MLP_BATCHES:-64 128 512 1024 4096} --hiddens ${MLP_HIDDENS:-1024 2048 4096 8192} \
+        --impls eager graph tilewise strassen --no-compile --no-train --no-progress --plot \
+        --study mlp-linear-tc-s27 --out "$R" >"$R/mlp-linear-tc.log" 2>&1
+      echo "rc $?: mlp-linear-tc-s27"
+      grep -E "^fp32 " "$R/mlp-linear-tc.log"
+      pack ;;
     mlp-compile-fp32 | mlp-compile-fp16 | mlp-compile-bf16)
       # issue 4's compile column at 8 layers, every batch x hidden (63 cells), beside graph and
       # tilewise; the cells' max-autotune builds first, in 10 processes (--compile-warm-jobs)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from checks import ATOL, DEVICE_DTYPES, assert_three_way, leaf
+from checks import ATOL, DEVICE_DTYPES, allow_tf32, assert_three_way, leaf
 
 import tilewise
 from tilewise.ops import linear as ops
@@ -650,6 +650,69 @@ def test_timing_mode_times_l2_sized_operands_warm_and_cold():
 
 def test_gemm_op_keys_keep_gemv_offers_apart():
     """A forward offered the GEMV (aligned, unit-stride operands) and one of the same shape that
-    was not are cached under different keys: neither overwrites the other's choice."""
+    was not are cached under different keys: neither overwrites the other's choice; so are
+    true-fp32 forwards offered the 3xTF32 tiles and those that were not."""
     keys = {ops.gemm_op_key(f, g) for f in (False, True) for g in (False, True)}
     assert keys == {"linear.gemm", "linear.gemm.fwd6", "linear.gemm.fwd6.gemv"}
+    assert ops.gemm_op_key(True, True, True) == "linear.gemm.fwd6.tc.gemv"
+    assert ops.gemm_op_key(False, False, True) == "linear.gemm"  # backward GEMMs: never offered
+
+
+def test_tf32x3_tiles_offered_for_true_fp32_forwards_only(monkeypatch):
+    """``Tf32x3Config`` tiles (and split-K forms where the output tiles are few) join the
+    candidates of true-fp32 forwards; with TF32 allowed or half precision they do not."""
+    from tilewise.ops import gemm
+
+    monkeypatch.setattr(gemm, "num_sms", lambda device: 132)  # gemm_config's: an H100's count
+    tc = [c for c in ops._candidates(512, 4096, 4096, 4, True, True, 132, fp32_tc=True)]
+    tc = [c for c in tc if isinstance(c, ops.Tf32x3Config)]
+    assert tc and all(c.block_k <= 32 for c in tc) and all(c.split_k == 1 for c in tc)
+    few = ops._candidates(64, 1024, 1024, 4, True, True, 132, split_k=True, fp32_tc=True)
+    assert any(isinstance(c, ops.Tf32x3Config) and c.split_k > 1 for c in few)
+    for ieee, size in ((False, 4), (False, 2)):
+        cands = ops._candidates(512, 4096, 4096, size, ieee, True, 132, fp32_tc=True)
+        assert not any(isinstance(c, ops.Tf32x3Config) for c in cands)
+    plain = ops._candidates(512, 4096, 4096, 4, True, True, 132)
+    assert not any(isinstance(c, ops.Tf32x3Config) for c in plain)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda"]
+)
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_tf32x3_forward(monkeypatch, device, activation, rng_seed):
+    """Forwards forced onto a 3xTF32 tile (and its split-K form), backward as chosen: judged
+    against fp64 by the three-way rule (PyTorch fp32 with TF32 off as the same-dtype result);
+    the interpreter on the CPU computes in plain fp32."""
+    real = ops._choose
+    split = {"k": 1}
+
+    def choose(a, b, *args, **kwargs):
+        if not kwargs.get("split_k"):
+            return real(a, b, *args, **kwargs)
+        m, k = a.shape
+        cfg = ops.gemm_config(m, b.shape[1], k, a.element_size(), a.device)
+        cfg = ops.Tf32x3Config(**{**vars(cfg), "block_k": min(cfg.block_k, 32)})
+        return replace(cfg, split_k=split["k"])
+
+    monkeypatch.setattr(ops, "_choose", choose)
+    with allow_tf32(False):
+        for split["k"] in (1, 3):
+            for x_shape, n in SHAPES if device == "cpu" else GPU_SHAPES:
+                x, w, b = _inputs(x_shape, n, device, True)
+                _run_case(x, w, b, activation, torch.float32, rng_seed)
+
+
+@pytest.mark.gpu
+def test_tf32x3_forward_keeps_inf_and_nan():
+    """A 3xTF32 forward puts Inf and NaN where PyTorch's fp32 ``F.linear`` does (the split's
+    Inf - Inf tails are zeroed, so an Inf input gives Inf, not NaN)."""
+    x = torch.randn(64, 96, device="cuda")
+    w = torch.rand(80, 96, device="cuda") + 0.5  # positive: an Inf row stays +Inf
+    x[3, 10], x[7, 20] = float("inf"), float("nan")
+    want = torch.nn.functional.linear(x, w)
+    cfg = ops.Tf32x3Config(64, 64, 32, num_warps=4, num_stages=3)
+    for c in (cfg, replace(cfg, split_k=3)):
+        got = ops._launch(x, w.t(), torch.float32, False, cfg=c)[0]
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+        assert torch.equal(got[want.isinf()], want[want.isinf()])

@@ -11,7 +11,8 @@ are views, never copies), fp32 accumulation, and constexpr options:
   slot, the tile's last program adds the slots in a fixed order and runs the epilogue.
 
 ``launch`` runs it with a ``GemmConfig``; ``ops.linear`` decides which config (or a cuBLAS
-backend) each GEMM uses. fp32 is true fp32 (``input_precision="ieee"``) unless TF32 is allowed.
+backend) each GEMM uses. fp32 is true fp32 (``input_precision="ieee"``) unless TF32 is allowed, or
+3xTF32 on tensor cores with a ``Tf32x3Config`` (fp32-accurate, offered for true-fp32 forwards).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _gemm_kernel(
     DACT: tl.constexpr,
     DACT_BIAS: tl.constexpr,
     STORE_DB: tl.constexpr,
-    IEEE: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -119,8 +120,10 @@ def _gemm_kernel(
             s_ptrs += BLOCK_K * s_sk
         if STORE_DB:
             db_acc += tl.sum(a.to(tl.float32), axis=1)
-        if IEEE:
+        if PRECISION == "ieee":
             acc = tl.dot(a, b, acc, input_precision="ieee")
+        elif PRECISION == "tf32x3":  # fp32-accurate on tensor cores (``Tf32x3Config``)
+            acc = tl.dot(a, b, acc, input_precision="tf32x3")
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * s_ak
@@ -183,6 +186,14 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # forward only: K in this many slices, summed by the tile's last program
+
+
+@dataclass(frozen=True)
+class Tf32x3Config(GemmConfig):
+    """A ``GemmConfig`` whose fp32 product runs as 3xTF32 on tensor cores (Triton's
+    ``input_precision="tf32x3"``): fp32-accurate where TF32 is off (``ops.gemm_fp32tc`` has the
+    split and its measured error: a third of cuBLAS SGEMM's at 1.45x its speed, session 27).
+    Offered for true-fp32 forwards; its own type, so cached choices never mix with plain tiles."""
 
 
 #: Pipeline the half-precision backward GEMMs as their configs say (``_launch``: off, after a
@@ -249,6 +260,16 @@ def _busy_slices(k: int, block_k: int, split: int) -> int:
     that get work, the split to launch (no program without work)."""
     steps = cdiv(k, block_k)
     return cdiv(steps, cdiv(steps, max(1, split)))
+
+
+def _precision(dtype: torch.dtype, allow_tf32: bool, cfg: GemmConfig) -> str:
+    """``tl.dot``'s input precision: fp32 as 3xTF32 for a ``Tf32x3Config``, else IEEE fp32 unless
+    TF32 is allowed; half precision takes the default (its tensor cores)."""
+    if dtype != torch.float32:
+        return "tf32"
+    if isinstance(cfg, Tf32x3Config):
+        return "tf32x3"
+    return "tf32" if allow_tf32 else "ieee"
 
 
 def gemm_config(m: int, n: int, k: int, elem_bytes: int, device: torch.device) -> GemmConfig:
@@ -353,7 +374,7 @@ def launch(
             DACT=activation_code(d_act),
             DACT_BIAS=s_axis if sb is not None else 0,
             STORE_DB=db is not None,
-            IEEE=a.dtype == torch.float32 and not allow_tf32,
+            PRECISION=_precision(a.dtype, allow_tf32, cfg),
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,

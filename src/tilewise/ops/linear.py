@@ -23,7 +23,10 @@ cannot be fused into it); the forward of bias + ReLU also cuBLASLt's fused bias 
 and caches the winner like any kernel config. True fp32 defaults to cuBLAS
 untimed: the kernel's IEEE path runs on CUDA cores.
 
-fp32 is true fp32 by default; ``allow_tf32=True`` lets fp32 products use TF32 tensor cores. fp16 /
+fp32 is true fp32 by default: cuBLAS's SGEMM, the kernel's IEEE path, or (forwards, timed like the
+rest; ``TILEWISE_FP32_TENSOR_CORES=0`` turns it off) the kernel's 3xTF32 path on tensor cores, as
+accurate as cuBLAS's SGEMM against fp64 (``ops.gemm_fp32tc``). ``allow_tf32=True`` lets fp32
+products use TF32 tensor cores. fp16 /
 bf16 accumulate in fp32 (the cuBLAS backend follows PyTorch's reduced-precision-reduction flags,
 exactly as ``F.linear`` does). The bias may be fp32 with a half-precision ``x``; ``x`` and
 ``weight`` share one dtype.
@@ -34,19 +37,20 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from tilewise.ops import bias_act as _bias_act
-from tilewise.ops import gemm, gemm_splitk, gemv_cuda
+from tilewise.ops import gemm, gemm_fp32tc, gemm_splitk, gemv_cuda
 from tilewise.ops._common import act_reference, activation_code, l2_bytes, num_sms, unit_stride
 from tilewise.ops.gemm import (  # noqa: F401 (re-exported: tests and scripts reach them here)
     _SMALL_TILE_ROWS,
     _TILES_IEEE,
     _TILES_TC,
     GemmConfig,
+    Tf32x3Config,
     _busy_slices,
     _fit,
     _split_configs,
@@ -90,6 +94,7 @@ def _candidates(
     split_k: bool = False,
     cublas_split_k: bool = False,
     gemv: bool = False,
+    fp32_tc: bool = False,
 ):
     """Default first (cuBLAS for true fp32, else the heuristic tile), then the other tiles fitted
     to the problem, then cuBLAS (with ``epilogue_split`` also cuBLAS's plain product followed by
@@ -97,7 +102,9 @@ def _candidates(
     ``cublas_split_k`` also cuBLAS over K slices, ``gemm_splitk``, where the output leaves SMs
     idle); with ``split_k`` (forwards) also split-K tiles where the output tiles are fewer than
     the SMs; with ``gemv`` (true-fp32 forwards as ``gemv_cuda.usable`` takes them) also
-    ``gemv_cuda``'s configs; one tuple object per shape (the autotuner's memo keys on it)."""
+    ``gemv_cuda``'s configs; with ``fp32_tc`` (true-fp32 forwards) also the tensor-core tiles and
+    their split-K forms as ``Tf32x3Config`` (3xTF32); one tuple object per shape (the autotuner's
+    memo keys on it)."""
     dev = torch.device("cuda") if sms else torch.device("cpu")
     default = gemm_config(m, n, k, elem_bytes, dev)
     hook = gemm.CONFIG_OVERRIDE
@@ -113,6 +120,17 @@ def _candidates(
         ]
     if split_k and sms and not overridden:
         tiles += _split_configs(m, n, k, ieee, sms)
+    if fp32_tc and ieee and sms and not overridden:
+        tc = [
+            _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
+            for bm, bn, bk, w, st in _TILES_TC
+            if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
+            if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
+        ]
+        # fp32 operands take twice the shared memory of half ones: K steps of 32, not 64
+        tc = [replace(c, block_k=min(c.block_k, 32)) for c in tc]
+        tc += _split_configs(m, n, k, False, sms) if split_k else []
+        tiles += [Tf32x3Config(**asdict(c)) for c in tc]
     tiles = list(dict.fromkeys(tiles))
     if gemv and sms and not overridden:
         tiles += gemv_cuda.candidates(m, n, k, sms)
@@ -229,6 +247,8 @@ def _choose(
     ieee = a.dtype == torch.float32 and not allow_tf32
     sms = num_sms(a.device)
     cublas = _cublas_legal(a, allow_tf32)
+    # true-fp32 forwards may also run 3xTF32 on tensor cores (``gemm.Tf32x3Config``)
+    fp32_tc = split_k and ieee and gemm_fp32tc.enabled()
     cands = _candidates(
         m,
         n,
@@ -242,6 +262,7 @@ def _choose(
         split_k,
         cublas_split_k and ieee,
         gemv and ieee,
+        fp32_tc,
     )
     prob = GemmProblem(m, n, k, str(a.dtype).removeprefix("torch."), allow_tf32, epilogue)
     nbytes = (m * k + k * n + m * n) * a.element_size()
@@ -253,7 +274,7 @@ def _choose(
     # their own key, so choices cached before are timed again
     # (GemmConfig's split_k field also keeps older cached tile choices of the backward GEMMs from
     # matching: those are re-timed too)
-    op = gemm_op_key(split_k, any(isinstance(c, GemvConfig) for c in cands))
+    op = gemm_op_key(split_k, any(isinstance(c, GemvConfig) for c in cands), fp32_tc)
     return autotune.choose_config(
         op,
         prob,
@@ -278,13 +299,15 @@ def preferred_backend(forward: bool, ieee_cublas: bool, epilogue: str) -> Backen
     return CUBLAS if forward and ieee_cublas and epilogue in _PREFER_EPILOGUES else None
 
 
-def gemm_op_key(forward: bool, gemv_offered: bool) -> str:
+def gemm_op_key(forward: bool, gemv_offered: bool, fp32_tc: bool = False) -> str:
     """The autotune op name of a GEMM choice: forwards apart from the backward's GEMMs, and
     forwards offered the GEMV (which depends on the operands' alignment and strides, not only on
-    the shape) apart from those that were not, so neither overwrites the other's cached choice."""
+    the shape) apart from those that were not, so neither overwrites the other's cached choice;
+    likewise true-fp32 forwards offered the 3xTF32 tiles (".tc", session 27) apart from those that
+    were not (``TILEWISE_FP32_TENSOR_CORES=0``)."""
     if not forward:
         return OP + ".gemm"
-    return OP + ".gemm.fwd6" + (".gemv" if gemv_offered else "")
+    return OP + ".gemm.fwd6" + (".tc" if fp32_tc else "") + (".gemv" if gemv_offered else "")
 
 
 def timing_mode(nbytes: int, l2: int) -> tuple[bool, bool]:
