@@ -165,11 +165,13 @@ for step in "$@"; do
       done ;;
     linear-tc)  # session 27: 3xTF32 tiles offered to true-fp32 forwards of the fused linear: its
       # GPU tests, then fp32 cells at layers 1/8 with the fused chain and Strassen both offered it
-      gpu_tests "${TEST_LIMIT:-200}" tests/test_linear.py -k "tf32x3 or tf32_switch or split_k_forward"
-      timeout "${MLP_TIMEOUT:-300}" "${TW[@]}" bench mlp --dtypes fp32 --layers 1 8 \
+      [ -n "${SKIP_TESTS:-}" ] ||
+        gpu_tests "${TEST_LIMIT:-200}" tests/test_linear.py -k "tf32x3 or tf32_switch or split_k_forward"
+      # shellcheck disable=SC2086
+      timeout "${MLP_TIMEOUT:-300}" "${TW[@]}" bench mlp --dtypes fp32 --layers ${MLP_LAYERS:-1 8} \
         --batches ${MLP_BATCHES:-64 128 512 1024 4096} --hiddens ${MLP_HIDDENS:-1024 2048 4096 8192} \
         --impls eager graph tilewise strassen --no-compile --no-train --no-progress --plot \
-        --study mlp-linear-tc-s27 --out "$R" >"$R/mlp-linear-tc.log" 2>&1
+        --study "mlp-linear-tc${STUDY_SUFFIX:-}-s27" --out "$R" >"$R/mlp-linear-tc.log" 2>&1
       echo "rc $?: mlp-linear-tc-s27"
       grep -E "^fp32 " "$R/mlp-linear-tc.log"
       pack ;;
