@@ -3,11 +3,12 @@ cell at 512 x 4096, fp32 with TF32 off, where cuBLAS's half-size products cap St
 
 Triton splits each fp32 operand into tensor-core pieces (``tl.dot(input_precision=...)``):
 ``tf32x3`` (hi*hi + hi*lo + lo*hi in TF32), ``bf16x3`` and ``bf16x6`` (three bf16 pieces). Per
-shape and precision this times a batched Triton GEMM over a few tiles (CUDA-graph replay, two
-input sets) against cuBLAS fp32 with TF32 off and on, and measures the error against an fp64
-product: the RMS and max relative error (to the output's RMS) and the worst three-way ratio
-``max |out - ref| / (2 |cublas_fp32 - ref| + atol)`` at ``atol = 1e-5 * sqrt(K) * rms`` (the tests'
-fp32 tolerance) and at a 10x tighter one.
+shape and precision this times ``ops.gemm_fp32tc``'s batched GEMM over a few tiles (session 27's
+call 1 ran the same loop through a kernel of the probe's own, before that module existed), by
+CUDA-graph replay over two input sets, against cuBLAS fp32 with TF32 off and on. It measures the
+error against an fp64 product: the RMS and max relative error (to the output's RMS) and the worst
+three-way ratio ``max |out - ref| / (2 |cublas_fp32 - ref| + atol)`` at the tests' fp32
+tolerance ``atol = 1e-5 * sqrt(K) * rms`` and at a 10x tighter one.
 
     python scripts/fp32_tc_probe.py [--shapes 1:512:4096:4096 7:256:2048:2048] [--json F]
 """
@@ -18,44 +19,11 @@ import argparse
 import json
 
 import torch
-import triton
-import triton.language as tl
 
 from tilewise.bench.ceilings import tf32_off
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_graph
-
-
-@triton.jit
-def _bgemm(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
-    PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    bat = tl.program_id(1).to(tl.int64)
-    npm = tl.cdiv(M, BM)
-    npn = tl.cdiv(N, BN)
-    per = GM * npn
-    fm = (pid // per) * GM
-    gm = tl.minimum(npm - fm, GM)
-    pm = fm + (pid % per) % gm
-    pn = (pid % per) // gm
-    rm = pm * BM + tl.arange(0, BM)
-    rn = pn * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    a_p = a_ptr + bat * s_ab + rm[:, None] * s_am + rk[None, :] * s_ak
-    b_p = b_ptr + bat * s_bb + rk[:, None] * s_bk + rn[None, :] * s_bn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        a = tl.load(a_p, mask=(rm[:, None] < M) & (k0 + rk[None, :] < K), other=0.0)
-        b = tl.load(b_p, mask=(k0 + rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PREC)
-        a_p += BK * s_ak
-        b_p += BK * s_bk
-    c_p = c_ptr + bat * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
-    tl.store(c_p, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
-
+from tilewise.ops import gemm_fp32tc
 
 # (BM, BN, BK, warps, stages)
 TILES = (
@@ -71,14 +39,7 @@ PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32")
 
 def bgemm(a, b, c, prec, tile):
     bm, bn, bk, w, st = tile
-    bt, m, k = a.shape
-    n = b.shape[2]
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), bt)
-    _bgemm[grid](
-        a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(),
-        PREC=prec, BM=bm, BN=bn, BK=bk, GM=8, num_warps=w, num_stages=st,
-    )  # fmt: skip
-    return c
+    return gemm_fp32tc.bmm(a, b, c, gemm_fp32tc.Fp32TcConfig(bm, bn, bk, w, st, precision=prec))
 
 
 def errors(out, cub, ref, k):

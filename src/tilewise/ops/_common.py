@@ -232,6 +232,18 @@ def atomic_row_sum(
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)``, the output tile of program ``pid`` in L2-grouped order: ``GROUP_M``
+    row blocks in a row share each column block of B while it is in L2 (the GEMMs' tile order)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m
+
+
+@triton.jit
 def load_once(ptr, mask, STREAM: tl.constexpr):
     """A masked load (zeros outside ``mask``) of data read once: evict-first with ``STREAM``."""
     if STREAM:

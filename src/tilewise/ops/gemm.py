@@ -25,7 +25,15 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops._common import act_bwd, act_fwd, activation_code, cdiv, next_pow2, num_sms
+from tilewise.ops._common import (
+    act_bwd,
+    act_fwd,
+    activation_code,
+    cdiv,
+    grouped_tile,
+    next_pow2,
+    num_sms,
+)
 from tilewise.runtime import alloc, workspace
 
 
@@ -74,15 +82,8 @@ def _gemm_kernel(
     program (tile, j) sums the j-th slice of K into fp32 slot j of ``ws_ptr`` [SPLIT_K, M, N] and
     takes a ticket from the tile's counter in ``cnt_ptr``; the last one adds the slots in order
     (deterministic), runs the epilogue and re-zeroes the counter (a self-cleaning workspace)."""
-    # Grouped ordering: GROUP_M row-blocks share each column block of B while it is in L2.
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_pid_n
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_m
-    pid_n = (pid % pids_per_group) // group_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tilewise.ops._common import grouped_tile
+
 #: "0" keeps fp32 GEMMs with TF32 off on cuBLAS's IEEE SGEMM (no tensor-core split offered)
 ENV_FP32_TC = "TILEWISE_FP32_TENSOR_CORES"
 
@@ -53,15 +55,8 @@ def _bmm_kernel(
     GROUP_M: tl.constexpr,
 ):
     """Program (tile, i): one output tile of ``c[i] = a[i] @ b[i]``, tiles in L2-grouped order."""
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     batch = tl.program_id(1).to(tl.int64)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
