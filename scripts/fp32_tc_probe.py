@@ -55,7 +55,7 @@ def errors(out, cub, ref, k):
 
 def probe(bt: int, m: int, n: int, k: int, device: str = "cuda") -> dict:
     dev = dict(device=device, dtype=torch.float32)
-    # weights K-major (a transposed view), as strassen.format_weights stores them
+    # weights K fastest (a transposed view of [B, N, K]), as format_weights' "nt" blocks
     sets = [
         (torch.randn(bt, m, k, **dev), torch.randn(bt, n, k, **dev).transpose(1, 2))
         for _ in range(2)

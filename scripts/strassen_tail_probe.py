@@ -56,7 +56,10 @@ def probe(m: int, h: int) -> dict:
     mh, hh = m // 2, h // 2
     full_sets = [(torch.randn(m, h, **f32), torch.randn(h, h, **f32)) for _ in range(2)]
     halves = [
-        (torch.randn(7, mh, hh, **f32), strassen.format_weights(torch.randn(h, h, **f32)))
+        (
+            torch.randn(7, mh, hh, **f32),
+            strassen.format_weights(torch.randn(h, h, **f32), layout="nn"),
+        )
         for _ in range(2)
     ]
     out = torch.empty(7, mh, hh, **f32)

@@ -40,7 +40,7 @@ def probe(m: int, h: int, device: str = "cuda") -> dict:
     f32 = dict(device=device, dtype=torch.float32)
     mh, hh = m // 2, h // 2
     full = _sets(lambda: (torch.randn(m, h, **f32), torch.randn(h, h, **f32)))
-    # K-major blocks as format_weights stores them (a transposed view of contiguous storage)
+    # "nn" blocks as format_weights stores them for cuBLAS (a transposed view, N fastest)
     halves = _sets(
         lambda: (torch.randn(7, mh, hh, **f32), torch.randn(7, hh, hh, **f32).transpose(1, 2))
     )

@@ -10,6 +10,7 @@ from checks import ATOL, allow_tf32, assert_three_way
 
 from tilewise.ops import gemm_fp32tc as tc
 from tilewise.ops import strassen
+from tilewise.runtime import dispatch
 
 CONFIG_IDS = [f"{c.block_m}x{c.block_n}x{c.block_k}-w{c.num_warps}" for c in tc.CONFIGS]
 
@@ -21,6 +22,12 @@ def _operands(batch, m, k, n, device, kmajor=True):
     return a, torch.randn(batch, k, n, device=device)
 
 
+INTERPRETER = pytest.mark.skipif(
+    not dispatch.INTERPRET, reason="CPU kernels need the Triton interpreter"
+)
+
+
+@INTERPRETER
 @pytest.mark.parametrize("cfg", tc.CONFIGS, ids=CONFIG_IDS)
 def test_every_config_on_odd_shapes(cfg):
     for batch, m, k, n, kmajor in ((3, 5, 7, 9, True), (1, 17, 33, 1, False), (2, 1, 1, 18, True)):
@@ -31,6 +38,7 @@ def test_every_config_on_odd_shapes(cfg):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+@INTERPRETER
 def test_empty_and_zero_depth():
     cfg = tc.CONFIGS[0]
     out = torch.full((2, 3, 4), float("nan"))
@@ -49,9 +57,15 @@ def test_bad_input_names_the_argument():
         tc.bmm(a, b, out[0], cfg)
     with pytest.raises(ValueError, match="do not make a batched product"):
         tc.bmm(a, b[:, :4], out, cfg)
+    with pytest.raises(ValueError, match="share one device"):
+        tc.bmm(a, b.to("meta"), out, cfg)
+    big = torch.empty(tc.MAX_BATCH + 1, 1, 1)
+    with pytest.raises(ValueError, match="at most 65535"):
+        tc.bmm(big, big, big.clone(), cfg)
 
 
 def test_offered_only_for_fp32_with_tf32_off(monkeypatch):
+    monkeypatch.delenv(tc.ENV_FP32_TC, raising=False)
     with allow_tf32(False):
         assert strassen.fp32_tc_offered(torch.float32)
         assert not strassen.fp32_tc_offered(torch.float16)
@@ -62,6 +76,9 @@ def test_offered_only_for_fp32_with_tf32_off(monkeypatch):
         monkeypatch.delenv(tc.ENV_FP32_TC)
     with allow_tf32(True):  # TF32 on: cuBLAS's TF32 GEMM is what was asked for, and faster
         assert not strassen.fp32_tc_offered(torch.float32)
+    monkeypatch.setattr(tc, "_triton_version", lambda: (3, 5))  # older than the checked one
+    with allow_tf32(False):
+        assert not strassen.fp32_tc_offered(torch.float32)
 
 
 def _rms(x):
@@ -69,12 +86,15 @@ def _rms(x):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kmajor", [True, False], ids=["b-k-fastest", "b-n-fastest"])
 @pytest.mark.parametrize("cfg", tc.CONFIGS, ids=CONFIG_IDS)
-def test_gpu_three_way_and_as_accurate_as_cublas(cfg):
+def test_gpu_three_way_and_as_accurate_as_cublas(cfg, kmajor):
     """Against fp64 by the three-way rule (PyTorch's fp32 bmm, TF32 off, as the same-dtype
-    result), and an RMS error no larger than cuBLAS's: the claim that makes it an fp32 GEMM."""
+    result), and an RMS error no larger than cuBLAS's: the claim that makes it an fp32 GEMM.
+    B both ways: Strassen's "nt" blocks (the fast layout) and "nn" ones (weights formatted while
+    TF32 was on, then run with it off)."""
     for batch, m, k, n in ((7, 256, 2048, 2048), (3, 129, 1000, 257), (2, 1, 4097, 33)):
-        a, b = _operands(batch, m, k, n, "cuda")
+        a, b = _operands(batch, m, k, n, "cuda", kmajor)
         out = torch.full((batch, m, n), float("nan"), device="cuda")
         tc.bmm(a, b, out, cfg)
         ref = torch.bmm(a.double(), b.double())

@@ -26,9 +26,18 @@ from tilewise.ops._common import grouped_tile
 ENV_FP32_TC = "TILEWISE_FP32_TENSOR_CORES"
 
 
+#: the oldest Triton whose tf32x3 split was checked (Inf placement, accuracy) on an H100
+MIN_TRITON = (3, 6)
+
+
+def _triton_version() -> tuple[int, ...]:
+    return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
+
+
 def enabled() -> bool:
-    """Whether fp32 GEMMs with TF32 off may run the tensor-core split (read per choice)."""
-    return os.environ.get(ENV_FP32_TC, "1") != "0"
+    """Whether fp32 GEMMs with TF32 off may run the tensor-core split (read per choice): not with
+    ``TILEWISE_FP32_TENSOR_CORES=0``, nor on a Triton older than the one it was checked on."""
+    return os.environ.get(ENV_FP32_TC, "1") != "0" and _triton_version() >= MIN_TRITON
 
 
 @triton.jit
@@ -93,6 +102,9 @@ class Fp32TcConfig:
 #: Timed per shape by the caller's autotune choice. The first two won every shape of session 27's
 #: probe (128 x 64 at Strassen's 7 x [256 x 2048] x [2048 x 2048] and at the full
 #: [512 x 4096] x [4096 x 4096], 128 x 128 close behind); the rest cover other aspect ratios.
+#: CUDA's limit on a launch grid's second axis, where the batch goes
+MAX_BATCH = 65535
+
 CONFIGS = (
     Fp32TcConfig(128, 64, 32, 4, 4),
     Fp32TcConfig(128, 128, 32, 8, 3),
@@ -111,8 +123,18 @@ def bmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: Fp32TcConfig) 
                 f"tilewise.fp32_tc_bmm: argument '{name}' must be a 3-D fp32 tensor, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"
             )
+    if not (a.device == b.device == out.device):
+        raise ValueError(
+            f"tilewise.fp32_tc_bmm: arguments 'a', 'b', 'out' are on {a.device}, {b.device}, "
+            f"{out.device}; they must share one device"
+        )
     batch, m, k = a.shape
     n = b.shape[2]
+    if batch > MAX_BATCH:
+        raise ValueError(
+            f"tilewise.fp32_tc_bmm: argument 'a' has a batch of {batch}; at most {MAX_BATCH} "
+            "(the batch is the launch grid's second axis)"
+        )
     if b.shape[:2] != (batch, k) or out.shape != (batch, m, n):
         raise ValueError(
             f"tilewise.fp32_tc_bmm: shapes a {tuple(a.shape)}, b {tuple(b.shape)}, out "

@@ -127,7 +127,9 @@ def _candidates(
             if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
             if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
         ]
-        # fp32 operands take twice the shared memory of half ones: K steps of 32, not 64
+        # fp32 operands take twice the shared memory of half ones: K steps of 32, not 64 (the
+        # split-K forms below keep their bases' steps; each compiled and ran on the H100 in
+        # session 27's review, and a config that does not fit is skipped as a failed candidate)
         tc = [replace(c, block_k=min(c.block_k, 32)) for c in tc]
         tc += _split_configs(m, n, k, False, sms) if split_k else []
         tiles += [Tf32x3Config(**asdict(c)) for c in tc]

@@ -3,9 +3,9 @@
 With ``A = x`` [M, K] and ``B = W^T`` [K, N] split into 2x2 blocks (M, K, N zero-padded to even),
 Strassen's seven products ``M1..M7`` give ``C = A @ B`` from 7 half-size GEMMs instead of 8:
 
-* ``format_weights(W)``, once per layer: the B-side sums, shaped like ``W`` as [7, N/2, K/2]
-  (stored K-major, so the products are NN GEMMs): W11+W22, W11, W21-W22, W12-W11, W22,
-  W11+W21, W12+W22 (``Wij`` blocks of W).
+* ``format_weights(W)``, once per layer: the B-side sums, shaped like ``W`` as [7, N/2, K/2]:
+  W11+W22, W11, W21-W22, W12-W11, W22, W11+W21, W12+W22 (``Wij`` blocks of W); stored "nn" (N
+  fastest, so cuBLAS runs NN GEMMs) or "nt" (K fastest, what the 3xTF32 products need).
 * ``_prefix_kernel``: the A-side sums of the first layer's input, [7, M/2, K/2]:
   A11+A22, A21+A22, A11, A22, A11+A12, A21-A11, A12-A22 (the padding is written as exact zeros).
 * per layer one ``torch.bmm`` (cuBLAS; TF32 as ``torch.backends.cuda.matmul.allow_tf32`` says):
@@ -193,7 +193,7 @@ def format_weights(
     w[:n, :k] = weight.detach()
     w11, w12, w21, w22 = w[:nh, :kh], w[:nh, kh:], w[nh:, :kh], w[nh:, kh:]
     sums = (w11 + w22, w11, w21 - w22, w12 - w11, w22, w11 + w21, w12 + w22)
-    # stored K-major ([7, K/2, N/2] contiguous, returned as its transposed view): the products
+    # "nn": [7, K/2, N/2] contiguous (N fastest), returned as its transposed view: the products
     # are then NN GEMMs for cuBLAS, which ran them at 0.89-0.91x the full product's rate at
     # M = 512-2048 where the NT layout of a contiguous [7, N/2, K/2] ran at 0.87-0.88x (fp32, H100,
     # ``scripts/strassen_wave_probe.py``, session 14)
@@ -297,7 +297,7 @@ class ProductsProblem:
     nh: int
     dtype: str
     tf32: bool
-    layout: str = "nn"  # "nn": blocks stored K-major (``format_weights``); "nt": contiguous
+    layout: str = "nn"  # ``format_weights``' "nn" (N fastest) or "nt" (contiguous, K fastest)
     fp32_tc: bool = False  # the tensor-core split offered (fp32, TF32 off; ``fp32_tc_offered``)
 
 
