@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tilewise import cli
-from tilewise.bench.mlp_targets import latest_rows, target_counts, target_rows, target_table
+from tilewise.bench.mlp_targets import (
+    latest_rows,
+    strassen_shares,
+    target_counts,
+    target_rows,
+    target_table,
+)
 from tilewise.bench.results import save_results
 
 
@@ -71,6 +77,18 @@ def test_runs_are_judged_apart_and_the_latest_run_counts():
     assert len(latest_rows([early, late])) == 2
 
 
+def test_strassen_share_is_fused_over_strassen_latest_run_counting():
+    """Strassen's own share (informational): the fused chain's time over Strassen's, at the
+    Strassen target's cells only, from one run at a time, the latest run replacing a cell."""
+    early = _cell("fp32", 8, 512, 4096, graph=1000.0, tilewise=1000.0, strassen=800.0)
+    late = _cell("fp32", 8, 512, 4096, graph=1000.0, tilewise=700.0, strassen=760.0)
+    other = _cell("fp32", 8, 4096, 8192, graph=1000.0, tilewise=900.0, strassen=None)
+    small = _cell("fp32", 8, 128, 4096, graph=1000.0, tilewise=900.0, strassen=800.0)
+    shares = strassen_shares([early + other + small, late])
+    assert shares == {("fp32", 8, 512, 4096): pytest.approx(700 / 760)}
+    assert strassen_shares([early]) == {("fp32", 8, 512, 4096): pytest.approx(1.25)}
+
+
 def test_cli_counts_misses_and_refuses_mixed_devices(tmp_path, capsys):
     recs = _cell("fp32", 8, 512, 4096, graph=1000.0, tilewise=1000.0, strassen=950.0)
     a = save_results("mlp-a", recs, {}, tmp_path, {"device_name": "GPU A"})
@@ -78,6 +96,8 @@ def test_cli_counts_misses_and_refuses_mixed_devices(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "fp32 L8 b512 h4096" in out and "NO" in out
     assert "strassen 1.10x (Strassen x graph >= 1.10x): 0 of 1 cells" in out
+    assert "Strassen's own share (fused chain time / Strassen's, not a target) at 1 cells" in out
+    assert "1.053-1.053x" in out
     assert "graph 1x (best tilewise x graph >= 1.00x): 1 of 1 cells" in out
     b = save_results("mlp-b", recs, {}, tmp_path, {"device_name": "GPU B"})
     with pytest.raises(ValueError, match="files"):

@@ -115,6 +115,29 @@ def latest_rows(runs: Sequence[Iterable[Mapping[str, Any]]]) -> list[TargetRow]:
     return list(kept.values())
 
 
+def strassen_shares(runs: Sequence[Iterable[Mapping[str, Any]]]) -> dict[tuple, float]:
+    """Strassen's own share at the Strassen target's cells: the fused chain's time over
+    Strassen's, ``{(dtype, layers, batch, hidden): ratio}``, from cells where both were timed
+    (Strassen checked against fp64), each file alone and a cell's latest file counting. Not a
+    target: it says whether "Strassen >= 1.10x graph" comes from Strassen's saved eighth of the
+    flops or from the GEMMs both paths share (session 27: 3xTF32 on tensor cores)."""
+    kept: dict[tuple, float] = {}
+    for records in runs:
+        recs = unique_records([{"study": "grid", **r} for r in records], _CELL)
+        by = _by_cell_impl(r for r in recs if r.get("study") != "train")
+        for key, rec in by.items():
+            dtype, layers, batch, hidden, impl = key
+            if impl != "strassen" or not rec.get("checked"):
+                continue
+            if dtype != "fp32" or hidden < 4096 or batch < 512:
+                continue
+            share = _ratio(by.get((*key[:4], "tilewise"), {}).get("median_s"), rec["median_s"])
+            if share is not None:
+                kept.pop(key[:4], None)
+                kept[key[:4]] = share
+    return kept
+
+
 def _by_cell_impl(records: Iterable[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
     return {(r["dtype"], r["layers"], r["batch"], r["hidden"], r["impl"]): r for r in records}
 

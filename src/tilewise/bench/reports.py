@@ -144,7 +144,13 @@ def cmd_mlp_targets(args: argparse.Namespace) -> int:
     """``tilewise bench mlp-targets FILE...``: issue 4's targets counted over MLP study result
     files, oldest first (each file judged alone, a cell's latest file counting; the misses
     listed, or every row with ``--all``). The files must come from one device."""
-    from tilewise.bench.mlp_targets import TARGETS, latest_rows, target_counts, target_table
+    from tilewise.bench.mlp_targets import (
+        TARGETS,
+        latest_rows,
+        strassen_shares,
+        target_counts,
+        target_table,
+    )
     from tilewise.bench.results import format_table
 
     parts, device = _one_device(args.files)
@@ -160,6 +166,14 @@ def cmd_mlp_targets(args: argparse.Namespace) -> int:
     for name, (met, judged) in target_counts(rows).items():
         op = ">" if name == "train > compile" else ">="
         print(f"{name} ({TARGETS[name][1]} {op} {TARGETS[name][0]:.2f}x): {met} of {judged} cells")
+    shares = strassen_shares(runs)
+    if shares:
+        below = [f"L{k[1]} b{k[2]} h{k[3]} {v:.3f}x" for k, v in shares.items() if v < 1.0]
+        print(
+            f"Strassen's own share (fused chain time / Strassen's, not a target) at "
+            f"{len(shares)} cells: {min(shares.values()):.3f}-{max(shares.values()):.3f}x"
+            + (f"; below 1.0x: {', '.join(below)}" if below else "")
+        )
     return 0
 
 
