@@ -13,6 +13,7 @@ on cuBLAS's IEEE path.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ ENV_FP32_TC = "TILEWISE_FP32_TENSOR_CORES"
 MIN_TRITON = (3, 6)
 
 
+@functools.cache  # asked on every fp32 forward's and Strassen product's choice
 def _triton_version() -> tuple[int, ...]:
     return tuple(int(p) for p in triton.__version__.split(".")[:2] if p.isdigit())
 
@@ -99,12 +101,12 @@ class Fp32TcConfig:
     group_m: int = 8
 
 
-#: Timed per shape by the caller's autotune choice. The first two won every shape of session 27's
-#: probe (128 x 64 at Strassen's 7 x [256 x 2048] x [2048 x 2048] and at the full
-#: [512 x 4096] x [4096 x 4096], 128 x 128 close behind); the rest cover other aspect ratios.
 #: CUDA's limit on a launch grid's second axis, where the batch goes
 MAX_BATCH = 65535
 
+#: Timed per shape by the caller's autotune choice. The first two won every shape of session 27's
+#: probe (128 x 64 at Strassen's 7 x [256 x 2048] x [2048 x 2048] and at the full
+#: [512 x 4096] x [4096 x 4096], 128 x 128 close behind); the rest cover other aspect ratios.
 CONFIGS = (
     Fp32TcConfig(128, 64, 32, 4, 4),
     Fp32TcConfig(128, 128, 32, 8, 3),

@@ -112,21 +112,11 @@ def _candidates(
     if overridden:
         tiles: list[GemmConfig] = [default]
     else:
-        tiles = [default] + [
-            _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
-            for bm, bn, bk, w, st in (_TILES_IEEE if ieee else _TILES_TC)
-            if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
-            if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
-        ]
+        tiles = [default] + _fitted_tiles(_TILES_IEEE if ieee else _TILES_TC, m, n, k)
     if split_k and sms and not overridden:
         tiles += _split_configs(m, n, k, ieee, sms)
     if fp32_tc and ieee and sms and not overridden:
-        tc = [
-            _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
-            for bm, bn, bk, w, st in _TILES_TC
-            if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
-            if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
-        ]
+        tc = _fitted_tiles(_TILES_TC, m, n, k)
         # fp32 operands take twice the shared memory of half ones: K steps of 32, not 64 (the
         # split-K forms below keep their bases' steps; each compiled and ran on the H100 in
         # session 27's review, and a config that does not fit is skipped as a failed candidate)
@@ -144,6 +134,17 @@ def _candidates(
     if cublas_split_k:
         libs = (*libs, *gemm_splitk.candidates(m, n, k, sms))
     return (*libs, *tiles) if ieee else (*tiles, *libs)
+
+
+def _fitted_tiles(table: tuple, m: int, n: int, k: int) -> list[GemmConfig]:
+    """The table's tiles fitted to the problem: small-row tiles only for problems of at most 4x
+    their rows, tiles past 128 x 128 only where the output holds 64 of them."""
+    return [
+        _fit(GemmConfig(bm, bn, bk, num_warps=w, num_stages=st), m, n, k)
+        for bm, bn, bk, w, st in table
+        if bm >= _SMALL_TILE_ROWS or m <= 4 * bm
+        if bm * bn <= 128 * 128 or m * n >= 64 * bm * bn
+    ]
 
 
 @dataclass(frozen=True)

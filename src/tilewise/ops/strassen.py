@@ -592,7 +592,7 @@ def _choose_row_groups(x2: torch.Tensor, layers: tuple) -> int:
     if most == 1:
         return 1
     sizes = layers[3]
-    key = chain_problem(int(m), sizes, x2.dtype)
+    key = chain_problem(m, sizes, x2.dtype)
 
     def run(g: RowGroups) -> torch.Tensor:
         return _chain_in_row_groups(x2, layers, g.count)
