@@ -232,6 +232,24 @@ for step in "$@"; do
       echo "rc $?: mlp-strassen-rows-s25"
       grep -E "^fp32 " "$R/mlp-strassen.log"
       pack ;;
+    host)  # issue 3: host time of the uncaptured grouped conv, piece by piece (session 28),
+      # then the whole call against cuDNN and the MBConv batch-32 eager step; HOST_TAG names them
+      tag=${HOST_TAG:-}
+      timeout "${HOST_LIMIT:-150}" python scripts/host_breakdown.py >"$R/host-breakdown$tag.txt" 2>&1
+      echo "rc $?: host_breakdown"
+      grep -vE "Warn|warn" "$R/host-breakdown$tag.txt" | tail -n 90
+      timeout 60 python scripts/host_overhead.py >"$R/host-overhead$tag.txt" 2>&1
+      echo "rc $?: host_overhead"
+      tail -n 4 "$R/host-overhead$tag.txt"
+      for blk in mbconv convfirst; do
+        timeout 90 python scripts/host_profile_step.py --block $blk --batch 32 --top 45 \
+          >"$R/host-profile$tag-${blk}32.txt" 2>&1
+        echo "rc $?: host_profile_step $blk"
+        grep -E "step:" "$R/host-profile$tag-${blk}32.txt"
+      done
+      pack ;;
+    fp32tc-tests)  # session 27's tests written after its device time
+      gpu_tests "${TEST_LIMIT:-120}" tests/test_gemm_fp32tc.py ;;
     *) echo "unknown step $step" ;;
   esac
 done
