@@ -235,9 +235,9 @@ for step in "$@"; do
     host)  # issue 3: host time of the uncaptured grouped conv, piece by piece (session 28),
       # then the whole call against cuDNN and the MBConv batch-32 eager step; HOST_TAG names them
       tag=${HOST_TAG:-}
-      timeout "${HOST_LIMIT:-150}" python scripts/host_breakdown.py >"$R/host-breakdown$tag.txt" 2>&1
+      timeout "${HOST_LIMIT:-150}" python scripts/host_breakdown.py ${HOST_ARGS:-} >"$R/host-breakdown$tag.txt" 2>&1
       echo "rc $?: host_breakdown"
-      grep -vE "Warn|warn" "$R/host-breakdown$tag.txt" | tail -n 90
+      grep -vE "Warn|warn" "$R/host-breakdown$tag.txt" | head -n ${HOST_LINES:-90}
       timeout 60 python scripts/host_overhead.py >"$R/host-overhead$tag.txt" 2>&1
       echo "rc $?: host_overhead"
       tail -n 4 "$R/host-overhead$tag.txt"

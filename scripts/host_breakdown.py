@@ -34,8 +34,10 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
     xd, wd = x.detach(), w.detach()
     out = torch.empty_like(xd, memory_format=torch.channels_last)
     problem = GConvProblem.from_tensors(xd, wd, None, pad, pad)
-    with autotune.recording() as picks:
-        tilewise.grouped_conv2d(x, w, None, padding=pad).backward(g)
+    tilewise.grouped_conv2d(x, w, None, padding=pad).backward(g)  # autotunes on first use
+    with autotune.recording() as picks:  # the backward runs on autograd's thread: call it here
+        gconv.forward(xd, wd, None, pad, pad)
+        gconv.backward(g, xd, wd, None, pad, pad, deterministic=False)
     torch.cuda.synchronize()
     chosen = {}
     for op, _, cfg in picks:
@@ -43,9 +45,24 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
         print(f"  pick {op.split('@')[0]:40s} {getattr(cfg, 'name', cfg)}")
     fprop_cfg = next(v for k_, v in chosen.items() if ".fprop" in k_)
     dgrad_cfg = next(v for k_, v in chosen.items() if ".dgrad" in k_)
-    wgrad_cfg = next(v for k_, v in chosen.items() if "backward" in k_ or "one-launch" in k_)
+    wgrad_cfg = next(v for k_, v in chosen.items() if "one-launch" in k_)
+
+    y_tw = tilewise.grouped_conv2d(x, w, None, padding=pad)
+    y_cd = F.conv2d(x, w, None, padding=pad, groups=c // 8)
+
+    class Identity(torch.autograd.Function):  # the cost of a Python autograd round trip
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
 
     rows = {
+        "tilewise bwd only (retain_graph)": lambda: y_tw.backward(g, retain_graph=True),
+        "cudnn bwd only (retain_graph)": lambda: y_cd.backward(g, retain_graph=True),
+        "Python Function fwd+bwd (identity)": lambda: Identity.apply(x).backward(g),
         "cudnn F.conv2d fwd": lambda: F.conv2d(xd, wd, None, padding=pad, groups=c // 8),
         "cudnn fwd+bwd (autograd)": lambda: F.conv2d(
             x, w, None, padding=pad, groups=c // 8
@@ -129,23 +146,63 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
     return rows
 
 
+def device_us_per_call(fn, iters: int) -> float:
+    """GPU time per call of ``fn`` in the same loop (events at both ends): close to the wall
+    time per call only where the GPU, not the host, sets the pace."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def profile_calls(fn, iters: int, top: int) -> None:
+    """cProfile of ``iters`` calls: own time first (C calls such as driver launches included)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+        print(f"--- {iters} calls, by {key} ---")
+        print("\n".join(buf.getvalue().splitlines()[6:]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", action="append", help="N,C,HW,K (repeatable)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile's top N of fwd+bwd")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     dtype = getattr(torch, args.dtype)
     for shape in args.shape or ["1,64,16,3", "32,1024,16,3"]:
         n, c, hw, k = (int(v) for v in shape.split(","))
         print(f"== N={n} C={c} {hw}x{hw} {k}x{k} {args.dtype}")
-        for name, fn in rows_for(n, c, hw, k, dtype).items():
+        rows = rows_for(n, c, hw, k, dtype)
+        for name, fn in rows.items():
             try:
                 us = host_us_per_call(fn, iters=args.iters, warmup=20)
                 print(f"{name:44s} {us:9.1f} us")
             except Exception as exc:  # a row that cannot run here says why, the rest go on
                 print(f"{name:44s} failed: {type(exc).__name__}: {exc}"[:160])
+        for name in ("cudnn fwd+bwd (autograd)", "tilewise fwd+bwd (autograd)"):
+            gpu = device_us_per_call(rows[name], args.iters)
+            print(f"{name + ' GPU time':44s} {gpu:9.1f} us")
+        if args.profile:
+            profile_calls(rows["tilewise fwd+bwd (autograd)"], 100, args.profile)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from tilewise.runtime import alloc  # noqa: E402
+from tilewise.runtime import alloc, plans  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -28,6 +28,14 @@ def _poisoned_outputs():
     """Every kernel output starts as NaN, so an element the kernel forgot to write fails."""
     with alloc.poison_outputs():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_from_other_tests():
+    """Each test starts without the ops' per-problem launch plans (``runtime.plans``): a test
+    that patches an op's internals (its autotuner, its launcher) must see them used."""
+    plans.clear_all()
+    yield
 
 
 @pytest.fixture(autouse=True)

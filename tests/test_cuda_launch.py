@@ -8,7 +8,7 @@ import ctypes
 import pytest
 import torch
 
-from tilewise.runtime.cuda_launch import Launcher, _LaunchAttribute, _LaunchConfig
+from tilewise.runtime.cuda_launch import Launcher, PlannedLaunch, _LaunchAttribute, _LaunchConfig
 
 
 class FakeDriver:
@@ -72,6 +72,34 @@ def test_struct_arguments_pass_their_host_bytes():
     launch((1, 1, 1), (32, 1, 1), [a, two, 6], 0, 0)
     assert drv.calls[0]["values"] == [a.data_ptr(), b"\x01" * 16, 5]
     assert drv.calls[1]["values"] == [a.data_ptr(), b"\x02" * 16, 6]
+
+
+def test_a_planned_launch_writes_its_scalars_once_and_its_pointers_per_call():
+    """``PlannedLaunch``: the grid, block, shared memory and ints given when it is made reach the
+    driver on every call, beside each call's own pointers and tensor maps; a wrong count of
+    either raises ``ValueError`` naming the argument."""
+
+    class Struct:
+        def __init__(self, fill: bytes) -> None:
+            self.raw = ctypes.create_string_buffer(fill * 16)
+            self.address = ctypes.addressof(self.raw)
+
+    sig = "pipit"
+    drv = FakeDriver(sig)
+    plan = PlannedLaunch(Kernel(), sig, (4, 2, 1), (96, 1, 1), 512, [-3, 11], lib=drv)
+    a, b, c = torch.zeros(2), torch.zeros(3), torch.zeros(5)
+    one, two = Struct(b"\x01"), Struct(b"\x02")
+    plan.run([a, b, one], 0x10)
+    plan.run([c, a, two], 0x20)
+    first, second = drv.calls
+    assert first["values"] == [a.data_ptr(), -3, b.data_ptr(), 11, b"\x01" * 16]
+    assert second["values"] == [c.data_ptr(), -3, a.data_ptr(), 11, b"\x02" * 16]
+    assert first["grid"] == second["grid"] == (4, 2, 1) and first["block"] == (96, 1, 1)
+    assert (first["smem"], first["stream"], second["stream"]) == (512, 0x10, 0x20)
+    with pytest.raises(ValueError, match="'live'"):
+        plan.run([a, b], 0)
+    with pytest.raises(ValueError, match="'scalars'"):
+        PlannedLaunch(Kernel(), sig, (1, 1, 1), (32, 1, 1), 0, [1], lib=drv)
 
 
 class FakeDriverEx(FakeDriver):

@@ -437,6 +437,43 @@ def _autocast_inputs(x: Tensor, *others: Tensor | None) -> tuple[Tensor | None, 
     return tuple(_autocast(t, dtype) for t in (x, *others))
 
 
+#: ``_gconv_checks``'s answers by the tensors' metadata and the conv's arguments
+_GCONV_CHECKS: dict[tuple, tuple[int, str | None]] = {}
+
+
+def _hashable(arg):
+    return tuple(arg) if isinstance(arg, list) else arg
+
+
+def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple[int, str | None]:
+    """(groups, why the kernels cannot take this call or None): ``check_conv_args`` (which
+    raises for bad input), the hyper-parameters and the layout. These read only metadata, so a
+    call like one seen before skips them (~10 us of host time per call); not while
+    torch.compile traces (its guards do that job)."""
+    key = found = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
+                   weight.dtype, weight.device,
+                   None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                   _hashable(stride), _hashable(padding), _hashable(dilation), groups)  # fmt: skip
+            found = _GCONV_CHECKS.get(key)
+        except (RuntimeError, TypeError):  # a tensor without strides, an unhashable argument
+            key = found = None
+    if found is not None:
+        return found
+    groups = _gconv.check_conv_args(x, weight, bias, groups)
+    r, s = weight.shape[2], weight.shape[3]
+    reason = _gconv_config.unsupported_reason(
+        x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
+    ) or _gconv.layout_reason(x, weight, bias)
+    if key is not None:
+        if len(_GCONV_CHECKS) >= 4096:
+            _GCONV_CHECKS.clear()
+        _GCONV_CHECKS[key] = (groups, reason)
+    return groups, reason
+
+
 def grouped_conv2d(
     x: Tensor,
     weight: Tensor,
@@ -465,23 +502,21 @@ def grouped_conv2d(
         )  # fmt: skip
         return y.squeeze(0)
     x, weight, bias = _autocast_inputs(x, weight, bias)
-    groups = _gconv.check_conv_args(x, weight, bias, groups)
-    r, s = weight.shape[2], weight.shape[3]
     if _forward_mode():  # first: under torch.compile it also covers vmap
+        groups = _gconv.check_conv_args(x, weight, bias, groups)
         reason = _NO_AUTODIFF_RULE
     elif _vmapped():
+        groups = _gconv.check_conv_args(x, weight, bias, groups)
         reason = "torch.func.vmap, under which the layout checks cannot run"
     else:
-        reason = _gconv_config.unsupported_reason(
-            x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
-        ) or _gconv.layout_reason(x, weight, bias)
+        groups, reason = _gconv_checks(x, weight, bias, stride, padding, dilation, groups)
     if reason is not None:
         if not torch.compiler.is_compiling():
             dispatch.fallback(_gconv.OP, reason)
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    pad_h, pad_w = _gconv_config.resolve_padding(padding, r, s)
+    pad_h, pad_w = _gconv_config.resolve_padding(padding, weight.shape[2], weight.shape[3])
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     op = _grouped_conv2d_eager if _eager(x, weight, bias) else _grouped_conv2d_op

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tilewise.ops import gconv_cuda, gconv_library, gconv_wgrad
+from tilewise.ops import gconv_cuda, gconv_library, gconv_plan, gconv_wgrad
 from tilewise.ops._common import cdiv, l2_bytes, num_sms
 from tilewise.ops.gconv_config import (
     GROUP_WIDTH,
@@ -452,7 +452,7 @@ def _kernel_ok(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return dispatch.use_kernel(op, [x, weight])
 
 
-def _run_conv(
+def _choose(
     op: str,
     pass_: str,
     problem: GConvProblem,
@@ -464,10 +464,9 @@ def _run_conv(
     pad_w: int,
     dgrad: bool = False,
     deterministic: bool = False,
-) -> torch.Tensor:
-    """Choose a config (autotuned on CUDA: the Triton configs and, in half precision, the NVRTC
-    kernel's tiles and cuDNN) and run it; returns ``out``, or cuDNN's own output where cuDNN
-    was chosen (``out``'s strides either way)."""
+):
+    """The config of an fprop or dgrad (autotuned on CUDA: the Triton configs and, in half
+    precision, the NVRTC kernel's tiles and cuDNN), timed on these tensors on first use."""
     sms = num_sms(x.device)
     cold, warm_too = timing_mode(problem, pass_, l2_bytes(x.device))
     # cuDNN: not where it would round an fp32 bias to half, nor for a deterministic dgrad
@@ -479,7 +478,7 @@ def _run_conv(
     wide_tiles = gconv_cuda.wide_tiles_offered()
     wide_tag = ("+wide" if wide_tiles else "+nowide") if level and wide else ""
     tag = gconv_library.cache_tag(weight, library) + wide_tag
-    cfg = autotune.choose_config(
+    return autotune.choose_config(
         f"{op}.{pass_}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         _candidates(problem, pass_, sms, level, library, wide_tiles),
@@ -490,7 +489,6 @@ def _run_conv(
         warm_too=warm_too,
         screen=True,  # 28 candidates for a 3x3 fprop: a brief reading first (session 19)
     )
-    return _launch(x, weight, bias, out, pad_h, pad_w, cfg, dgrad)
 
 
 def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
@@ -538,23 +536,31 @@ def _launch(x, weight, bias, out, pad_h: int, pad_w: int, cfg, dgrad: bool) -> t
 def forward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
 ) -> torch.Tensor:
-    """``conv2d(x, weight, bias, padding=(pad_h, pad_w), groups=C/8)``, channels_last output."""
+    """``conv2d(x, weight, bias, padding=(pad_h, pad_w), groups=C/8)``, channels_last output.
+    A problem seen before runs its plan (``gconv_plan``): checks and choices were made once."""
+    key = gconv_plan.forward_key(x, weight, bias, pad_h, pad_w)
+    plan = gconv_plan.PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(x, weight, bias)
     validate(x, weight, bias, pad_h, pad_w)
     bias = _dense_bias(bias)
     if not _kernel_ok(OP, x, weight, bias):
         return _channels_last(reference(x, weight, bias, (pad_h, pad_w)))
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
-    p, q = problem.p, problem.q
     out = alloc.empty(
         x.shape[0],
         x.shape[1],
-        p,
-        q,
+        problem.p,
+        problem.q,
         dtype=x.dtype,
         device=x.device,
         memory_format=torch.channels_last,
     )
-    return _run_conv(OP, "fprop", problem, x, weight, bias, out, pad_h, pad_w)
+    cfg = _choose(OP, "fprop", problem, x, weight, bias, out, pad_h, pad_w)
+    conv = gconv_plan.ConvPass(cfg, _launch, x, weight, bias, out, pad_h, pad_w, False)
+    if key is not None:
+        gconv_plan.PLANS.put(key, gconv_plan.ForwardPlan(conv, out.shape))
+    return conv(x, weight, bias, out)
 
 
 def backward(
@@ -571,8 +577,13 @@ def backward(
     contiguous: ``dw_channels_last``), dbias) for the entries in ``need``.
 
     ``deterministic=False`` lets wgrad add its partial sums with fp32 atomics (run-to-run bit
-    differences on the GPU); True reduces per-chunk partials with a PyTorch sum.
+    differences on the GPU); True reduces per-chunk partials with a PyTorch sum. A problem seen
+    before runs its plan (``gconv_plan``).
     """
+    key = gconv_plan.backward_key(grad, x, weight, bias, pad_h, pad_w, need, deterministic)
+    plan = gconv_plan.PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(grad, x, weight, bias)
     validate(x, weight, bias, pad_h, pad_w)
     bias = _dense_bias(bias)
     dispatch.check_same_device(OP_BWD, x=x, grad=grad)
@@ -583,7 +594,8 @@ def backward(
             f"{(x.shape[0], x.shape[1], p, q)}"
         )
     need_db = need[2] and bias is not None
-    if grad.dtype != x.dtype or grad.stride(1) != 1:
+    cast_grad = grad.dtype != x.dtype or grad.stride(1) != 1
+    if cast_grad:
         grad = _channels_last(grad.to(x.dtype))
     if not _kernel_ok(OP_BWD, x, weight, bias):
         dx, dw, db = reference_backward(grad, x, weight, bias, (pad_h, pad_w), need)
@@ -594,30 +606,20 @@ def backward(
         )
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
     r, s = weight.shape[2], weight.shape[3]
-    dx = dw = db = None
+    dgrad = wgrad = None
     if need[0]:
         dx = alloc.empty(
             *x.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last
         )
-        dx = _run_conv(
-            OP,
-            "dgrad",
-            problem,
-            grad,
-            weight,
-            None,
-            dx,
-            r - 1 - pad_h,
-            s - 1 - pad_w,
-            dgrad=True,
-            deterministic=deterministic,
-        )
+        pads = (r - 1 - pad_h, s - 1 - pad_w)
+        cfg = _choose(OP, "dgrad", problem, grad, weight, None, dx, *pads, True, deterministic)
+        dgrad = gconv_plan.ConvPass(cfg, _launch, grad, weight, None, dx, *pads, True)
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32
-        dw_cl = dw_channels_last(weight)
-        dw, db = gconv_wgrad.wgrad(grad, x, problem, need_db, deterministic, db_dtype, dw_cl)
-    if need_db and db is None:
-        db = grad.sum((0, 2, 3), dtype=torch.float32)
-    if db is not None:
-        db = db.to(bias.dtype)
-    return dx, dw, db
+        args = (grad, x, problem, need_db, deterministic, db_dtype, dw_channels_last(weight))
+        wgrad = gconv_wgrad.bind(gconv_wgrad.choose(*args), *args)
+    bias_dtype = bias.dtype if bias is not None else None
+    plan = gconv_plan.BackwardPlan(cast_grad, dgrad, wgrad, need_db, bias_dtype)
+    if key is not None:
+        gconv_plan.PLANS.put(key, plan)
+    return plan.run(grad, x, weight)

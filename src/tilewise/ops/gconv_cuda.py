@@ -119,6 +119,8 @@ ROWPAIR_MAX_FRAGMENTS = 15
 #: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...), which then run the tap kernel
 #: (written in session 21 without a GPU; offered by default since session 22's H100 run)
 ENV_WIDE_TILES = "TILEWISE_GCONV_WIDE_TILES"
+#: adds the experimental wgrad tiles to the candidates ("1"; ``wgrad_candidates``)
+ENV_EXPERIMENTAL_WGRAD = "TILEWISE_EXPERIMENTAL_WGRAD"
 
 
 def rowpair_fragments(r: int, s: int) -> int:
@@ -480,6 +482,68 @@ def fprop(
     ``out`` (preallocated; its size sets the output size), weights of any strides. ``dgrad=True``
     convolves with the weights flipped and transposed within each group, without making them
     (padding ``R - 1 - pad``, which may be negative). Launches on the current stream."""
+    bind_fprop(x, weight, bias, out, pad_h, pad_w, tile, dgrad)(x, weight, bias, out)
+    return out
+
+
+class BoundLaunch:
+    """One kernel's launch for one problem (shapes, strides, dtypes, tile): called with that
+    problem's tensors, it fills in their pointers (and tensor maps) and launches on the current
+    stream. ``planned``: through its own ``PlannedLaunch`` (scalars written once; for the ops'
+    per-problem plans), else through the kernel's shared lean launcher."""
+
+    __slots__ = ("kernel", "signature", "grid", "block", "smem", "dev", "scalars", "n_ptrs",
+                 "maps", "dependent", "planned")  # fmt: skip
+
+    def __init__(self, kernel, signature, grid, block, smem, dev, scalars, n_ptrs, maps,
+                 dependent=False, planned=False) -> None:  # fmt: skip
+        self.kernel, self.signature, self.grid, self.block = kernel, signature, grid, block
+        self.smem, self.dev, self.scalars, self.n_ptrs = smem, dev, tuple(scalars), n_ptrs
+        self.maps, self.dependent = maps, dependent  # maps: (pointer index, cb, box w, box h)
+        self.planned = None
+        if planned and _launcher(kernel, signature, dependent) is not None:
+            self.planned = cuda_launch.PlannedLaunch(
+                kernel, signature, grid, block, smem, self.scalars, dependent
+            )
+
+    def launch(self, ptrs: list) -> None:
+        """Launch with the problem's tensors ``ptrs`` (in the kernel's pointer order)."""
+        live = ptrs + [_tensor_map(ptrs[i], cb, bw, bh) for i, cb, bw, bh in self.maps]
+        if self.planned is None:
+            args = ptrs + list(self.scalars) + live[self.n_ptrs :]
+            _launch(self.kernel, self.signature, self.grid, self.block, args, self.smem,
+                    self.dev, self.dependent)  # fmt: skip
+        elif self.dev != torch.cuda.current_device():  # the kernel's context, as ``launch``
+            with torch.cuda.device(self.dev):
+                self.planned.run(live, torch._C._cuda_getCurrentRawStream(self.dev))
+        else:
+            self.planned.run(live, torch._C._cuda_getCurrentRawStream(self.dev))
+
+
+class BoundFprop(BoundLaunch):
+    """``fprop`` bound to one problem: ``(x, weight, bias, out)`` of that problem's metadata."""
+
+    __slots__ = ()
+
+    def __call__(self, x, weight, bias, out) -> None:
+        b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
+        self.launch([x, weight, b, out])
+
+
+def bind_fprop(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    pad_h: int,
+    pad_w: int,
+    tile: CudaTile = CudaTile(),
+    dgrad: bool = False,
+    planned: bool = False,
+) -> BoundFprop:
+    """``fprop``'s launch for the shapes, strides and dtypes of these tensors (the tensors
+    themselves are not kept): the kernel, grid, scalar arguments and tensor-map boxes, worked out
+    once. ``planned``: scalars written once into a launcher of its own (``BoundLaunch``)."""
     n, c, hi, wi = x.shape
     _, _, ho, wo = out.shape
     r, s = weight.shape[2], weight.shape[3]
@@ -496,18 +560,18 @@ def fprop(
     n_tiles = n * tiles_h * tiles_w
     cblocks = c // tile.cb
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
-    b = bias.float() if bias is not None else weight  # the kernel adds an fp32 bias (or none)
-    args = [x, weight, b, out, hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
-    args += weight.stride()
-    signature = _TMA_SIGNATURES[tile.tma]
+    scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
+    maps = []
     if tile.tma:
-        args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
+        maps.append((0, tile.cb, tile.tw + s - 1, tile.th + r - 1))
         if tile.tma == 2:
-            args.append(_tensor_map(out, tile.cb, tile.tw, tile.th))
+            maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
-    _launch(kernel, signature, grid, block, args, smem_bytes(r, s, tile), dev, dependent)
-    return out
+    smem = smem_bytes(r, s, tile)
+    signature = _TMA_SIGNATURES[tile.tma]
+    return BoundFprop(kernel, signature, grid, block, smem, dev, scalars, 4, maps, dependent,
+                      planned)  # fmt: skip
 
 
 #: tensor maps of the TMA tiles' inputs and outputs, by address and shape (a loop's buffers
@@ -685,7 +749,7 @@ def wgrad_candidates(
     ``CLUSTER_MAX_PIXELS``).
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
     choice already cached on disk is not timed again; its TMA tiles only with ``tma``)."""
-    experimental = os.environ.get("TILEWISE_EXPERIMENTAL_WGRAD") == "1"
+    experimental = os.environ.get(ENV_EXPERIMENTAL_WGRAD) == "1"
     if tma is None:
         tma = torch.cuda.is_available() and _tma.supported(torch.cuda.current_device())
     return _wgrad_candidates(c, r, s, small, experimental, tma)
@@ -729,6 +793,43 @@ def wgrad(
     ``y = conv2d(x, w, padding)`` given ``dy``, both channels_last fp16/bf16. One launch: the
     CTAs add fp32 sums with atomics (run-to-run rounding differences: the non-deterministic mode)
     into a workspace whose last CTA per channel block writes the results and zeroes it again."""
+    return bind_wgrad(dy, x, r, s, pad_h, pad_w, need_db, tile, db_dtype, dw_cl)(dy, x)
+
+
+class BoundWgrad(BoundLaunch):
+    """``wgrad`` bound to one problem: ``(dy, x) -> (dw, db or None)``."""
+
+    __slots__ = ("dw_shape", "dw_format", "db_dtype", "sums", "cluster")
+
+    def __call__(self, dy, x) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dw = alloc.empty(*self.dw_shape, device=x.device, dtype=x.dtype,
+                         memory_format=self.dw_format)  # fmt: skip
+        c = self.dw_shape[0]
+        db = alloc.empty(c, device=x.device, dtype=self.db_dtype) if self.db_dtype else None
+        if self.cluster:  # one cluster per channel block; it writes dw and db itself
+            dw_sums = db_sums = counters = dw
+        else:
+            dw_sums, db_sums, counters = workspace.zeroed(x.device, self.sums)
+            counters = counters.view(torch.int32)
+        with workspace.guarded(x.device):
+            self.launch([x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters])
+        return dw, db
+
+
+def bind_wgrad(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    r: int,
+    s: int,
+    pad_h: int,
+    pad_w: int,
+    need_db: bool,
+    tile: CudaTile = WGRAD_TILES[0],
+    db_dtype: torch.dtype = torch.float32,
+    dw_cl: bool = False,
+    planned: bool = False,
+) -> BoundWgrad:
+    """``wgrad``'s launch for the shapes and dtypes of ``dy`` and ``x`` (as ``bind_fprop``)."""
     n, c, hi, wi = x.shape
     ho, wo = dy.shape[2], dy.shape[3]
     if not wgrad_tile_ok(c, r, s, tile):  # e.g. a row split of the row-pair or TMA kernel
@@ -745,26 +846,22 @@ def wgrad(
         tile = wgrad_twin(tile, c, r, s)
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
-    dw = alloc.empty(c, 8, r, s, device=x.device, dtype=x.dtype, memory_format=dw_format(dw_cl))
-    db = alloc.empty(c, device=x.device, dtype=db_dtype) if need_db else None
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
-    if tile.cluster:  # one cluster per channel block; it writes dw and db itself
-        grid_x, dw_sums, db_sums, counters = tile.cluster, dw, dw, dw
+    if tile.cluster:
+        grid_x = tile.cluster
     else:
         ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
         grid_x = max(1, min(n_tiles, ctas))
-        dw_sums, db_sums, counters = workspace.zeroed(
-            x.device, (r * s * c * 8, c, cblocks * rblocks)
-        )
-        counters = counters.view(torch.int32)
-    args = [x, dy, dw_sums, db_sums, dw, db if db is not None else dw, counters]
-    args += [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
-    signature = _WGRAD_SIGNATURE + ("tt" if tile.tma else "")
-    if tile.tma:
-        args.append(_tensor_map(x, tile.cb, tile.tw + s - 1, tile.th + r - 1))
-        args.append(_tensor_map(dy, tile.cb, tile.tw, tile.th))
+    scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
+    maps = []
+    if tile.tma:  # the input's halo and dy's tile: pointers 0 and 1
+        maps = [(0, tile.cb, tile.tw + s - 1, tile.th + r - 1), (1, tile.cb, tile.tw, tile.th)]
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
-    with workspace.guarded(x.device):
-        _launch(kernel, signature, grid, block, args, wgrad_smem_bytes(r, s, tile), dev)
-    return dw, db
+    signature = _WGRAD_SIGNATURE + ("tt" if tile.tma else "")
+    smem = wgrad_smem_bytes(r, s, tile)
+    bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
+    bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
+    bound.db_dtype = db_dtype if need_db else None
+    bound.sums, bound.cluster = (r * s * c * 8, c, cblocks * rblocks), bool(tile.cluster)
+    return bound

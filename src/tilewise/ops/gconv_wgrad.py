@@ -19,6 +19,7 @@ the first tap block also sum the ``dy`` they load, reduced the same way.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import triton
@@ -261,6 +262,20 @@ def wgrad(
     config autotuned among the Triton configs and, in half precision without determinism, the
     NVRTC kernel's tiles and cuDNN (``gconv_library``). The layout is part of the cache key: it
     moves cost between candidates (cuDNN's dw is channels_last; the others write either)."""
+    cfg = choose(grad, x, problem, need_db, deterministic, db_dtype, dw_cl)
+    return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype, dw_cl)
+
+
+def choose(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    problem: GConvProblem,
+    need_db: bool,
+    deterministic: bool,
+    db_dtype: torch.dtype = torch.float32,
+    dw_cl: bool = False,
+):
+    """``wgrad``'s config for this problem (timed on first use, then cached)."""
     sms = num_sms(x.device)
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     library = gconv_library.offered(x, deterministic)
@@ -269,7 +284,7 @@ def wgrad(
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
     mode = "det" if deterministic else "one-launch"
     tag = gconv_library.cache_tag(None, library) + (".dwcl" if dw_cl else "")
-    cfg = autotune.choose_config(
+    return autotune.choose_config(
         f"{OP}.{mode}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
         candidates,
@@ -280,7 +295,27 @@ def wgrad(
         warm_too=warm_too,
         screen=True,  # Triton configs and NVRTC tiles: a brief reading first (session 19)
     )
-    return _launch(grad, x, problem, cfg, need_db, deterministic, db_dtype, dw_cl)
+
+
+def bind(
+    cfg,
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    problem: GConvProblem,
+    need_db: bool,
+    deterministic: bool,
+    db_dtype: torch.dtype = torch.float32,
+    dw_cl: bool = False,
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
+    """``(grad, x) -> (dweight, dbias or None)`` with ``cfg`` for tensors of this problem's
+    metadata: an NVRTC tile's launch worked out once (``gconv_cuda.bind_wgrad``), else the
+    config's launch (a per-problem plan's wgrad, ``gconv.backward``)."""
+    if isinstance(cfg, gconv_cuda.CudaTile):
+        return gconv_cuda.bind_wgrad(
+            grad, x, problem.r, problem.s, problem.pad_h, problem.pad_w, need_db, cfg, db_dtype,
+            dw_cl, planned=True,
+        )  # fmt: skip
+    return lambda g, t: _launch(g, t, problem, cfg, need_db, deterministic, db_dtype, dw_cl)
 
 
 @functools.lru_cache(maxsize=4096)

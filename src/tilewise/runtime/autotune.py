@@ -46,6 +46,7 @@ _memory: dict[str, dict[str, Any]] = {}
 _loaded_path: Path | None = None
 #: this process's answers, so a launch pays one dict lookup; cleared by ``clear_memory_cache``
 _resolved: dict[tuple, Any] = {}
+_generation = 0
 
 
 def cache_dir() -> Path:
@@ -63,12 +64,26 @@ def search_enabled() -> bool:
     return os.environ.get(ENV_AUTOTUNE, "1") != "0"
 
 
+def generation() -> int:
+    """A count that moves whenever answers already given may change (the memory cache cleared or
+    entries imported): per-problem launch plans built on an answer are kept only while it holds
+    (``runtime.plans``)."""
+    return _generation
+
+
+def _forget_answers() -> None:
+    """Drop the per-problem answers (under ``_lock``) and move ``generation``."""
+    global _generation
+    _resolved.clear()
+    _generation += 1
+
+
 def clear_memory_cache() -> None:
     """Forget what this process has loaded or found (the disk cache stays)."""
     global _loaded_path
     with _lock:
         _memory.clear()
-        _resolved.clear()
+        _forget_answers()
         _loaded_path = None
 
 
@@ -621,7 +636,7 @@ def import_cache(path: str | os.PathLike) -> int:
     with _lock:
         _ensure_loaded()
         _memory.update(entries)
-        _resolved.clear()
+        _forget_answers()
     try:
         _merge_into(cache_path(), entries)
     except OSError as exc:

@@ -101,36 +101,90 @@ class Launcher:
                     self._params[i] = arg.address
                 else:
                     value.value = arg.data_ptr() if kind == "p" else int(arg)
-            if self.dependent:
-                cfg = self._config
-                cfg.grid[:] = grid[:3]
-                cfg.block[:] = block[:3]
-                cfg.shared_mem = shared_mem
-                cfg.stream = stream
-                result = self._launch_ex(ctypes.byref(cfg), self.func, self._params, None)
-                if result in _REFUSED_ATTRIBUTE:  # this driver or GPU refuses the attribute:
-                    self.dependent = False  # plain launches from now on (a kernel that waits
-                    log.info(  # with nothing to wait for runs as before)
-                        "tilewise: programmatic dependent launch refused (CUDA error %d); "
-                        "launching plainly",
-                        result,
-                    )
-            if not self.dependent:
-                result = self.lib.cuLaunchKernel(
-                    self.func,
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    block[0],
-                    block[1],
-                    block[2],
-                    shared_mem,
-                    ctypes.c_void_p(stream),
-                    self._params,
-                    None,
-                )
+            result = self._fire(grid, block, shared_mem, stream)
         if result != 0:
             torch.cuda._utils._check_cuda(result)  # raises with the driver's message
+
+    def _fire(self, grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int) -> int:
+        """The driver call with the argument buffer as written (under ``_lock``); its result."""
+        result = None
+        if self.dependent:
+            cfg = self._config
+            cfg.grid[:] = grid[:3]
+            cfg.block[:] = block[:3]
+            cfg.shared_mem = shared_mem
+            cfg.stream = stream
+            result = self._launch_ex(ctypes.byref(cfg), self.func, self._params, None)
+            if result in _REFUSED_ATTRIBUTE:  # this driver or GPU refuses the attribute:
+                self.dependent = False  # plain launches from now on (a kernel that waits
+                log.info(  # with nothing to wait for runs as before)
+                    "tilewise: programmatic dependent launch refused (CUDA error %d); "
+                    "launching plainly",
+                    result,
+                )
+        if not self.dependent:
+            result = self.lib.cuLaunchKernel(
+                self.func,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_mem,
+                ctypes.c_void_p(stream),
+                self._params,
+                None,
+            )
+        return result
+
+
+class PlannedLaunch(Launcher):
+    """One launch of one problem, planned once: its grid, block, shared memory and scalar
+    (``i``) arguments are written into this launcher's own buffer when it is made, so a call
+    writes only the tensor pointers and tensor maps. For the per-problem plans of ops whose host
+    time matters (the grouped conv uncaptured: ~20 arguments written per launch cost more host
+    time than the driver call)."""
+
+    def __init__(
+        self,
+        kernel: Any,
+        signature: str,
+        grid: Sequence[int],
+        block: Sequence[int],
+        shared_mem: int,
+        scalars: Sequence[int],
+        dependent: bool = False,
+        lib: Any = None,
+    ) -> None:
+        super().__init__(kernel, signature, lib=lib, dependent=dependent)
+        slots = [i for i, kind in enumerate(signature) if kind == "i"]
+        if len(scalars) != len(slots):
+            raise ValueError(
+                f"argument 'scalars' has {len(scalars)} values, the signature {signature!r} "
+                f"{len(slots)}"
+            )
+        for i, value in zip(slots, scalars, strict=True):
+            self._values[i].value = int(value)
+        self.grid, self.block, self.shared_mem = tuple(grid), tuple(block), int(shared_mem)
+        self._live = tuple((i, kind) for i, kind in enumerate(signature) if kind != "i")
+
+    def run(self, live: Sequence[Any], stream: int) -> None:
+        """Launch on ``stream`` with ``live``: the tensors and tensor maps, in signature order."""
+        if len(live) != len(self._live):
+            raise ValueError(
+                f"argument 'live' has {len(live)} values, the signature {self.signature!r} "
+                f"{len(self._live)} pointers and maps"
+            )
+        with self._lock:
+            for (i, kind), arg in zip(self._live, live, strict=True):
+                if kind == "t":
+                    self._params[i] = arg.address
+                else:
+                    self._values[i].value = arg.data_ptr()
+            result = self._fire(self.grid, self.block, self.shared_mem, stream)
+        if result != 0:
+            torch.cuda._utils._check_cuda(result)
 
 
 @functools.cache  # asked on every launch of an NVRTC kernel
