@@ -4,7 +4,9 @@ Session 6 measured the eager tilewise ConvFirst/MBConv training step at 0.50-0.8
 PyTorch, while the same step captured in a CUDA graph ran 1.04-3.60x faster than eager PyTorch:
 the difference is host time. This script times both eager steps (wall clock, synchronised) and
 prints cProfile's top functions by cumulative and by own time for the tilewise step, so the
-Python launch paths that cost the most can be cut.
+Python launch paths that cost the most can be cut. "pyfunc" is the control: the grouped convs
+as cuDNN behind a plain Python autograd Function; "kernels" is each step's summed kernel time
+(wall above it is host time).
 
     python scripts/host_profile_step.py [--block mbconv] [--batch 32] [--steps 20] [--top 30]
 """
@@ -23,6 +25,57 @@ import torch.nn.functional as F
 
 import tilewise
 from tilewise.models import block_stack
+
+
+class _CudnnConv(torch.autograd.Function):
+    """cuDNN's grouped conv behind a Python autograd Function (the control: what any Python
+    custom op costs in the step, whatever its kernels)."""
+
+    @staticmethod
+    def forward(ctx, x, w, padding, groups):
+        ctx.save_for_backward(x, w)
+        ctx.conf = (list(padding), groups)
+        return torch.ops.aten.convolution(x, w, None, [1, 1], list(padding), [1, 1], False,
+                                          [0, 0], groups)  # fmt: skip
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        padding, groups = ctx.conf
+        dx, dw, _ = torch.ops.aten.convolution_backward(
+            grad, x, w, None, [1, 1], padding, [1, 1], False, [0, 0], groups, [True, True, False]
+        )
+        return dx, dw, None, None
+
+
+class PyFunctionConv(torch.nn.Conv2d):
+    """An nn.Conv2d whose forward calls ``_CudnnConv`` (inputs cast as autocast would)."""
+
+    def forward(self, x):
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+        with torch.autocast("cuda", enabled=False):
+            return _CudnnConv.apply(x.to(dtype), self.weight.to(dtype), self.padding, self.groups)
+
+
+def python_function_convs(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its grouped convs (groups > 1) as ``PyFunctionConv`` (parameters shared)."""
+    for mod in list(model.modules()):
+        for child_name, child in list(mod.named_children()):
+            if type(child) is torch.nn.Conv2d and child.groups > 1:
+                new = PyFunctionConv.__new__(PyFunctionConv)
+                new.__dict__.update(child.__dict__)
+                setattr(mod, child_name, new)
+    return model
+
+
+def device_busy_ms(step, dev: torch.device) -> float:
+    """Summed kernel time of one step (torch.profiler): below the wall time, the host sets the
+    pace."""
+    if dev.type != "cuda":
+        return float("nan")
+    from tilewise.bench.timing import profile_kernels
+
+    return profile_kernels(step, iters=5, warmup=1).per_call_s * 1e3
 
 
 def make_step(model, opt, x, label):
@@ -72,8 +125,9 @@ def main() -> None:
     label = torch.randint(0, c, (args.batch,), device=dev)
     tw = copy.deepcopy(base)
     print(tilewise.transform(tw))
+    pyf = python_function_convs(copy.deepcopy(base))
     steps = {}
-    for name, model in (("eager", base), ("tilewise", tw)):
+    for name, model in (("eager", base), ("tilewise", tw), ("pyfunc", pyf)):
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         steps[name] = make_step(model, opt, x, label)
         t0 = time.perf_counter()
@@ -82,6 +136,7 @@ def main() -> None:
         print(f"{name:9s} first step: {time.perf_counter() - t0:8.2f} s")
         ms = wall_ms(steps[name], args.steps, dev)
         print(f"{name:9s} eager step: {ms:8.2f} ms (wall, synced)")
+        print(f"{name:9s} kernels:    {device_busy_ms(steps[name], dev):8.2f} ms a step (profiler)")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.steps):

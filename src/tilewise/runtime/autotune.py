@@ -350,6 +350,12 @@ def recording() -> Iterator[list[tuple[str, Any, Any]]]:
         _picks.reset(token)
 
 
+def recording_active() -> bool:
+    """Whether a ``recording`` context is open here (per-problem plans then take the full path,
+    so that every answer is recorded)."""
+    return _picks.get() is not None
+
+
 def choose_config(
     op: str,
     problem: Any,

@@ -53,9 +53,10 @@ class PlanCache:
         return (autotune.generation(), *self._switches())
 
     def get(self, key: Hashable) -> Any:
-        """The plan stored under ``key`` if its switches still hold, else None."""
+        """The plan stored under ``key`` if its switches still hold, else None (also inside
+        ``autotune.recording``, which lists the configs that the full path chooses)."""
         entry = self._plans.get(key)
-        if entry is None or entry[0] != self.token():
+        if entry is None or entry[0] != self.token() or autotune.recording_active():
             return None
         return entry[1]
 
