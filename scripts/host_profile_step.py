@@ -6,7 +6,10 @@ the difference is host time. This script times both eager steps (wall clock, syn
 prints cProfile's top functions by cumulative and by own time for the tilewise step, so the
 Python launch paths that cost the most can be cut. "pyfunc" is the control: the grouped convs
 as cuDNN behind a plain Python autograd Function; "kernels" is each step's summed kernel time
-(wall above it is host time).
+(wall above it is host time); "pyident" keeps cuDNN and adds a do-nothing Python autograd node
+after each grouped conv; ``--single-thread-too`` runs each again with
+``torch.autograd.set_multithreading_enabled(False)`` (the backward on the calling thread instead
+of the device's autograd thread).
 
     python scripts/host_profile_step.py [--block mbconv] [--batch 32] [--steps 20] [--top 30]
 """
@@ -68,6 +71,36 @@ def python_function_convs(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+class _Identity(torch.autograd.Function):
+    """A Python autograd node that does nothing: what one such node costs a step."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _IdentityAfter(torch.nn.Module):
+    def __init__(self, conv: torch.nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x):
+        return _Identity.apply(self.conv(x))
+
+
+def identity_after_convs(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (cuDNN convs kept) with a ``_Identity`` node after each grouped conv."""
+    for mod in list(model.modules()):
+        for child_name, child in list(mod.named_children()):
+            if type(child) is torch.nn.Conv2d and child.groups > 1:
+                setattr(mod, child_name, _IdentityAfter(child))
+    return model
+
+
 def device_busy_ms(step, dev: torch.device) -> float:
     """Summed kernel time of one step (torch.profiler): below the wall time, the host sets the
     pace."""
@@ -78,7 +111,7 @@ def device_busy_ms(step, dev: torch.device) -> float:
     return profile_kernels(step, iters=5, warmup=1).per_call_s * 1e3
 
 
-def make_step(model, opt, x, label):
+def make_step(model, opt, x, label, threads: bool = True):
     kind = x.device.type
     dtype = torch.float16 if kind == "cuda" else torch.bfloat16
 
@@ -86,7 +119,8 @@ def make_step(model, opt, x, label):
         with torch.autocast(kind, dtype=dtype):
             loss = F.cross_entropy(model(x), label)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        with torch.autograd.set_multithreading_enabled(threads):
+            loss.backward()
         opt.step()
 
     return step
@@ -115,6 +149,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    ap.add_argument(
+        "--single-thread-too",
+        action="store_true",
+        help="each variant again with the backward on the calling thread",
+    )
+    ap.add_argument("--no-profile", action="store_true", help="the step times only")
     args = ap.parse_args()
     dev = torch.device(args.device)
     c, hw = (64, 64) if args.block == "convfirst" else (256, 16)
@@ -126,10 +166,15 @@ def main() -> None:
     tw = copy.deepcopy(base)
     print(tilewise.transform(tw))
     pyf = python_function_convs(copy.deepcopy(base))
+    pyid = identity_after_convs(copy.deepcopy(base))
     steps = {}
-    for name, model in (("eager", base), ("tilewise", tw), ("pyfunc", pyf)):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        steps[name] = make_step(model, opt, x, label)
+    variants = [("eager", base), ("tilewise", tw), ("pyfunc", pyf), ("pyident", pyid)]
+    for threads in (True, False) if args.single_thread_too else (True,):
+        for name, model in variants:
+            name = name if threads else name + "/1t"  # the backward on the calling thread
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+            steps[name] = make_step(model, opt, x, label, threads)
+    for name in steps:
         t0 = time.perf_counter()
         steps[name]()  # first use: cuDNN benchmark / tilewise autotuning (cached on disk)
         sync(dev)
@@ -137,6 +182,8 @@ def main() -> None:
         ms = wall_ms(steps[name], args.steps, dev)
         print(f"{name:9s} eager step: {ms:8.2f} ms (wall, synced)")
         print(f"{name:9s} kernels:    {device_busy_ms(steps[name], dev):8.2f} ms a step (profiler)")
+    if args.no_profile:
+        return
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.steps):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from checks import ATOL, CPU_DTYPES, assert_three_way
 
-from tilewise.ops import gconv, gconv_plan
+from tilewise.ops import gconv, gconv_cuda, gconv_plan
 from tilewise.runtime import autotune, plans
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -170,3 +170,86 @@ def test_the_plan_cache_starts_again_past_its_size_and_keeps_no_plan_of_a_captur
     assert cache.get("d") is None
     plans.clear_all()
     assert len(cache) == 0 and len(gconv_plan.PLANS) == 0
+
+
+def _forcing(monkeypatch, pick):
+    """``autotune.choose_config`` answering ``pick(candidates, default)`` (tests force a tile)."""
+
+    def choose(op, problem, candidates, run_fn, **kw):
+        return pick(tuple(candidates), kw["default"])
+
+    monkeypatch.setattr(autotune, "choose_config", choose)
+
+
+def _nth_cuda_tile(which: str, i: int):
+    """The i-th NVRTC tile of the candidates (by kind: "tma", "plain", "cluster"), else default."""
+
+    def pick(candidates, default):
+        tiles = [c for c in candidates if isinstance(c, gconv_cuda.CudaTile)]
+        kinds = {
+            "tma": [t for t in tiles if t.tma],
+            "plain": [t for t in tiles if not t.tma and not t.cluster],
+            "cluster": [t for t in tiles if t.cluster],
+        }[which]
+        return kinds[i % len(kinds)] if kinds else default
+
+    return pick
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["tma", "plain", "cluster"])
+@pytest.mark.parametrize("shape", [(2, 64, 13, 17, 3), (1, 128, 8, 8, 5), (3, 32, 9, 33, 1)],
+                         ids=lambda s: "n{}c{}_{}x{}_k{}".format(*s))  # fmt: skip
+def test_planned_nvrtc_launches_on_the_gpu(shape, kind, dtype, monkeypatch, rng_seed):
+    """The NVRTC tiles through their plans (scalars written once, pointers and tensor maps per
+    call): three calls per problem with fresh inputs and a bias (the first builds the plans, the
+    others run them), every pass judged three-way against fp64."""
+    _forcing(monkeypatch, _nth_cuda_tile(kind, rng_seed))
+    n, c, h, w, k = shape
+    pad = k // 2
+    for i in range(3):
+        x, wt, b = inputs(dtype, n, c, h, w, k, bias=True, device="cuda")
+        y = gconv.forward(x, wt, b, pad, pad)
+        judge_forward(y, x, wt, b, pad, dtype, rng_seed)
+        g = torch.randn_like(y)
+        dx, dw, db = gconv.backward(g, x, wt, b, pad, pad, deterministic=False)
+        ref = gconv.reference_backward(g.double(), x.double(), wt.double(), b.double(), (pad, pad))
+        same = gconv.reference_backward(g, x, wt, b, (pad, pad))
+        pixels = (n * h * w) ** 0.5
+        for what, out, t, r, scale in zip(("dx", "dw", "db"), (dx, dw, db), same, ref,
+                                          (1, pixels, pixels), strict=True):  # fmt: skip
+            assert_three_way(out, t, r, ATOL[dtype] * scale, f"{kind} {what} call {i}", rng_seed,
+                             ulps=1)  # fmt: skip
+    assert len(gconv_plan.PLANS) == 2  # one forward and one backward plan
+
+
+@pytest.mark.gpu
+def test_plans_inside_a_cuda_graph(monkeypatch, rng_seed):
+    """A plan built eagerly runs inside a capture (the kernels launch on the capturing stream,
+    the tensor maps of the static buffers are the graph's), and a capture of a problem without a
+    plan stores none; replays with new data give the right answers."""
+    _forcing(monkeypatch, _nth_cuda_tile("tma", 0))
+    x, wt, b = inputs(torch.float16, 2, 64, 12, 12, 3, device="cuda")
+    gconv.forward(x, wt, b, 1, 1)  # the plan, eagerly
+    assert len(gconv_plan.PLANS) == 1
+    x2, wt2, _ = inputs(torch.float16, 1, 64, 7, 9, 3, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gconv.forward(x2, wt2, None, 1, 1)  # warm (its own plan, eagerly)
+    torch.cuda.current_stream().wait_stream(stream)
+    gconv_plan.PLANS.clear()
+    gconv.forward(x, wt, b, 1, 1)  # rebuild the first plan only
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gconv.forward(x, wt, b, 1, 1)  # runs the plan
+        y2 = gconv.forward(x2, wt2, None, 1, 1)  # full path: no plan stored while capturing
+    assert len(gconv_plan.PLANS) == 1
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        x2.copy_(torch.randn_like(x2))
+        graph.replay()
+        torch.cuda.synchronize()
+        judge_forward(y, x, wt, b, 1, torch.float16, rng_seed)
+        judge_forward(y2, x2, wt2, None, 1, torch.float16, rng_seed)
