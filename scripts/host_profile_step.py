@@ -155,6 +155,7 @@ def main() -> None:
         help="each variant again with the backward on the calling thread",
     )
     ap.add_argument("--no-profile", action="store_true", help="the step times only")
+    ap.add_argument("--rounds", type=int, default=0, help="then every variant again, in turns")
     args = ap.parse_args()
     dev = torch.device(args.device)
     c, hw = (64, 64) if args.block == "convfirst" else (256, 16)
@@ -182,6 +183,15 @@ def main() -> None:
         ms = wall_ms(steps[name], args.steps, dev)
         print(f"{name:9s} eager step: {ms:8.2f} ms (wall, synced)")
         print(f"{name:9s} kernels:    {device_busy_ms(steps[name], dev):8.2f} ms a step (profiler)")
+    if args.rounds:  # the variants in turns, so a host that drifts moves each one alike
+        walls = {name: [] for name in steps}
+        for _ in range(args.rounds):
+            for name, step in steps.items():
+                walls[name].append(wall_ms(step, args.steps, dev))
+        for name, ms in walls.items():
+            ms.sort()
+            print(f"{name:9s} in turns:   {ms[len(ms) // 2]:8.2f} ms median of {len(ms)} "
+                  f"({ms[0]:.2f}-{ms[-1]:.2f})")  # fmt: skip
     if args.no_profile:
         return
     prof = cProfile.Profile()
