@@ -90,6 +90,16 @@ def _forward_mode() -> bool:
     )
 
 
+def _untransformed() -> bool:
+    """No forward-mode AD level, no ``torch.func`` transform and no torch.compile trace: the
+    common eager call, told apart cheaply (``_forward_mode`` and ``_vmapped`` then say False)."""
+    return (
+        forward_ad._current_level < 0
+        and torch._C._functorch.peek_interpreter_stack() is None
+        and not torch.compiler.is_compiling()
+    )
+
+
 def _vmapped() -> bool:
     """Whether ``torch.func.vmap`` is active (the grouped conv's layout checks query
     ``is_contiguous(memory_format=...)``, which vmap does not implement)."""
@@ -139,8 +149,6 @@ def _eager_function(name: str, forward, setup, backward, backward_impl):
             return backward(ctx, *grads, bwd=backward_impl)
         return backward(ctx, *grads)
 
-    once = torch.autograd.function.once_differentiable(bwd)
-
     def guarded_backward(ctx, *grads):
         if torch.is_grad_enabled():  # create_graph=True: a graph of the gradient is wanted
             raise RuntimeError(
@@ -149,7 +157,9 @@ def _eager_function(name: str, forward, setup, backward, backward_impl):
                 "the gradient would silently miss this op's second-order terms. Use the "
                 "PyTorch op for such models."
             )
-        return once(ctx, *grads)
+        # grad mode is off here (checked above), so this is once_differentiable's whole effect
+        # without its no_grad context (host time on every backward)
+        return bwd(ctx, *grads)
 
     fn = type(
         name,
@@ -412,12 +422,23 @@ def _grouped_conv2d_backward(ctx, grad, bwd=_grouped_conv2d_backward_op):
 
 
 _grouped_conv2d_op.register_autograd(_grouped_conv2d_backward, setup_context=_grouped_conv2d_setup)
+
+
+def _grouped_conv2d_backward_eager(
+    grad, x, weight, bias, pad_h, pad_w, need_dx, need_dw, need_db, deterministic
+):
+    """The backward op's body for the eager Function: None for the gradients not asked for
+    (the op's schema needs tensors there; allocating them costs host time on every call)."""
+    need = (need_dx, need_dw, need_db and bias is not None)
+    return _gconv.backward(grad, x, weight, bias, pad_h, pad_w, need, deterministic)
+
+
 _grouped_conv2d_eager = _eager_function(
     "GroupedConv2d",
     _grouped_conv2d_impl,
     _grouped_conv2d_setup,
     _grouped_conv2d_backward,
-    _grouped_conv2d_backward_impl,
+    _grouped_conv2d_backward_eager,
 )
 
 
@@ -438,16 +459,17 @@ def _autocast_inputs(x: Tensor, *others: Tensor | None) -> tuple[Tensor | None, 
 
 
 #: ``_gconv_checks``'s answers by the tensors' metadata and the conv's arguments
-_GCONV_CHECKS: dict[tuple, tuple[int, str | None]] = {}
+_GCONV_CHECKS: dict[tuple, tuple] = {}
 
 
 def _hashable(arg):
     return tuple(arg) if isinstance(arg, list) else arg
 
 
-def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple[int, str | None]:
-    """(groups, why the kernels cannot take this call or None): ``check_conv_args`` (which
-    raises for bad input), the hyper-parameters and the layout. These read only metadata, so a
+def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple:
+    """(groups, why the kernels cannot take this call or None, the padding (pad_h, pad_w) where
+    they can): ``check_conv_args`` (which raises for bad input), the hyper-parameters, the layout
+    and ``resolve_padding``. These read only metadata, so a
     call like one seen before skips them (~10 us of host time per call); not while
     torch.compile traces (its guards do that job)."""
     key = found = None
@@ -467,11 +489,12 @@ def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple[i
     reason = _gconv_config.unsupported_reason(
         x.shape[1], weight.shape[0], (r, s), stride, padding, dilation, groups
     ) or _gconv.layout_reason(x, weight, bias)
+    pads = _gconv_config.resolve_padding(padding, r, s) if reason is None else None
     if key is not None:
         if len(_GCONV_CHECKS) >= 4096:
             _GCONV_CHECKS.clear()
-        _GCONV_CHECKS[key] = (groups, reason)
-    return groups, reason
+        _GCONV_CHECKS[key] = (groups, reason, pads)
+    return groups, reason, pads
 
 
 def grouped_conv2d(
@@ -502,21 +525,23 @@ def grouped_conv2d(
         )  # fmt: skip
         return y.squeeze(0)
     x, weight, bias = _autocast_inputs(x, weight, bias)
-    if _forward_mode():  # first: under torch.compile it also covers vmap
+    if _untransformed():
+        groups, reason, pads = _gconv_checks(x, weight, bias, stride, padding, dilation, groups)
+    elif _forward_mode():  # first: under torch.compile it also covers vmap
         groups = _gconv.check_conv_args(x, weight, bias, groups)
         reason = _NO_AUTODIFF_RULE
     elif _vmapped():
         groups = _gconv.check_conv_args(x, weight, bias, groups)
         reason = "torch.func.vmap, under which the layout checks cannot run"
     else:
-        groups, reason = _gconv_checks(x, weight, bias, stride, padding, dilation, groups)
+        groups, reason, pads = _gconv_checks(x, weight, bias, stride, padding, dilation, groups)
     if reason is not None:
         if not torch.compiler.is_compiling():
             dispatch.fallback(_gconv.OP, reason)
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    pad_h, pad_w = _gconv_config.resolve_padding(padding, weight.shape[2], weight.shape[3])
+    pad_h, pad_w = pads
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     op = _grouped_conv2d_eager if _eager(x, weight, bias) else _grouped_conv2d_op
