@@ -253,3 +253,28 @@ def test_plans_inside_a_cuda_graph(monkeypatch, rng_seed):
         torch.cuda.synchronize()
         judge_forward(y, x, wt, b, 1, torch.float16, rng_seed)
         judge_forward(y2, x2, wt2, None, 1, torch.float16, rng_seed)
+
+
+def test_the_functional_checks_are_memoized_by_metadata_and_arguments(monkeypatch):
+    """``grouped_conv2d``'s argument checks run once per (metadata, arguments): a repeat call
+    skips them, a list and a tuple of the same padding share the entry, and arguments that the
+    checks reject (a bool padding, a wrong group count) still raise after a valid call."""
+    import tilewise
+    from tilewise import functional
+
+    x, wt, b = inputs(torch.float32)
+    calls = []
+    real = functional._gconv.check_conv_args
+    monkeypatch.setattr(functional._gconv, "check_conv_args",
+                        lambda *a: calls.append(1) or real(*a))  # fmt: skip
+    functional._GCONV_CHECKS.clear()
+    y = tilewise.grouped_conv2d(x, wt, b, padding=1)
+    tilewise.grouped_conv2d(x, wt, b, padding=[1, 1])
+    tilewise.grouped_conv2d(x, wt, b, padding=(1, 1))
+    assert len(calls) == 2  # padding=1, then the pair (list and tuple share one entry)
+    torch.testing.assert_close(tilewise.grouped_conv2d(x, wt, b, padding=1), y)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="padding"):
+        tilewise.grouped_conv2d(x, wt, b, padding=True)
+    with pytest.raises(ValueError, match="groups"):
+        tilewise.grouped_conv2d(x, wt, b, padding=1, groups=3)

@@ -463,7 +463,13 @@ _GCONV_CHECKS: dict[tuple, tuple] = {}
 
 
 def _hashable(arg):
-    return tuple(arg) if isinstance(arg, list) else arg
+    """``arg`` as part of a memo key: ints, strings and sequences of ints only (a bool, which
+    ``check_conv_args`` rejects, must not hit an int's entry); TypeError for anything else."""
+    if type(arg) is int or type(arg) is str:
+        return arg
+    if isinstance(arg, (tuple, list)) and all(type(v) is int for v in arg):
+        return tuple(arg)
+    raise TypeError(f"no memo key for {arg!r}")
 
 
 def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple:
@@ -478,7 +484,8 @@ def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple:
             key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
                    weight.dtype, weight.device,
                    None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                   _hashable(stride), _hashable(padding), _hashable(dilation), groups)  # fmt: skip
+                   _hashable(stride), _hashable(padding), _hashable(dilation),
+                   None if groups is None else _hashable(groups))  # fmt: skip
             found = _GCONV_CHECKS.get(key)
         except (RuntimeError, TypeError):  # a tensor without strides, an unhashable argument
             key = found = None
