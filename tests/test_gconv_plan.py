@@ -278,3 +278,45 @@ def test_the_functional_checks_are_memoized_by_metadata_and_arguments(monkeypatc
         tilewise.grouped_conv2d(x, wt, b, padding=True)
     with pytest.raises(ValueError, match="groups"):
         tilewise.grouped_conv2d(x, wt, b, padding=1, groups=3)
+
+
+def test_a_call_that_fails_leaves_no_plan_and_odd_paddings_get_none(monkeypatch):
+    """A plan is stored only after its first run succeeded, so a failing launch leaves nothing
+    behind for the next call of that problem; paddings that are not plain ints (1.0, True)
+    get no key (an int's plan would run for them)."""
+    x, wt, b = inputs(torch.float32)
+    real = gconv._launch
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(gconv, "_launch", failing)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        gconv.forward(x, wt, b, 1, 1)
+    assert len(gconv_plan.PLANS) == 0
+    monkeypatch.setattr(gconv, "_launch", real)
+    y = gconv.forward(x, wt, b, 1, 1)
+    torch.testing.assert_close(y, F.conv2d(x, wt, b, padding=1, groups=x.shape[1] // 8))
+    assert len(gconv_plan.PLANS) == 1
+    assert gconv_plan.forward_key(x, wt, b, 1.0, 1) is None
+    assert gconv_plan.backward_key(y, x, wt, b, True, 1, (True,) * 3, True) is None
+
+
+def test_a_planned_launch_is_dependent_only_where_the_lean_launcher_is(monkeypatch):
+    """A driver without cuLaunchKernelEx gives a plain lean launcher for a dependent kernel:
+    the plan's own launcher must then be plain too (it would raise looking the call up)."""
+    import types
+
+    from tilewise.runtime import cuda_launch
+
+    made = []
+    plain = types.SimpleNamespace(dependent=False)  # what lean_launcher gives such a driver
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, sig, dependent=False: plain)
+    monkeypatch.setattr(cuda_launch, "PlannedLaunch", lambda *args: made.append(args) or args)
+    bound = gconv_cuda.BoundLaunch(object(), "pi", (1, 1, 1), (32, 1, 1), 0, 0, [3], 1, [],
+                                   dependent=True, planned=True)  # fmt: skip
+    assert bound.planned is not None and made[0][-1] is False
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, sig, dependent=False: None)
+    unplanned = gconv_cuda.BoundLaunch(object(), "pi", (1, 1, 1), (32, 1, 1), 0, 0, [3], 1, [],
+                                       dependent=True, planned=True)  # fmt: skip
+    assert unplanned.planned is None

@@ -542,6 +542,7 @@ def forward(
     plan = gconv_plan.PLANS.get(key) if key is not None else None
     if plan is not None:
         return plan(x, weight, bias)
+    token = gconv_plan.PLANS.token()  # the switches the full path below reads
     validate(x, weight, bias, pad_h, pad_w)
     bias = _dense_bias(bias)
     if not _kernel_ok(OP, x, weight, bias):
@@ -558,9 +559,10 @@ def forward(
     )
     cfg = _choose(OP, "fprop", problem, x, weight, bias, out, pad_h, pad_w)
     conv = gconv_plan.ConvPass(cfg, _launch, x, weight, bias, out, pad_h, pad_w, False)
-    if key is not None:
-        gconv_plan.PLANS.put(key, gconv_plan.ForwardPlan(conv, out.shape))
-    return conv(x, weight, bias, out)
+    result = conv(x, weight, bias, out)
+    if key is not None:  # stored once it has run: a call that fails leaves no plan
+        gconv_plan.PLANS.put(key, gconv_plan.ForwardPlan(conv, out.shape), token)
+    return result
 
 
 def backward(
@@ -584,6 +586,7 @@ def backward(
     plan = gconv_plan.PLANS.get(key) if key is not None else None
     if plan is not None:
         return plan(grad, x, weight, bias)
+    token = gconv_plan.PLANS.token()
     validate(x, weight, bias, pad_h, pad_w)
     bias = _dense_bias(bias)
     dispatch.check_same_device(OP_BWD, x=x, grad=grad)
@@ -620,6 +623,7 @@ def backward(
         wgrad = gconv_wgrad.bind(gconv_wgrad.choose(*args), *args)
     bias_dtype = bias.dtype if bias is not None else None
     plan = gconv_plan.BackwardPlan(cast_grad, dgrad, wgrad, need_db, bias_dtype)
+    result = plan.run(grad, x, weight)
     if key is not None:
-        gconv_plan.PLANS.put(key, plan)
-    return plan.run(grad, x, weight)
+        gconv_plan.PLANS.put(key, plan, token)
+    return result

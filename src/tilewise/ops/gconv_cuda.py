@@ -501,10 +501,12 @@ class BoundLaunch:
         self.smem, self.dev, self.scalars, self.n_ptrs = smem, dev, tuple(scalars), n_ptrs
         self.maps, self.dependent = maps, dependent  # maps: (pointer index, cb, box w, box h)
         self.planned = None
-        if planned and _launcher(kernel, signature, dependent) is not None:
-            self.planned = cuda_launch.PlannedLaunch(
-                kernel, signature, grid, block, smem, self.scalars, dependent
-            )
+        lean = _launcher(kernel, signature, dependent) if planned else None
+        if lean is not None:  # its own launcher, dependent only where the kernel's lean one is
+            self.planned = cuda_launch.PlannedLaunch(  # (a driver without cuLaunchKernelEx)
+                kernel, signature, grid, block, smem, self.scalars,
+                dependent and getattr(lean, "dependent", dependent),
+            )  # fmt: skip
 
     def launch(self, ptrs: list) -> None:
         """Launch with the problem's tensors ``ptrs`` (in the kernel's pointer order)."""

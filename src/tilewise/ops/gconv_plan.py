@@ -61,8 +61,9 @@ def _param_key(t: torch.Tensor | None) -> tuple | None:
 def forward_key(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
 ) -> tuple | None:
-    """The forward plan's key, or None for tensors without data (no plan for those)."""
-    if x.device.type not in _PLANNED_DEVICES:
+    """The forward plan's key, or None for tensors without data or paddings that are not
+    plain ints (no plan for those: 1.0 or True would find an int's plan)."""
+    if x.device.type not in _PLANNED_DEVICES or type(pad_h) is not int or type(pad_w) is not int:
         return None
     try:
         return ("fprop", _tensor_key(x), _param_key(weight), _param_key(bias), pad_h, pad_w)
@@ -81,7 +82,7 @@ def backward_key(
     deterministic: bool,
 ) -> tuple | None:
     """The backward plan's key (as ``forward_key``)."""
-    if x.device.type not in _PLANNED_DEVICES:
+    if x.device.type not in _PLANNED_DEVICES or type(pad_h) is not int or type(pad_w) is not int:
         return None
     try:
         return ("bwd", _tensor_key(grad), _tensor_key(x), _param_key(weight), _param_key(bias),

@@ -60,13 +60,15 @@ class PlanCache:
             return None
         return entry[1]
 
-    def put(self, key: Hashable, plan: Any) -> None:
-        """Store ``plan`` under ``key`` (not while a CUDA graph is being captured)."""
+    def put(self, key: Hashable, plan: Any, token: tuple | None = None) -> None:
+        """Store ``plan`` under ``key`` (not while a CUDA graph is being captured), valid while
+        the switches read ``token`` (take it before the work the plan records: a switch that
+        moves meanwhile then invalidates the plan; None: read it now)."""
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return
         if len(self._plans) >= self.size:
             self._plans.clear()
-        self._plans[key] = (self.token(), plan)
+        self._plans[key] = (self.token() if token is None else token, plan)
 
     def clear(self) -> None:
         self._plans.clear()
