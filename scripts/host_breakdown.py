@@ -76,7 +76,7 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
         "gconv.backward (one-launch)": lambda: gconv.backward(
             g, xd, wd, None, pad, pad, deterministic=False
         ),
-        "gconv._run_conv fprop": lambda: gconv._run_conv(
+        "gconv._choose fprop (memoized answer)": lambda: gconv._choose(
             gconv.OP, "fprop", problem, xd, wd, None, out, pad, pad
         ),
         "gconv._launch fprop (picked)": lambda: gconv._launch(
