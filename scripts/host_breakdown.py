@@ -15,6 +15,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from host_profile_step import IdentityFunction  # this folder: the do-nothing autograd node
 
 import tilewise
 from tilewise.bench.timing import host_us_per_call
@@ -51,19 +52,10 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
     y_tw = tilewise.grouped_conv2d(x, w, None, padding=pad)
     y_cd = F.conv2d(x, w, None, padding=pad, groups=c // 8)
 
-    class Identity(torch.autograd.Function):  # the cost of a Python autograd round trip
-        @staticmethod
-        def forward(ctx, t):
-            return t.view_as(t)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad
-
     rows = {
         "tilewise bwd only (retain_graph)": lambda: y_tw.backward(g, retain_graph=True),
         "cudnn bwd only (retain_graph)": lambda: y_cd.backward(g, retain_graph=True),
-        "Python Function fwd+bwd (identity)": lambda: Identity.apply(x).backward(g),
+        "Python Function fwd+bwd (identity)": lambda: IdentityFunction.apply(x).backward(g),
         "cudnn F.conv2d fwd": lambda: F.conv2d(xd, wd, None, padding=pad, groups=c // 8),
         "cudnn fwd+bwd (autograd)": lambda: F.conv2d(
             x, w, None, padding=pad, groups=c // 8

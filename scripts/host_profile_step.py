@@ -71,7 +71,7 @@ def python_function_convs(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-class _Identity(torch.autograd.Function):
+class IdentityFunction(torch.autograd.Function):
     """A Python autograd node that does nothing: what one such node costs a step."""
 
     @staticmethod
@@ -89,11 +89,11 @@ class _IdentityAfter(torch.nn.Module):
         self.conv = conv
 
     def forward(self, x):
-        return _Identity.apply(self.conv(x))
+        return IdentityFunction.apply(self.conv(x))
 
 
 def identity_after_convs(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` (cuDNN convs kept) with a ``_Identity`` node after each grouped conv."""
+    """``model`` (cuDNN convs kept) with an ``IdentityFunction`` node after each grouped conv."""
     for mod in list(model.modules()):
         for child_name, child in list(mod.named_children()):
             if type(child) is torch.nn.Conv2d and child.groups > 1:

@@ -18,7 +18,7 @@ from tilewise.ops import gconv as _gconv
 from tilewise.ops import gconv_config as _gconv_config
 from tilewise.ops import layernorm as _layernorm
 from tilewise.ops import linear as _linear
-from tilewise.runtime import dispatch, grad_slots
+from tilewise.runtime import dispatch, grad_slots, plans
 
 __all__ = ["bias_act", "grouped_conv2d", "layer_norm", "linear"]
 
@@ -458,8 +458,9 @@ def _autocast_inputs(x: Tensor, *others: Tensor | None) -> tuple[Tensor | None, 
     return tuple(_autocast(t, dtype) for t in (x, *others))
 
 
-#: ``_gconv_checks``'s answers by the tensors' metadata and the conv's arguments
-_GCONV_CHECKS: dict[tuple, tuple] = {}
+#: ``_gconv_checks``'s answers by the tensors' metadata and the conv's arguments (they depend on
+#: nothing else: no switches)
+_GCONV_CHECKS = plans.PlanCache(lambda: ())
 
 
 def _hashable(arg):
@@ -498,9 +499,7 @@ def _gconv_checks(x, weight, bias, stride, padding, dilation, groups) -> tuple:
     ) or _gconv.layout_reason(x, weight, bias)
     pads = _gconv_config.resolve_padding(padding, r, s) if reason is None else None
     if key is not None:
-        if len(_GCONV_CHECKS) >= 4096:
-            _GCONV_CHECKS.clear()
-        _GCONV_CHECKS[key] = (groups, reason, pads)
+        _GCONV_CHECKS.put(key, (groups, reason, pads))
     return groups, reason, pads
 
 

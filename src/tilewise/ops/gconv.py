@@ -32,6 +32,7 @@ from tilewise.ops.gconv_config import (
     GConvProblem,
     candidate_configs,
     candidate_tuple,
+    channels_last_copy,
     check_conv_args,
     default_config,
     dw_format,
@@ -410,13 +411,7 @@ def _dense_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return bias.contiguous() if bias is not None else None
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    """A channels_last copy with exactly the strides ``torch.empty`` gives (as the fakes do)."""
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
-    return out.copy_(t)
-
-
-def dw_channels_last(weight: torch.Tensor) -> bool:
+def dwchannels_last_copy(weight: torch.Tensor) -> bool:
     """Whether the weight gradient is written channels_last: for a channels_last weight (a model
     moved to channels_last), so that autograd's AccumulateGrad keeps it as the parameter's
     ``.grad`` instead of copying it into the parameter's layout (one kernel per conv per step).
@@ -427,7 +422,7 @@ def dw_channels_last(weight: torch.Tensor) -> bool:
 def empty_weight_grad(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized weight gradient in the layout ``backward`` returns (shared with the fake
     kernel)."""
-    fmt = dw_format(dw_channels_last(weight))
+    fmt = dw_format(dwchannels_last_copy(weight))
     return torch.empty(weight.shape, dtype=dtype, device=weight.device, memory_format=fmt)
 
 
@@ -546,7 +541,7 @@ def forward(
     validate(x, weight, bias, pad_h, pad_w)
     bias = _dense_bias(bias)
     if not _kernel_ok(OP, x, weight, bias):
-        return _channels_last(reference(x, weight, bias, (pad_h, pad_w)))
+        return channels_last_copy(reference(x, weight, bias, (pad_h, pad_w)))
     problem = GConvProblem.from_tensors(x, weight, bias, pad_h, pad_w)
     out = alloc.empty(
         x.shape[0],
@@ -599,11 +594,11 @@ def backward(
     need_db = need[2] and bias is not None
     cast_grad = grad.dtype != x.dtype or grad.stride(1) != 1
     if cast_grad:
-        grad = _channels_last(grad.to(x.dtype))
+        grad = channels_last_copy(grad, x.dtype)
     if not _kernel_ok(OP_BWD, x, weight, bias):
         dx, dw, db = reference_backward(grad, x, weight, bias, (pad_h, pad_w), need)
         return (
-            _channels_last(dx) if dx is not None else None,
+            channels_last_copy(dx) if dx is not None else None,
             empty_weight_grad(weight, weight.dtype).copy_(dw) if dw is not None else None,
             db,
         )
@@ -619,7 +614,7 @@ def backward(
         dgrad = gconv_plan.ConvPass(cfg, _launch, grad, weight, None, dx, *pads, True)
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32
-        args = (grad, x, problem, need_db, deterministic, db_dtype, dw_channels_last(weight))
+        args = (grad, x, problem, need_db, deterministic, db_dtype, dwchannels_last_copy(weight))
         wgrad = gconv_wgrad.bind(gconv_wgrad.choose(*args), *args)
     bias_dtype = bias.dtype if bias is not None else None
     plan = gconv_plan.BackwardPlan(cast_grad, dgrad, wgrad, need_db, bias_dtype)

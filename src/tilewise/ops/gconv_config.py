@@ -27,6 +27,14 @@ def dw_format(channels_last: bool) -> torch.memory_format:
     return torch.channels_last if channels_last else torch.contiguous_format
 
 
+def channels_last_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A channels_last copy of ``t`` (in ``dtype``, default its own) with exactly the strides
+    ``torch.empty`` gives (as the fakes do)."""
+    out = torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device,
+                      memory_format=torch.channels_last)  # fmt: skip
+    return out.copy_(t)
+
+
 MAX_KERNEL = 7
 PASSES = ("fprop", "dgrad", "wgrad")
 

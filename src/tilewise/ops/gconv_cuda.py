@@ -515,11 +515,9 @@ class BoundLaunch:
             args = ptrs + list(self.scalars) + live[self.n_ptrs :]
             _launch(self.kernel, self.signature, self.grid, self.block, args, self.smem,
                     self.dev, self.dependent)  # fmt: skip
-        elif self.dev != torch.cuda.current_device():  # the kernel's context, as ``launch``
-            with torch.cuda.device(self.dev):
-                self.planned.run(live, torch._C._cuda_getCurrentRawStream(self.dev))
         else:
-            self.planned.run(live, torch._C._cuda_getCurrentRawStream(self.dev))
+            with cuda_launch.on_device(self.dev):
+                self.planned.run(live, torch._C._cuda_getCurrentRawStream(self.dev))
 
 
 class BoundFprop(BoundLaunch):

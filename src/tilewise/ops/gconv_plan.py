@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from tilewise.ops import gconv_cuda, gconv_library
+from tilewise.ops.gconv_config import channels_last_copy
 from tilewise.runtime import alloc, autotune, dispatch, plans
 
 #: the environment variables whose values a plan depends on
@@ -146,8 +147,7 @@ class BackwardPlan:
 
     def __call__(self, grad, x, weight, bias):
         if self.cast_grad:
-            grad = torch.empty(grad.shape, dtype=x.dtype, device=grad.device,
-                               memory_format=torch.channels_last).copy_(grad)  # fmt: skip
+            grad = channels_last_copy(grad, x.dtype)
         return self.run(grad, x, weight)
 
     def run(self, grad, x, weight):

@@ -208,6 +208,13 @@ def lean_launcher(kernel: Any, signature: str, dependent: bool = False) -> Launc
         return None
 
 
+def on_device(device: int) -> contextlib.AbstractContextManager:
+    """``device`` made current where another one is (an NVRTC kernel launches in its context)."""
+    if device != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def launch(
     kernel: Any,
     grid: Sequence[int],
@@ -220,8 +227,7 @@ def launch(
     """Launch ``kernel`` on the current stream of ``device``: through ``launcher`` (a
     ``lean_launcher``, ~host time of one driver call), or PyTorch's ``_CudaKernel`` call where it
     is None. Runs under ``device`` when another device is current (the kernel's context)."""
-    other = device != torch.cuda.current_device()
-    with torch.cuda.device(device) if other else contextlib.nullcontext():
+    with on_device(device):
         if launcher is None:
             kernel(grid=grid, block=block, args=list(args), shared_mem=shared_mem)
         else:
