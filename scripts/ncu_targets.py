@@ -6,8 +6,10 @@
 
 Targets (fp16): ``gconv-fprop`` and ``gconv-wgrad`` (NVRTC kernels, C=64 64x64 N=128 3x3; fprop
 takes the tap kernel's default tile or ``--tile i`` of ``gconv_cuda.TILES``, where 0 is the
-row-pair 16x16 tile, kernel ``tw_gconv_fprop_rp``), ``ln-bwd`` (LayerNorm backward, 64 MB,
-n=1024, the default config), ``bias-act-bwd`` and ``bias-act-fwd`` (64 MB, n=4096, ``--act``).
+row-pair 16x16 tile, kernel ``tw_gconv_fprop_rp``; or any ``CudaTile`` by ``--tile-spec
+"16,16,32,4,2,2,rowpair=True,tma=2"``; ``--k`` the kernel size), ``ln-bwd`` (LayerNorm backward,
+64 MB, n=1024, the default config), ``bias-act-bwd`` and ``bias-act-fwd`` (64 MB, n=4096,
+``--act``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def main() -> None:
     ap.add_argument(
         "--tma-tile", type=int, default=-1, help="gconv-fprop: index into gconv_cuda.TMA_TILES"
     )
+    ap.add_argument("--k", type=int, default=3, help="gconv targets: kernel size R = S")
+    ap.add_argument(
+        "--tile-spec", default="", help='gconv-fprop: CudaTile arguments ("8,16,32,4,3,2")'
+    )
     ap.add_argument("--act", default="relu", help="bias-act targets: relu, gelu, silu")
     args = ap.parse_args()
     dt = torch.float16
@@ -40,15 +46,18 @@ def main() -> None:
         cl = torch.channels_last
         shape = (args.n, args.c, args.hw, args.hw)
         x = torch.randn(shape, device="cuda", dtype=dt).contiguous(memory_format=cl)
-        w = (torch.randn(args.c, 8, 3, 3, device="cuda") * 0.1).to(dt)
+        k = args.k
+        w = (torch.randn(args.c, 8, k, k, device="cuda") * 0.1).to(dt)
         out = torch.empty_like(x)
         if args.target == "gconv-fprop":
             tile = gconv_cuda.CudaTile() if args.tile < 0 else gconv_cuda.TILES[args.tile]
             if args.tma_tile >= 0:
                 tile = gconv_cuda.TMA_TILES[args.tma_tile]
-            fn = lambda: gconv_cuda.fprop(x, w, None, out, 1, 1, tile)  # noqa: E731
+            if args.tile_spec:
+                tile = eval(f"gconv_cuda.CudaTile({args.tile_spec})")  # a developer's argument
+            fn = lambda: gconv_cuda.fprop(x, w, None, out, k // 2, k // 2, tile)  # noqa: E731
         else:
-            fn = lambda: gconv_cuda.wgrad(out, x, 3, 3, 1, 1, True)  # noqa: E731
+            fn = lambda: gconv_cuda.wgrad(out, x, k, k, k // 2, k // 2, True)  # noqa: E731
     else:
         n = 1024 if args.target == "ln-bwd" else 4096
         m = 64 * 2**20 // (n * 2)

@@ -393,6 +393,11 @@ def test_cold_timing_sees_dram_where_warm_sees_l2():
     torch.testing.assert_close(dst, src)
     assert int(count) - before >= 1 + 7 * 8  # the warm-up run and 7 paired replays of 8
     assert 0 < warm and math.isfinite(cold)
+    # the least of three readings each, in turns: the GPU script runs test files side by side,
+    # and another process's kernels once slowed a warm reading past a cold one (session 29)
+    for _ in range(2):
+        warm = min(warm, autotune._bench(fn))
+        cold = min(cold, autotune._bench_cold(fn, torch.device("cuda")))
     assert cold >= 1.1 * warm, (cold, warm)
 
 

@@ -1,0 +1,95 @@
+"""Every row-pair fprop/dgrad candidate of a 5x5 or 7x7 grouped conv timed on its own (session 29:
+the split-column tiles, ``CudaTile.ssplit``, beside the tiles before them), C=64 64x64, fp16 /
+bf16, as fraction of the copy bandwidth measured in the same run; the autotuner's pick and
+cuDNN beside them. Each tile's output is checked against cuDNN's first (a relative error).
+
+    python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_events
+from tilewise.ops import gconv_cuda
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def _rows(k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float) -> list[dict]:
+    c, hw, pad = 64, 64, k // 2
+    sets = []
+    for _ in range(3):  # 3 x 67 MB at N = 128: each call reads inputs the L2 no longer holds
+        x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+        w = (torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5).to(dt)
+        sets.append((x, w, _cl(torch.empty_like(x))))
+    nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
+    tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True) if t.rowpair]
+    rows = []
+    for dgrad in (False, True):
+        impls = {
+            "cudnn": (
+                (lambda x, w, o: torch.nn.grad.conv2d_input(x.shape, w, x, padding=pad, groups=8))
+                if dgrad
+                else (lambda x, w, o: F.conv2d(x, w, None, padding=pad, groups=8))
+            )
+        }
+        for t in tiles:
+            impls[t.name] = lambda x, w, o, t=t, d=dgrad: gconv_cuda.fprop(
+                x, w, None, o, pad, pad, t, d
+            )
+        x, w, _ = sets[0]
+        want = impls["cudnn"](x, w, None).float()
+        res = {}
+        for name, fn in impls.items():
+            try:
+                out = _cl(torch.full_like(x, float("nan")))
+                got = fn(x, w, out)
+                err = float((got.float() - want).abs().max() / want.abs().max())
+                res[name] = (time_events(fn, sets, warmup=5, reps=30).median_s, err)
+            except Exception as exc:  # a tile that fails to compile or launch is reported
+                print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+        base = res.get("cudnn", (None,))[0]
+        for name, (sec, err) in res.items():
+            row = dict(pass_="dgrad" if dgrad else "fprop", k=k, n=n, dtype=dname, impl=name,
+                       median_s=sec, frac_copy=nbytes / sec / copy_bw,
+                       x_cudnn=base / sec if base else None, rel_err=err)  # fmt: skip
+            rows.append(row)
+            print(
+                f"{row['pass_']:5} {k}x{k} N={n} {dname} {name:34s} {sec * 1e6:8.1f} us "
+                f"{row['frac_copy']:.3f} of copy {row['x_cudnn'] or 0:5.2f}x cuDNN err {err:.1e}"
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, nargs="+", default=[7, 5])
+    ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    copy_bw = measure_copy_bandwidth()
+    print(f"copy: {copy_bw / 1e12:.3f} TB/s")
+    dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    rows = []
+    for k in args.kernels:
+        for n in args.n:
+            for dname in args.dtypes:
+                rows += _rows(k, n, dname, dts[dname], copy_bw)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
