@@ -125,20 +125,24 @@ for step in "$@"; do
       done
       pack ;;
     ncu-k357)  # session 29: Nsight Compute on the autotuner's fp16 fprop choices at C=64 64x64
-      # N = 128 (3x3 8x32 64-ch, 5x5 16x16 64-ch, 7x7 16x16 2-CTA): what bounds 5x5 and 7x7
+      # N = 128 (3x3 8x32 64-ch, 5x5 16x16 64-ch, 7x7 16x16 2-CTA): what bounds 5x5 and 7x7;
+      # NCU_SPECS="K|CudaTile args ..." picks others, NCU_STALLS=1 adds the stall reasons
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: ${NCU:-none}"
-      for spec in "3|8,32,64,16,1,2,rowpair=True,tma=2" "5|16,16,64,8,1,2,rowpair=True,tma=2" \
-                  "7|16,16,32,4,2,2,rowpair=True,tma=2" "7|8,16,32,4,3,2,rowpair=True,tma=2"; do
+      specs=${NCU_SPECS:-"3|8,32,64,16,1,2,rowpair=True,tma=2 5|16,16,64,8,1,2,rowpair=True,tma=2 7|16,16,32,4,2,2,rowpair=True,tma=2 7|8,16,32,4,3,2,rowpair=True,tma=2"}
+      stalls=()
+      [ "${NCU_STALLS:-0}" = 1 ] && stalls=(--metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+      for spec in $specs; do
         k=${spec%%|*} t=${spec#*|}
         f="$R/ncu-k${k}-${t//[^0-9a-z]/_}.txt"
         timeout 150 "$NCU" --clock-control none -k regex:tw_gconv_fprop --launch-skip 2 -c 1 \
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           --section WarpStateStats --section Occupancy --section LaunchStats \
-          --section SchedulerStats --section InstructionStats \
+          --section SchedulerStats --section InstructionStats "${stalls[@]}" \
           python scripts/ncu_targets.py gconv-fprop --k "$k" --tile-spec "$t" >"$f" 2>&1
         echo "rc $? k=$k tile=$t"
-        grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Issued Warp|Pipe|Stall" "$f" | head -30
+        grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Registers Per|highest-utilized" "$f" | head -8
+        grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.05' | sort -k3 -g -r | head -12
       done
       pack ;;
     k7-big)  # 7x7 at N = 128, 256 (the wide-kernel row-pair tiles)

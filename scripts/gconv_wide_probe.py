@@ -4,6 +4,8 @@ bf16, as fraction of the copy bandwidth measured in the same run; the autotuner'
 cuDNN beside them. Each tile's output is checked against cuDNN's first (a relative error).
 
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
+        [--extra "32,8,32,4,2,2,rowpair=True,tma=2" ...]   (CudaTile arguments: tiles to time
+        beside the candidates, where legal)
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
 from tilewise.ops import gconv_cuda
+from tilewise.ops.gconv_cuda import CudaTile
 
 
 def _cl(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
-def _rows(k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float) -> list[dict]:
+def _rows(
+    k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float, extra: list[CudaTile]
+) -> list[dict]:
     c, hw, pad = 64, 64, k // 2
     sets = []
     for _ in range(3):  # 3 x 67 MB at N = 128: each call reads inputs the L2 no longer holds
@@ -33,6 +38,7 @@ def _rows(k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float) -> list[d
         sets.append((x, w, _cl(torch.empty_like(x))))
     nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
     tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True) if t.rowpair]
+    tiles += [t for t in extra if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
     rows = []
     for dgrad in (False, True):
         impls = {
@@ -76,7 +82,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--extra", nargs="*", default=[], help="CudaTile arguments, one tile each")
     args = ap.parse_args()
+    extra = [eval(f"CudaTile({spec})") for spec in args.extra]  # a developer's arguments
     torch.backends.cudnn.benchmark = True
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
@@ -85,7 +93,7 @@ def main() -> None:
     for k in args.kernels:
         for n in args.n:
             for dname in args.dtypes:
-                rows += _rows(k, n, dname, dts[dname], copy_bw)
+                rows += _rows(k, n, dname, dts[dname], copy_bw, extra)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)

@@ -54,9 +54,7 @@ class CudaTile:
     output tiles leave by it too. ``tap_rows`` (wgrad, tap kernel, no TMA): each CTA takes that
     many of the kernel's rows of taps (a divisor of R; 0: all), so R / tap_rows times the CTAs
     share the work of a small problem and each reduces fewer sums; the input is read once per
-    row block. ``ssplit`` (row-pair fprop/dgrad): that many warps share each output block, each
-    holding the weights of 1 / ssplit of the kernel's columns (fewer registers a thread, more
-    warps per SM for 7x7), adding up through shared memory."""
+    row block."""
 
     th: int = 8
     tw: int = 16
@@ -68,7 +66,6 @@ class CudaTile:
     cluster: int = 0
     tma: int = 0
     tap_rows: int = 0
-    ssplit: int = 1
 
     @property
     def name(self) -> str:
@@ -76,8 +73,7 @@ class CudaTile:
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
-        split = f"_ss{self.ssplit}" if self.ssplit > 1 else ""
-        return f"{kind}_{shape}{cluster}{rows}{split}{f'_tma{self.tma}' if self.tma else ''}"
+        return f"{kind}_{shape}{cluster}{rows}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -106,14 +102,11 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
-        # ssplit: two buffers of fp32 sums (QP x 4 a lane) per output block's ssplit - 1 helpers
-        blocks = tile.warps // tile.ssplit
-        split = 16 + 2 * blocks * (tile.ssplit - 1) * (tile.th // 2) * 512 if tile.ssplit > 1 else 0
         if tile.tma:  # dense swizzled stages (+ one period to align them), mbarriers
             stage = _tma_stage(rows * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
             out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
-            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out + split
-        return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix + split
+            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out
+        return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
 
@@ -130,10 +123,9 @@ ENV_WIDE_TILES = "TILEWISE_GCONV_WIDE_TILES"
 ENV_EXPERIMENTAL_WGRAD = "TILEWISE_EXPERIMENTAL_WGRAD"
 
 
-def rowpair_fragments(r: int, s: int, ssplit: int = 1) -> int:
-    """Weight fragments a row-pair thread keeps for an R x S kernel (its A operands): of its
-    ``ceil(S / ssplit)`` kernel columns where ``ssplit`` warps share an output block."""
-    return -(-s // ssplit) * ((r + 2) // 2)
+def rowpair_fragments(r: int, s: int) -> int:
+    """Weight fragments a row-pair thread keeps for an R x S kernel (its A operands)."""
+    return s * ((r + 2) // 2)
 
 
 def register_cap(tile: CudaTile) -> int:
@@ -151,7 +143,7 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     CTAs per SM, 168 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
     cap = register_cap(tile)
     fixed = {2: 40, 1: 48}.get(tile.tma, 80)  # TMA loads only (tma=1): 128 where tma=2 took 114
-    return 4 * rowpair_fragments(r, s, tile.ssplit) + 2 * tile.th + fixed <= cap
+    return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
 def wide_tiles_offered() -> bool:
@@ -167,23 +159,18 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return False
     if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
         return False
-    if tile.ssplit > 1 and not (tile.rowpair and tile.ssplit <= s):
-        return False
     box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
     if tile.tma and (not tile.rowpair or tile.cb not in TMA_CHANNEL_BLOCKS or box_too_big):
         return False
     if not tile.rowpair:
         return (tile.th * tile.tw) % (16 * tile.warps) == 0
     groups = tile.cb // 8
-    blocks = groups * tile.ssplit  # warps per column block
-    fragments = rowpair_fragments(r, s, tile.ssplit)
     return (
         tile.th % 2 == 0
         and tile.tw % 8 == 0
-        and tile.warps % blocks == 0
-        and (tile.tw // 8) % (tile.warps // blocks) == 0
-        and (tile.ssplit == 1 or tile.warps // tile.ssplit <= 15)  # named barriers 1..15
-        and (fragments <= ROWPAIR_MAX_FRAGMENTS or rowpair_registers_fit(r, s, tile))
+        and tile.warps % groups == 0
+        and (tile.tw // 8) % (tile.warps // groups) == 0
+        and (rowpair_fragments(r, s) <= ROWPAIR_MAX_FRAGMENTS or rowpair_registers_fit(r, s, tile))
     )
 
 
@@ -251,17 +238,7 @@ WIDE_KERNEL_TILES = (
     CudaTile(16, 16, 32, 4, 2, 2, rowpair=True, tma=2),
     CudaTile(8, 8, 32, 4, 3, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 32, 4, 2, 2, rowpair=True),
-    # session 29: two warps per output block, each with half the kernel's columns (16 fragments
-    # at 7x7), so 16 warps fit an SM where the tiles above fit 8-12. ptxas (offline, sm_90, 128
-    # registers a thread): 12-24 bytes of spills at 7x7 fp16 fprop with bias, none in bf16 dgrad;
-    # the 8x8 tile spilled 188 bytes in bf16 dgrad and is left out
-    CudaTile(8, 16, 32, 8, 2, 2, rowpair=True, tma=2, ssplit=2),
-    CudaTile(8, 16, 64, 16, 1, 2, rowpair=True, tma=2, ssplit=2),
 )
-#: spill bytes (stored + loaded) a thread of the split-column tiles (``CudaTile.ssplit``) may
-#: take (ptxas: 24-48 at 7x7); tests/test_gconv_cuda_compile.py holds them to it, every other
-#: wide tile to none
-SPLIT_TILE_SPILLS = 64
 
 
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
@@ -420,7 +397,6 @@ def source(
         CLUSTER=tile.cluster,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
         DW_CL=int(dw_cl),
-        SSPLIT=tile.ssplit,
     )
     return src, entry
 

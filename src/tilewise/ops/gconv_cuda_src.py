@@ -769,19 +769,10 @@ _RP_KERNEL = r"""
 #else
 #define STG_BYTES (TH * TW * PIX)
 #endif
-// KS > 1: the partial sums' buffers, after the mbarriers
-#define RED_OFF ((STAGES * HALO_RP + STG_BYTES + 8 * STAGES + 15) / 16 * 16)
 #else
 #define HALO_RP (HHP * HWD * PIX)
-#define RED_OFF (STAGES * HALO_RP + TH * TW * PIX)
 #endif
-// KS > 1 (``CudaTile.ssplit``): KS warps share each output block, warp kp holding the weights of
-// kernel columns kp * SP .. kp * SP + SP - 1 only (fewer registers a thread, so more warps per
-// SM); the KS - 1 others hand their partial sums to warp kp = 0 through shared memory (RED_OFF:
-// two buffers by the block's parity, one named barrier per block and pair of KS warps)
-#define KS {SSPLIT}
-#define SP ((S + KS - 1) / KS)
-#define WS (WARPS / (NG * KS))
+#define WS (WARPS / NG)
 #define CBLK (TW / 8)
 #define QP (TH / 2)
 // two 16-bit floats' exponent fields, and the addend that carries an all-ones one into bit 15
@@ -849,8 +840,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = warp % NG, part = KS > 1 ? (warp / NG) % WS : warp / NG;
-    const int kp = KS > 1 ? warp / (NG * WS) : 0, s0 = kp * SP;  // KS = 1: constants
+    const int g = warp % NG, part = warp / NG;
     const int c0 = blockIdx.y * CB, gc = c0 + g * 8;
 #if TMA
     const u32 sbase = (smem_u32(smem) + TALIGN - 1) & ~(u32)(TALIGN - 1);  // host: TALIGN slack
@@ -892,20 +882,20 @@ tw_gconv_fprop_rp(RP_PARAMS)
     // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
     // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
     const int o = lane >> 2, cp = (lane & 3) * 2;
-    u32 wa[SP][NP][4];  // this warp's kernel columns s0 + sl (KS = 1: all of them)
+    u32 wa[S][NP][4];
 #pragma unroll
-    for (int sl = 0; sl < SP; ++sl)
+    for (int s = 0; s < S; ++s)
 #pragma unroll
         for (int p = 0; p < NP; ++p)
 #pragma unroll
             for (int q = 0; q < 4; ++q) {{
-                const int r = 2 * p + (q >> 1) - (q & 1), s = s0 + sl;
-                const u32 lo = s < S ? wval(w, gc, o, cp, r, s, ws0, ws1, ws2, ws3) : 0u;
-                const u32 hi = s < S ? wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3) : 0u;
-                wa[sl][p][q] = lo | (hi << 16);
+                const int r = 2 * p + (q >> 1) - (q & 1);
+                const u32 lo = wval(w, gc, o, cp, r, s, ws0, ws1, ws2, ws3);
+                const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
+                wa[s][p][q] = lo | (hi << 16);
             }}
 #if HAS_BIAS
-    const float bv = kp == 0 ? bias[gc + o] : 0.f;
+    const float bv = bias[gc + o];
 #else
     const float bv = 0.f;
 #endif
@@ -945,7 +935,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
         const u32 hbase = sbase + buf * HALO_RP;
 #pragma unroll 1
         for (int cb = part; cb < CBLK; cb += WS) {{
-            float acc[QP][4];  // the bias rides in as the accumulators' start (warp kp = 0)
+            float acc[QP][4];  // the bias rides in as the accumulators' start
 #pragma unroll
             for (int q = 0; q < QP; ++q)
 #pragma unroll
@@ -956,9 +946,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
             const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
 #endif
 #pragma unroll
-            for (int sl = 0; sl < SP; ++sl) {{
-                if (KS > 1 && s0 + sl >= S) break;  // the last warp's columns past the kernel
-                const int s = s0 + sl;
+            for (int s = 0; s < S; ++s)
 #pragma unroll
                 for (int ip = 0; ip < QP + NP - 1; ++ip) {{
                     u32 b0, b1;
@@ -971,33 +959,10 @@ tw_gconv_fprop_rp(RP_PARAMS)
                     for (int p = 0; p < NP; ++p) {{
                         const int q = ip - p;
                         if (q >= 0 && q < QP)
-                            mma16816(acc[q], wa[sl][p][0], wa[sl][p][1], wa[sl][p][2],
-                                     wa[sl][p][3], b0, b1);
+                            mma16816(acc[q], wa[s][p][0], wa[s][p][1], wa[s][p][2], wa[s][p][3],
+                                     b0, b1);
                     }}
                 }}
-            }}
-#if KS > 1
-            {{  // warps kp > 0 hand their sums to warp kp = 0, which alone writes the block
-                float* red = (float*)(sm + RED_OFF) +
-                             ((((cb / WS) & 1) * NG * WS + part * NG + g) * (KS - 1)) * QP * 128;
-                if (kp > 0)
-#pragma unroll
-                    for (int q = 0; q < QP; ++q)
-#pragma unroll
-                        for (int k = 0; k < 4; ++k)
-                            red[((kp - 1) * QP * 4 + q * 4 + k) * 32 + lane] = acc[q][k];
-                asm volatile("bar.sync %0, %1;\n" :: "r"(1 + part * NG + g), "n"(KS * 32)
-                             : "memory");
-                if (kp > 0) continue;
-#pragma unroll
-                for (int j = 0; j < KS - 1; ++j)
-#pragma unroll
-                    for (int q = 0; q < QP; ++q)
-#pragma unroll
-                        for (int k = 0; k < 4; ++k)
-                            acc[q][k] += red[(j * QP * 4 + q * 4 + k) * 32 + lane];
-            }}
-#endif
             // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1. Each
             // 8 x 8 (channel x pixel) half of it, rounded to 16 bits, is transposed in
             // registers (movmatrix): this lane then holds channels cp, cp + 1 of pixel o, one
