@@ -27,7 +27,12 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
 def test_source_template_formats_for_every_kernel_size():
     for r in range(1, 8):
         for s in range(1, 8):
-            for tile in gconv_cuda.TILES + gconv_cuda.TMA_TILES + gconv_cuda.WIDE_KERNEL_TILES:
+            for tile in (
+                gconv_cuda.TILES
+                + gconv_cuda.TMA_TILES
+                + gconv_cuda.WIDE_KERNEL_TILES
+                + gconv_cuda.TALL_TILES
+            ):
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
                 assert f"#define TMA {int(tile.tma)}" in src

@@ -119,6 +119,11 @@ ROWPAIR_MAX_FRAGMENTS = 15
 #: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...), which then run the tap kernel
 #: (written in session 21 without a GPU; offered by default since session 22's H100 run)
 ENV_WIDE_TILES = "TILEWISE_GCONV_WIDE_TILES"
+#: ``TILEWISE_GCONV_WSTAGE=0``: the row-pair kernel reads its weight fragments from global
+#: memory as before session 29 instead of staging the CTA's weights in shared memory; for A/B
+#: timings of the same tile in two processes only (kernels compiled in a process keep the
+#: setting they were compiled with, and the autotune cache does not see it)
+ENV_WSTAGE = "TILEWISE_GCONV_WSTAGE"
 #: adds the experimental wgrad tiles to the candidates ("1"; ``wgrad_candidates``)
 ENV_EXPERIMENTAL_WGRAD = "TILEWISE_EXPERIMENTAL_WGRAD"
 
@@ -241,6 +246,18 @@ WIDE_KERNEL_TILES = (
 )
 
 
+#: Tall row-pair TMA tiles, candidates for kernels of 5 or more rows: 16 row pairs a warp (32
+#: rows by 8 or 16 columns) give each B fragment read from shared memory more MMAs to feed and
+#: each warp more independent accumulators. Session 29 (``scripts/gconv_wide_probe.py --extra``,
+#: C=64 64x64 N=128, events): 5x5 fprop/dgrad 60.2-64.6 us against the candidates' best 66.9-71.3
+#: (0.69-0.74 of copy against 0.63-0.67); 7x7 fprop 101.7-110.4 against 114.9-120.7, dgrad 96.7-99.6
+#: against 99.3-100.3.
+TALL_TILES = (
+    CudaTile(32, 8, 32, 4, 2, 2, rowpair=True, tma=2),
+    CudaTile(32, 16, 32, 8, 1, 2, rowpair=True, tma=2),
+)
+
+
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
     keep one warp per group, row-pair tiles their warps per group."""
@@ -287,7 +304,7 @@ def candidates(
 
 @functools.lru_cache(maxsize=1024)
 def _candidates(c: int, r: int, s: int, tma: bool, wide_tiles: bool) -> tuple[CudaTile, ...]:
-    pool = TILES + (TMA_TILES if tma else ())
+    pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
@@ -397,6 +414,7 @@ def source(
         CLUSTER=tile.cluster,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
         DW_CL=int(dw_cl),
+        W_STAGE_ON=int(os.environ.get(ENV_WSTAGE) != "0"),
     )
     return src, entry
 
@@ -699,6 +717,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 ROW_WGRAD_TILES,
                 EXPERIMENTAL_WGRAD_TILES,
                 WIDE_KERNEL_TILES,
+                TALL_TILES,
             )
         )
     ).encode()
