@@ -818,10 +818,10 @@ __device__ __forceinline__ int wstage_index(int cl, int ci, int r, int s) {{
 // wval's weights for in channels c, c + 1 (c even) as one register, from the staged weights
 __device__ __forceinline__ u32 wpair_staged(const u16* wst, int g, int o, int c, int r, int s) {{
     if (r < 0 || r >= R) return 0u;
-#if DGRAD
-    return *(const u32*)(wst + wstage_index(g * 8 + o, 0, R - 1 - r, S - 1 - s) + c);
+#if DGRAD  // the kernel's (o, c) is the weight's (out channel c, in channel o), flipped
+    return *(const u32*)(wst + wstage_index(g * 8 + c, o, R - 1 - r, S - 1 - s));
 #else
-    return *(const u32*)(wst + wstage_index(g * 8 + o, 0, r, s) + c);
+    return *(const u32*)(wst + wstage_index(g * 8 + o, c, r, s));
 #endif
 }}
 
