@@ -119,11 +119,6 @@ ROWPAIR_MAX_FRAGMENTS = 15
 #: ``ROWPAIR_MAX_FRAGMENTS`` weight fragments (7x7, 6x6, 5x7, ...), which then run the tap kernel
 #: (written in session 21 without a GPU; offered by default since session 22's H100 run)
 ENV_WIDE_TILES = "TILEWISE_GCONV_WIDE_TILES"
-#: ``TILEWISE_GCONV_WSTAGE=0``: the row-pair kernel reads its weight fragments from global
-#: memory as before session 29 instead of staging the CTA's weights in shared memory; for A/B
-#: timings of the same tile in two processes only (kernels compiled in a process keep the
-#: setting they were compiled with, and the autotune cache does not see it)
-ENV_WSTAGE = "TILEWISE_GCONV_WSTAGE"
 #: adds the experimental wgrad tiles to the candidates ("1"; ``wgrad_candidates``)
 ENV_EXPERIMENTAL_WGRAD = "TILEWISE_EXPERIMENTAL_WGRAD"
 
@@ -248,10 +243,10 @@ WIDE_KERNEL_TILES = (
 
 #: Tall row-pair TMA tiles, candidates for kernels of 5 or more rows: 16 row pairs a warp (32
 #: rows by 8 or 16 columns) give each B fragment read from shared memory more MMAs to feed and
-#: each warp more independent accumulators. Session 29 (``scripts/gconv_wide_probe.py --extra``,
-#: C=64 64x64 N=128, events): 5x5 fprop/dgrad 60.2-64.6 us against the candidates' best 66.9-71.3
-#: (0.69-0.74 of copy against 0.63-0.67); 7x7 fprop 101.7-110.4 against 114.9-120.7, dgrad 96.7-99.6
-#: against 99.3-100.3.
+#: each warp more independent accumulators. Session 29 (``scripts/gconv_wide_probe.py``, C=64
+#: 64x64 N=128, events, two calls): 5x5 fprop/dgrad 61.1-62.8 us (32x8) against the other
+#: candidates' best 69.2-70.2 (0.71-0.73 of copy against 0.64); 7x7 fprop 101.1-102.3 us (32x16)
+#: against 119.0-121.3, dgrad 99.2 against 100.5-116.2 (0.44-0.45 of copy).
 TALL_TILES = (
     CudaTile(32, 8, 32, 4, 2, 2, rowpair=True, tma=2),
     CudaTile(32, 16, 32, 8, 1, 2, rowpair=True, tma=2),
@@ -414,7 +409,6 @@ def source(
         CLUSTER=tile.cluster,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
         DW_CL=int(dw_cl),
-        W_STAGE_ON=int(os.environ.get(ENV_WSTAGE) != "0"),
     )
     return src, entry
 

@@ -769,17 +769,9 @@ _RP_KERNEL = r"""
 #else
 #define STG_BYTES (TH * TW * PIX)
 #endif
-// the bytes from the last halo stage's start to the staging tile's end (contiguous), unused
-// before the main loop
-#define FREE_BYTES (HALO_RP + STG_BYTES)
 #else
 #define HALO_RP (HHP * HWD * PIX)
-#define FREE_BYTES (HALO_RP + TH * TW * PIX)
 #endif
-// the CTA's weights staged in shared memory where they fit there (W_STAGED); not for one-group
-// CTAs (C = 8), where ptxas spilled at 7x7 with the 32x32 tile (16 bytes at 255 registers)
-// (W_STAGE_ON = 0: never, ``TILEWISE_GCONV_WSTAGE=0``, for A/B timings only)
-#define W_STAGED ({W_STAGE_ON} && NG > 1 && CB * 8 * R * S * 2 <= FREE_BYTES)
 #define WS (WARPS / NG)
 #define CBLK (TW / 8)
 #define QP (TH / 2)
@@ -801,27 +793,6 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
     return w[(long long)(gc + c) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
 #else
     return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
-#endif
-}}
-
-// where the CTA's weight (local out channel cl, in channel ci, r, s) is staged: the two
-// weights of an A-fragment register (fprop: in channels c, c + 1; dgrad: out channels c, c + 1
-// of the group, as the flipped and transposed kernel's in channels) side by side
-__device__ __forceinline__ int wstage_index(int cl, int ci, int r, int s) {{
-#if DGRAD
-    return ((((cl >> 3) * 8 + ci) * R + r) * S + s) * 8 + (cl & 7);
-#else
-    return ((cl * R + r) * S + s) * 8 + ci;
-#endif
-}}
-
-// wval's weights for in channels c, c + 1 (c even) as one register, from the staged weights
-__device__ __forceinline__ u32 wpair_staged(const u16* wst, int g, int o, int c, int r, int s) {{
-    if (r < 0 || r >= R) return 0u;
-#if DGRAD  // the kernel's (o, c) is the weight's (out channel c, in channel o), flipped
-    return *(const u32*)(wst + wstage_index(g * 8 + c, o, R - 1 - r, S - 1 - s));
-#else
-    return *(const u32*)(wst + wstage_index(g * 8 + o, c, r, s));
 #endif
 }}
 
@@ -912,42 +883,6 @@ tw_gconv_fprop_rp(RP_PARAMS)
     // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
     const int o = lane >> 2, cp = (lane & 3) * 2;
     u32 wa[S][NP][4];
-#if W_STAGED
-    // the CTA's weights [CB][8][R][S] read once, in order (coalesced where w is contiguous), into
-    // the bytes the last halo stage and the staging tile leave unused until the main loop; the
-    // fragments then come from there. Each thread reading its 8 * S * NP scattered 2-byte
-    // weights from global memory cost one L2 sector each (session 29, Nsight Compute: long
-    // scoreboard and LSU throttle ~22% of the 7x7 kernel's stall cycles; ~50 MB of L2 reads
-    // per 3x3 call at C=64 N=128)
-    {{
-        u16* const wst = (u16*)(sm + (STAGES - 1) * HALO_RP);
-        for (int i = tid; i < CB * 8 * R * S; i += WARPS * 32) {{
-            const int sx = i % S, rx = (i / S) % R, ci = (i / (R * S)) & 7, cl = i / (8 * R * S);
-            wst[wstage_index(cl, ci, rx, sx)] =
-                w[(long long)(c0 + cl) * ws0 + ci * ws1 + rx * ws2 + sx * ws3];
-        }}
-        __syncthreads();
-#pragma unroll
-        for (int s = 0; s < S; ++s) {{
-#pragma unroll
-            for (int p = 0; p < NP; ++p)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    wa[s][p][q] = wpair_staged(wst, g, o, cp, 2 * p + (q >> 1) - (q & 1), s);
-            // a column's loads at a time: fewer live temporaries where the registers are tight
-            asm volatile("" ::: "memory");
-        }}
-        __syncthreads();  // every warp has its fragments before the stage is zeroed or loaded
-#if TMA
-        // the last stage's rows past the kernel's are zero again, and these generic-proxy
-        // writes are ordered before the tensor copies that fill the stage later
-        for (int i = TMA_BYTES / 16 + tid; i < HHP * HWD * PIXT / 16; i += WARPS * 32)
-            *(v4u32*)(sm + (STAGES - 1) * HALO_RP + i * 16) = v4u32{{0, 0, 0, 0}};
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-#endif
-    }}
-#else
 #pragma unroll
     for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -959,7 +894,6 @@ tw_gconv_fprop_rp(RP_PARAMS)
                 const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
                 wa[s][p][q] = lo | (hi << 16);
             }}
-#endif
 #if HAS_BIAS
     const float bv = bias[gc + o];
 #else
