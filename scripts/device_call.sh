@@ -151,6 +151,9 @@ for step in "$@"; do
     k57-small)  # 5x5/7x7 at N = 1, 8 (cuDNN was faster at 7x7 N = 1 until session 22)
       study gconv-s21-k57-small 240 --channels 64 --kernels 5 7 \
         --extra-kernels --n 1 8 ;;
+    k57-s29)  # session 29's tall tiles (5x5, 7x7 at C=64) in the study, beside cuDNN
+      study gconv-s29-k57 "${K57_LIMIT:-280}" --channels 64 --kernels 5 7 \
+        --extra-kernels --n 128 256 --passes fprop dgrad ;;
     k57-big)
       study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
