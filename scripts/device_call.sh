@@ -154,6 +154,9 @@ for step in "$@"; do
     k57-s29)  # session 29's tall tiles (5x5, 7x7 at C=64) in the study, beside cuDNN
       study gconv-s29-k57 "${K57_LIMIT:-280}" --channels 64 --kernels 5 7 \
         --extra-kernels --n 128 256 --passes fprop dgrad ;;
+    big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
+      study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
+        --n 128 256 ;;
     k57-big)
       study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
