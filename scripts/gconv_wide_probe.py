@@ -1,6 +1,6 @@
 """Every row-pair fprop/dgrad candidate of a 5x5 or 7x7 grouped conv timed on its own (session 29:
-the split-column tiles, ``CudaTile.ssplit``, beside the tiles before them), C=64 64x64, fp16 /
-bf16, as fraction of the copy bandwidth measured in the same run; the autotuner's pick and
+the tall tiles beside the others), C=64 64x64 (``--channels``: 128 at 32x32, 256 at 16x16), fp16 /
+bf16, as fraction of the copy bandwidth measured in the same run, with
 cuDNN beside them. Each tile's output is checked against cuDNN's first (a relative error).
 
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
@@ -27,10 +27,14 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+#: the issue's shapes: channels -> image side
+SIDES = {64: 64, 128: 32, 256: 16}
+
+
 def _rows(
-    k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float, extra: list[CudaTile]
+    k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float, extra: list[CudaTile], c: int = 64
 ) -> list[dict]:
-    c, hw, pad = 64, 64, k // 2
+    hw, pad = SIDES[c], k // 2
     sets = []
     for _ in range(3):  # 3 x 67 MB at N = 128: each call reads inputs the L2 no longer holds
         x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
@@ -38,14 +42,15 @@ def _rows(
         sets.append((x, w, _cl(torch.empty_like(x))))
     nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
     tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True) if t.rowpair]
-    tiles += [t for t in extra if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
-    rows = []
+    fitted = (gconv_cuda._fitted(t, c) for t in extra)
+    tiles += [t for t in fitted if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
+    rows, g = [], c // 8
     for dgrad in (False, True):
         impls = {
             "cudnn": (
-                (lambda x, w, o: torch.nn.grad.conv2d_input(x.shape, w, x, padding=pad, groups=8))
+                (lambda x, w, o: torch.nn.grad.conv2d_input(x.shape, w, x, padding=pad, groups=g))
                 if dgrad
-                else (lambda x, w, o: F.conv2d(x, w, None, padding=pad, groups=8))
+                else (lambda x, w, o: F.conv2d(x, w, None, padding=pad, groups=g))
             )
         }
         for t in tiles:
@@ -65,12 +70,12 @@ def _rows(
                 print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
         base = res.get("cudnn", (None,))[0]
         for name, (sec, err) in res.items():
-            row = dict(pass_="dgrad" if dgrad else "fprop", k=k, n=n, dtype=dname, impl=name,
+            row = dict(pass_="dgrad" if dgrad else "fprop", k=k, c=c, n=n, dtype=dname, impl=name,
                        median_s=sec, frac_copy=nbytes / sec / copy_bw,
                        x_cudnn=base / sec if base else None, rel_err=err)  # fmt: skip
             rows.append(row)
             print(
-                f"{row['pass_']:5} {k}x{k} N={n} {dname} {name:34s} {sec * 1e6:8.1f} us "
+                f"{row['pass_']:5} C={c} {k}x{k} N={n} {dname} {name:34s} {sec * 1e6:8.1f} us "
                 f"{row['frac_copy']:.3f} of copy {row['x_cudnn'] or 0:5.2f}x cuDNN err {err:.1e}"
             )
     return rows
@@ -80,6 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, nargs="+", default=[7, 5])
     ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--channels", type=int, nargs="+", default=[64], choices=sorted(SIDES))
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--json", default=None)
     ap.add_argument("--extra", nargs="*", default=[], help="CudaTile arguments, one tile each")
@@ -90,10 +96,11 @@ def main() -> None:
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows = []
-    for k in args.kernels:
-        for n in args.n:
-            for dname in args.dtypes:
-                rows += _rows(k, n, dname, dts[dname], copy_bw, extra)
+    for c in args.channels:
+        for k in args.kernels:
+            for n in args.n:
+                for dname in args.dtypes:
+                    rows += _rows(k, n, dname, dts[dname], copy_bw, extra, c)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)
