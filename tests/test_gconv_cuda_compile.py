@@ -59,6 +59,18 @@ def test_wide_kernel_tiles_only_where_offered():
             )
 
 
+def test_tall_tiles_only_for_kernels_of_five_rows_or_more():
+    """The tall tiles (32 rows a CTA, session 29) join the TMA candidates of 5+ row kernels only:
+    at 3x3 they tied the shipped tiles, so those candidate lists stay as they were."""
+    tall = set(gconv_cuda.TALL_TILES)
+    for r, s in ((5, 5), (7, 7), (5, 3), (6, 6)):
+        assert tall <= set(gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True)), (r, s)
+        assert not tall & set(gconv_cuda.candidates(64, r, s, tma=False, wide_tiles=True))
+    for r, s in ((1, 1), (3, 3), (3, 7), (4, 4)):
+        assert not tall & set(gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True)), (r, s)
+    assert all(t.rowpair and t.tma == 2 and t.th == 32 for t in tall)
+
+
 def test_wide_kernel_tiles_follow_the_environment(monkeypatch):
     monkeypatch.delenv(gconv_cuda.ENV_WIDE_TILES, raising=False)
     assert any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))  # the default
