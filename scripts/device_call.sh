@@ -154,6 +154,19 @@ for step in "$@"; do
     k57-s29)  # session 29's tall tiles (5x5, 7x7 at C=64) in the study, beside cuDNN
       study gconv-s29-k57 "${K57_LIMIT:-280}" --channels 64 --kernels 5 7 \
         --extra-kernels --n 128 256 --passes fprop dgrad ;;
+    wsmem)  # session 29's weights-in-shared-memory tiles (written without a GPU): every odd
+      # shape and NaN/Inf (they are extra tiles of test_every_tile_fprop_and_dgrad), then timed
+      # beside every row-pair candidate at 3x3/5x5/7x7
+      par_tests wsmem tests/test_gconv_cuda.py "every_tile_fprop and (k7x7 or k6x7)" \
+        tests/test_gconv_cuda.py "every_tile_fprop and (k3x5 or k5x5)" \
+        tests/test_gconv_cuda.py "every_tile_fprop and not (k7x7 or k6x7 or k3x5 or k5x5)"
+      timeout 200 python scripts/gconv_wide_probe.py --kernels 7 5 3 --n 128 --dtypes fp16 bf16 \
+        --extra "16,32,32,16,1,2,rowpair=True,tma=2,wsmem=True" \
+        "8,32,32,16,1,2,rowpair=True,tma=2,wsmem=True" --json "$R/wide-probe-wsmem.json" \
+        >"$R/wide-probe-wsmem.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|_ws_|t32x|t16x16c64|t8x32c64" "$R/wide-probe-wsmem.log" | head -60
+      pack ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;

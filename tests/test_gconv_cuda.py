@@ -32,6 +32,7 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.TMA_TILES
                 + gconv_cuda.WIDE_KERNEL_TILES
                 + gconv_cuda.TALL_TILES
+                + gconv_cuda.EXPERIMENTAL_FPROP_TILES
             ):
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
@@ -170,7 +171,11 @@ def test_cluster_wgrad_tiles_only_for_small_problems():
 
 #: tiles beyond the candidates: a 3-stage tap tile, and a row-pair tile with two warps per group
 #: (its column-split loop runs in no candidate)
-EXTRA_TILES = (CudaTile(8, 8, 8, 4, 4, 3), CudaTile(8, 16, 32, 8, 3, 2, rowpair=True))
+EXTRA_TILES = (
+    CudaTile(8, 8, 8, 4, 4, 3),
+    CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
+    *gconv_cuda.EXPERIMENTAL_FPROP_TILES,  # session 29's weights-in-shared-memory tiles
+)
 
 
 def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:

@@ -71,6 +71,31 @@ def test_tall_tiles_only_for_kernels_of_five_rows_or_more():
     assert all(t.rowpair and t.tma == 2 and t.th == 32 for t in tall)
 
 
+def test_weights_in_shared_memory_tiles_are_not_candidates():
+    """Session 29's ``wsmem`` tiles (not yet run on a GPU) are legal at 3x3-7x7 but offered
+    nowhere, and their weights do not count against the registers."""
+    ws = set(gconv_cuda.EXPERIMENTAL_FPROP_TILES)
+    assert ws and all(t.wsmem and t.rowpair for t in ws)
+    for k in (3, 5, 7):
+        assert not ws & set(gconv_cuda.candidates(64, k, k, tma=True, wide_tiles=True))
+        assert all(gconv_cuda.tile_ok(64, k, k, t) for t in ws), k
+    plain = CudaTile(16, 32, 32, 16, 1, 2, rowpair=True, tma=2)
+    assert not gconv_cuda.tile_ok(64, 7, 7, plain)  # 112 weight registers at 128 a thread
+    assert not gconv_cuda.tile_ok(64, 7, 7, CudaTile(8, 16, 32, 4, 3, 2, wsmem=True))  # tap kernel
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_weights_in_shared_memory_tiles_compile_without_spills(k, tmp_path):
+    """The ``wsmem`` tiles at C=64: no spills within their 128 registers a thread (ptxas, sm_90:
+    110-122 at 7x7), fp16 fprop with bias and bf16 dgrad."""
+    for tile in gconv_cuda.EXPERIMENTAL_FPROP_TILES:
+        for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
+            src, _ = gconv_cuda.source(k, k, tile, bf16, bias, dgrad, "tw_gconv_fprop")
+            regs, spills = _ptxas(src, tmp_path)
+            assert spills == 0 and regs <= gconv_cuda.register_cap(tile), (k, tile.name, regs)
+
+
 def test_wide_kernel_tiles_follow_the_environment(monkeypatch):
     monkeypatch.delenv(gconv_cuda.ENV_WIDE_TILES, raising=False)
     assert any(t.rowpair for t in gconv_cuda.candidates(64, 7, 7, True))  # the default

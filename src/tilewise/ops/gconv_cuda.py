@@ -54,7 +54,8 @@ class CudaTile:
     output tiles leave by it too. ``tap_rows`` (wgrad, tap kernel, no TMA): each CTA takes that
     many of the kernel's rows of taps (a divisor of R; 0: all), so R / tap_rows times the CTAs
     share the work of a small problem and each reduces fewer sums; the input is read once per
-    row block."""
+    row block. ``wsmem`` (row-pair fprop/dgrad, experimental): the weights stay in shared memory,
+    read by ``ldmatrix`` per kernel column and row pair, instead of in registers."""
 
     th: int = 8
     tw: int = 16
@@ -66,6 +67,7 @@ class CudaTile:
     cluster: int = 0
     tma: int = 0
     tap_rows: int = 0
+    wsmem: bool = False
 
     @property
     def name(self) -> str:
@@ -73,7 +75,8 @@ class CudaTile:
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
-        return f"{kind}_{shape}{cluster}{rows}{f'_tma{self.tma}' if self.tma else ''}"
+        ws = "_ws" if self.wsmem else ""
+        return f"{kind}_{shape}{cluster}{rows}{ws}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
@@ -102,11 +105,13 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
+        # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
+        weights = 16 + (tile.cb // 8) * rowpair_fragments(r, s) * 512 if tile.wsmem else 0
         if tile.tma:  # dense swizzled stages (+ one period to align them), mbarriers
             stage = _tma_stage(rows * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
             out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
-            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out
-        return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix
+            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out + weights
+        return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix + weights
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
 
@@ -143,6 +148,8 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     CTAs per SM, 168 a thread, it spilled); 16x16 with TMA 174; 5x5 8x16 122."""
     cap = register_cap(tile)
     fixed = {2: 40, 1: 48}.get(tile.tma, 80)  # TMA loads only (tma=1): 128 where tma=2 took 114
+    if tile.wsmem:  # a column's B fragments and one A fragment (two in flight) instead
+        return 2 * (tile.th // 2 + (r + 2) // 2 - 1) + 8 + 2 * tile.th + fixed <= cap
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
@@ -158,6 +165,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
     if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
+        return False
+    if tile.wsmem and not (tile.rowpair and rowpair_registers_fit(r, s, tile)):
         return False
     box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
     if tile.tma and (not tile.rowpair or tile.cb not in TMA_CHANNEL_BLOCKS or box_too_big):
@@ -250,6 +259,17 @@ WIDE_KERNEL_TILES = (
 TALL_TILES = (
     CudaTile(32, 8, 32, 4, 2, 2, rowpair=True, tma=2),
     CudaTile(32, 16, 32, 8, 1, 2, rowpair=True, tma=2),
+)
+
+
+#: Row-pair tiles with the weights in shared memory (``CudaTile.wsmem``): 16 warps per SM at 7x7,
+#: where the register-resident weights (112 registers) allow 8-12 (session 29's Nsight Compute:
+#: the MMAs latency-bound at 41% of the tensor pipe). Written after session 29's device time
+#: and not run on a GPU: not candidates; tests/test_gconv_cuda.py runs them among its extra
+#: tiles, ``scripts/gconv_wide_probe.py --extra`` times them.
+EXPERIMENTAL_FPROP_TILES = (
+    CudaTile(16, 32, 32, 16, 1, 2, rowpair=True, tma=2, wsmem=True),
+    CudaTile(8, 32, 32, 16, 1, 2, rowpair=True, tma=2, wsmem=True),
 )
 
 
@@ -409,6 +429,7 @@ def source(
         CLUSTER=tile.cluster,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
         DW_CL=int(dw_cl),
+        WSMEM=int(tile.wsmem),
     )
     return src, entry
 
@@ -712,6 +733,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 EXPERIMENTAL_WGRAD_TILES,
                 WIDE_KERNEL_TILES,
                 TALL_TILES,
+                EXPERIMENTAL_FPROP_TILES,
             )
         )
     ).encode()

@@ -769,9 +769,19 @@ _RP_KERNEL = r"""
 #else
 #define STG_BYTES (TH * TW * PIX)
 #endif
+// WSMEM: the weight matrices after the mbarriers
+#define WA_OFF ((STAGES * HALO_RP + STG_BYTES + 8 * STAGES + 15) / 16 * 16)
 #else
 #define HALO_RP (HHP * HWD * PIX)
+#define WA_OFF (STAGES * HALO_RP + TH * TW * PIX)
 #endif
+// WSMEM (``CudaTile.wsmem``, experimental): the weights stay in shared memory as one 16 x 16 A
+// matrix per (group, kernel column, row pair), read by ldmatrix.x4 once per column and pair and
+// used for all QP output row pairs of a column's B fragments, which are read first; frees the
+// 4 x S x NP weight registers (112 at 7x7) for more warps per SM. Written in session 29 after
+// its device time: not run on a GPU
+#define WSMEM {WSMEM}
+#define NB (QP + NP - 1)
 #define WS (WARPS / NG)
 #define CBLK (TW / 8)
 #define QP (TH / 2)
@@ -882,6 +892,22 @@ tw_gconv_fprop_rp(RP_PARAMS)
     // A fragments: a0 (d 0, jj 0), a1 (d 1, jj 0), a2 (d 0, jj 1), a3 (d 1, jj 1) for row
     // o = lane / 4 and in-channels cp, cp + 1; tap row r = 2 p + jj - d
     const int o = lane >> 2, cp = (lane & 3) * 2;
+#if WSMEM
+    // matrix (group, s, p): 16 rows (d * 8 + out channel) of two 16-byte chunks (jj: in channels
+    // of input row jj), chunk (row, jj) at row * 2 + (jj ^ (row / 4 & 1)), so the 8 rows one
+    // ldmatrix phase reads fall on 8 bank groups
+    for (int i = tid; i < NG * S * NP * 256; i += WARPS * 32) {{
+        const int col = i & 15, row = (i >> 4) & 15, blk = i >> 8;
+        const int p = blk % NP, s = (blk / NP) % S, gg = blk / (NP * S);
+        const int jj = col >> 3, d = row >> 3;
+        ((u16*)(sm + WA_OFF))[blk * 256 + (row * 2 + (jj ^ ((row >> 2) & 1))) * 8 + (col & 7)] =
+            wval(w, c0 + gg * 8, row & 7, col & 7, 2 * p + jj - d, s, ws0, ws1, ws2, ws3);
+    }}
+    __syncthreads();
+    // this lane's ldmatrix.x4 row: matrix lane / 8 (a0..a3), its row lane % 8
+    const u32 wa_lane = sbase + WA_OFF + g * (S * NP * 512) +
+                        ((lane & 15) * 2 + ((lane >> 4) ^ ((lane >> 2) & 1))) * 16;
+#else
     u32 wa[S][NP][4];
 #pragma unroll
     for (int s = 0; s < S; ++s)
@@ -894,6 +920,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
                 const u32 hi = wval(w, gc, o, cp + 1, r, s, ws0, ws1, ws2, ws3);
                 wa[s][p][q] = lo | (hi << 16);
             }}
+#endif
 #if HAS_BIAS
     const float bv = bias[gc + o];
 #else
@@ -945,6 +972,27 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #else
             const u32 lane_addr = hbase + (b_row * HWD + cb * 8 + b_px) * PIX + g * 16;
 #endif
+#if WSMEM
+#pragma unroll
+            for (int s = 0; s < S; ++s) {{
+                u32 bf[NB][2];
+#pragma unroll
+                for (int ip = 0; ip < NB; ++ip)
+#if TMA
+                    ldsm_x2(bf[ip][0], bf[ip][1], hbase + hoff(lane_pix + 2 * ip * HWD + s, g));
+#else
+                    ldsm_x2(bf[ip][0], bf[ip][1], lane_addr + (2 * ip * HWD + s) * PIX);
+#endif
+#pragma unroll
+                for (int p = 0; p < NP; ++p) {{
+                    u32 a0, a1, a2, a3;
+                    ldsm_x4(a0, a1, a2, a3, wa_lane + (s * NP + p) * 512);
+#pragma unroll
+                    for (int q = 0; q < QP; ++q)
+                        mma16816(acc[q], a0, a1, a2, a3, bf[q + p][0], bf[q + p][1]);
+                }}
+            }}
+#else
 #pragma unroll
             for (int s = 0; s < S; ++s)
 #pragma unroll
@@ -963,6 +1011,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
                                      b0, b1);
                     }}
                 }}
+#endif
             // D rows: o (output row 2q) and o + 8 (row 2q + 1); cols: pixels cp, cp + 1. Each
             // 8 x 8 (channel x pixel) half of it, rounded to 16 bits, is transposed in
             // registers (movmatrix): this lane then holds channels cp, cp + 1 of pixel o, one
