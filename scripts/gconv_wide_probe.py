@@ -20,12 +20,8 @@ from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
 from tilewise.ops import gconv_cuda
+from tilewise.ops.gconv_config import channels_last_copy
 from tilewise.ops.gconv_cuda import CudaTile
-
-
-def _cl(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last)
-
 
 #: the issue's shapes: channels -> image side
 SIDES = {64: 64, 128: 32, 256: 16}
@@ -37,9 +33,9 @@ def _rows(
     hw, pad = SIDES[c], k // 2
     sets = []
     for _ in range(3):  # 3 x 67 MB at N = 128: each call reads inputs the L2 no longer holds
-        x = _cl(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
         w = (torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5).to(dt)
-        sets.append((x, w, _cl(torch.empty_like(x))))
+        sets.append((x, w, torch.empty_like(x)))  # empty_like keeps x's channels_last
     nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
     tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True) if t.rowpair]
     fitted = (gconv_cuda._fitted(t, c) for t in extra)
@@ -62,7 +58,7 @@ def _rows(
         res = {}
         for name, fn in impls.items():
             try:
-                out = _cl(torch.full_like(x, float("nan")))
+                out = torch.full_like(x, float("nan"))
                 got = fn(x, w, out)
                 err = float((got.float() - want).abs().max() / want.abs().max())
                 res[name] = (time_events(fn, sets, warmup=5, reps=30).median_s, err)

@@ -59,12 +59,18 @@ def _param_key(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+def _plannable(x: torch.Tensor, pad_h, pad_w) -> bool:
+    """Whether a call may have a plan: tensors with addresses, paddings that are plain ints (1.0
+    or True would find an int's plan)."""
+    return x.device.type in _PLANNED_DEVICES and type(pad_h) is int and type(pad_w) is int
+
+
 def forward_key(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad_h: int, pad_w: int
 ) -> tuple | None:
-    """The forward plan's key, or None for tensors without data or paddings that are not
-    plain ints (no plan for those: 1.0 or True would find an int's plan)."""
-    if x.device.type not in _PLANNED_DEVICES or type(pad_h) is not int or type(pad_w) is not int:
+    """The forward plan's key, or None where there is no plan (``_plannable``; fake tensors,
+    which raise when asked for their address)."""
+    if not _plannable(x, pad_h, pad_w):
         return None
     try:
         return ("fprop", _tensor_key(x), _param_key(weight), _param_key(bias), pad_h, pad_w)
@@ -83,7 +89,7 @@ def backward_key(
     deterministic: bool,
 ) -> tuple | None:
     """The backward plan's key (as ``forward_key``)."""
-    if x.device.type not in _PLANNED_DEVICES or type(pad_h) is not int or type(pad_w) is not int:
+    if not _plannable(x, pad_h, pad_w):
         return None
     try:
         return ("bwd", _tensor_key(grad), _tensor_key(x), _param_key(weight), _param_key(bias),
