@@ -55,8 +55,11 @@ typedef unsigned long long u64;
 #define NOIO {NOIO}
 #define DO_LOADS (NOIO == 0 || NOIO == 3)
 #define DO_STORES (NOIO == 0 || NOIO == 4)
-// TMA: the halo by one tensor copy a tile (5-d map: 8 channels, w, h, group, n), else cp.async
+// TMA 1: the halo by one tensor copy a tile (5-d map: 8 channels, w, h, group, n), else
+// cp.async; 2: and the output tile by one tensor copy from the staging tile (swizzled as the map)
 #define TMA {TMA}
+// the staging tile's 16-byte chunk of group g at pixel px: the TMA swizzle of CB * 2-byte rows
+#define SWZ(px) (((px) * NG / 8) % NG)
 #define TH 8
 #define J ((TH + R) / 2)
 #define HH (2 * J)
@@ -71,7 +74,7 @@ typedef unsigned long long u64;
 #define HALO_G (HH * HWD * 16)
 #define OFF_HALO (NG * A_BYTES)
 #define STAGE_BYTES ((NG * HALO_G + 127) / 128 * 128)
-#define OFF_STG (OFF_HALO + 2 * STAGE_BYTES)
+#define OFF_STG ((OFF_HALO + 2 * STAGE_BYTES + 1023) / 1024 * 1024)
 #define OFF_MBAR (OFF_STG + TH * TW * CB * 2)
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
@@ -129,7 +132,7 @@ __device__ __forceinline__ void stage(const float* acc, unsigned char* stg, int 
             u32 tv;
             asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(tv) : "r"(v));
             const int d = 7 - (2 * w4 + hh), px = 8 * i + (lane >> 2);
-            *(u32*)(stg + ((d * TW + px) * CB + 8 * (g ^ (px % NG)) + 2 * (lane & 3)) * 2) = tv;
+            *(u32*)(stg + ((d * TW + px) * CB + 8 * (g ^ SWZ(px)) + 2 * (lane & 3)) * 2) = tv;
         }}
 }}
 
@@ -171,7 +174,8 @@ __device__ __forceinline__ void tma_halo(u32 dst, u32 mbar, const TmaDesc* map, 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 tw_gconv_wg(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y, int N,
             int H, int W, int C, int P, int Q, int pad_h, int pad_w, int tiles_h, int tiles_w,
-            int n_tiles, const __grid_constant__ TmaDesc tmap)
+            int n_tiles, const __grid_constant__ TmaDesc tmap,
+            const __grid_constant__ TmaDesc tmap_y)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -239,23 +243,44 @@ tw_gconv_wg(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restric
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
         fence_acc(acc0);
+#if TMA == 2
+        // the previous tile's output copy has read the staging tile (issued a tile ago)
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        __syncthreads();
+#endif
         stage(acc0, stg, g0, w4, lane);
 #if GPW == 2
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         fence_acc(acc1);
         stage(acc1, stg, g0 + 1, w4, lane);
 #endif
-        __syncthreads();
         const int tw_i = t % tiles_w, th_i = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
+#if TMA == 2
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (tid == 0 && DO_STORES) {{
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                         :: "l"(&tmap_y), "r"(c0), "r"(tw_i * TW), "r"(th_i * TH), "r"(n),
+                            "r"(sbase + OFF_STG)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }}
+        continue;
+#endif
+        __syncthreads();
         for (int i = tid; i < TH * TW * NG; i += NT) {{
             const int gg = i % NG, px = (i / NG) % TW, d = i / (NG * TW);
             const int oy = th_i * TH + d, ox = tw_i * TW + px;
             if (oy < P && ox < Q && DO_STORES)
                 *(uint4*)(y + (((long long)n * P + oy) * Q + ox) * C + c0 + 8 * gg) =
-                    *(const uint4*)(stg + ((d * TW + px) * CB + 8 * (gg ^ (px % NG))) * 2);
+                    *(const uint4*)(stg + ((d * TW + px) * CB + 8 * (gg ^ SWZ(px))) * 2);
         }}
         __syncthreads();
     }}
+#if TMA == 2
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
 }}
 """
 
@@ -309,7 +334,8 @@ def smem_bytes(r: int, s: int, v: Variant) -> int:
     j = (TH + r) // 2
     a = (s * 2 * j + 7) * 128
     stage = -(-(v.ng * 2 * j * (v.tw + s - 1) * 16) // 128) * 128
-    return v.ng * a + 2 * stage + TH * v.tw * v.ng * 16 + 16
+    stg = -(-(v.ng * a + 2 * stage) // 1024) * 1024
+    return stg + TH * v.tw * v.ng * 16 + 16
 
 
 @functools.cache
@@ -340,8 +366,11 @@ def conv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, pad: int, v: Varia
         box=(8, v.tw + s - 1, 2 * j, v.ng, 1), swizzle=0,
     )  # fmt: skip
     tmap = _MAPS.get((x.data_ptr(), x.shape, x.dtype, v, r, s), lambda: (spec, x.data_ptr()))
-    args = [x, w.contiguous(), out, n, h, wd, c, p, q, pad, pad, tiles_h, tiles_w, n_tiles, tmap]
-    launcher = cuda_launch.lean_launcher(k, "ppp" + "i" * 11 + "t")
+    spec_y = tma.nhwc_halo_map(out, 8 * v.ng, v.tw, TH)
+    tmap_y = _MAPS.get((out.data_ptr(), out.shape, "y", v), lambda: (spec_y, out.data_ptr()))
+    args = [x, w.contiguous(), out, n, h, wd, c, p, q, pad, pad, tiles_h, tiles_w, n_tiles]
+    args += [tmap, tmap_y]
+    launcher = cuda_launch.lean_launcher(k, "ppp" + "i" * 11 + "tt")
     cuda_launch.launch(k, (gx, gy, 1), (128 * v.nwg, 1, 1), args, smem_bytes(r, s, v),
                        x.device.index, launcher)  # fmt: skip
     return out
