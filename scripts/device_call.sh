@@ -167,6 +167,12 @@ for step in "$@"; do
       echo "rc $?: wide probe"
       grep -E "copy:|_ws_|t32x|t16x16c64|t8x32c64" "$R/wide-probe-wsmem.log" | head -60
       pack ;;
+    k57-s30)  # session 30's warpgroup-MMA tiles (5x5, 7x7 at C=64) in the study, beside cuDNN
+      study gconv-s30-k57 "${K57_LIMIT:-300}" --channels 64 --kernels 5 7 \
+        --extra-kernels --n 128 256 --passes fprop dgrad ;;
+    k3-s30)  # and at 3x3 (>= 64 MB: the bars), fprop and dgrad
+      study gconv-s30-k3 "${K3_LIMIT:-300}" --channels 64 128 --kernels 3 --extra-kernels \
+        --n 128 256 --passes fprop dgrad ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;

@@ -178,12 +178,19 @@ EXTRA_TILES = (
 )
 
 
+def _wgmma() -> bool:
+    """Whether this GPU takes the warpgroup-MMA tiles (compute capability 9.0, TMA)."""
+    return gconv_cuda.wgmma_usable(torch.empty(0, device="cuda"))
+
+
 def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
-    """Every candidate (the TMA ones where this GPU has TMA and ``tma``) and the extra tiles."""
+    """Every candidate (the TMA ones where this GPU has TMA and ``tma``, the warpgroup-MMA ones
+    where it is an sm_90) and the extra tiles."""
     extra = (gconv_cuda._fitted(t, c) for t in EXTRA_TILES)
     tma = tma and gconv_cuda._tma.supported(torch.cuda.current_device())
+    wgmma = tma and _wgmma()
     # the wide-kernel row-pair tiles too, even where TILEWISE_GCONV_WIDE_TILES=0
-    return list(gconv_cuda.candidates(c, r, s, tma, wide_tiles=True)) + [
+    return list(gconv_cuda.candidates(c, r, s, tma, wide_tiles=True, wgmma=wgmma)) + [
         t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
     ]
 
@@ -221,6 +228,45 @@ def test_every_tile_fprop_and_dgrad(case, dtype, rng_seed):
             _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
         )
         assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed):
+    """The warpgroup-MMA tiles (session 30) where each CTA walks many tiles (the halo stages'
+    reuse, the mbarrier parity flips, the staging tile after its TMA store), fprop with bias and
+    dgrad, with NaN and +-Inf in the input: the non-finite outputs exactly where PyTorch's are
+    (the Toeplitz weights' zeros meet other outputs' inputs: the tile is recomputed exactly), the
+    rest within the three-way bound."""
+    if not _wgmma():
+        pytest.skip("no sm_90 (wgmma) GPU")
+    c, g = 64, 8
+    x = _cl(torch.randn(12, c, 37, 70, device="cuda"))
+    x[1, 5, 7, 9], x[7, 60, 30, 66], x[11, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
+    wt = torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5
+    b = torch.randn(c, device="cuda")
+    pad = k // 2
+    xd, wd, bd = x.to(dtype), wt.to(dtype), b.to(dtype)
+    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=pad, groups=g)
+    same = F.conv2d(xd, wd, bd, padding=pad, groups=g)
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), x.double(), padding=pad, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wd, xd, padding=pad, groups=g)
+    tiles = [t for t in _tiles(c, k, k) if t.wgmma]
+    assert tiles
+    for tile in tiles:
+        out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
+        gconv_cuda.fprop(xd, wd, bd, out, pad, pad, tile)
+        dx = _cl(torch.full(x.shape, 7.0, device="cuda", dtype=dtype))
+        gconv_cuda.fprop(xd, wd, None, dx, k - 1 - pad, k - 1 - pad, tile, True)
+        for what, got, want, ref64 in (("fprop", out, same, ref), ("dgrad", dx, dsame, dref)):
+            tag = f"{what} {tile.name} k{k} {dtype}"
+            assert torch.equal(got.isnan(), want.isnan()), tag
+            assert torch.equal(got.isinf(), want.isinf()), tag
+            assert torch.equal(got[got.isinf()], want[want.isinf()]), tag
+            fin = want.isfinite()
+            assert fin.float().mean() > 0.9, tag  # most outputs are finite: the rest is checked
+            assert_three_way(got[fin], want[fin], ref64[fin], ATOL[dtype], tag, rng_seed, ulps=1)
 
 
 @pytest.mark.gpu

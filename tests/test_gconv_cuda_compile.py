@@ -5,6 +5,7 @@ leave, as ``rowpair_registers_fit`` predicts; and the candidate lists offer them
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -94,6 +95,69 @@ def test_weights_in_shared_memory_tiles_compile_without_spills(k, tmp_path):
             src, _ = gconv_cuda.source(k, k, tile, bf16, bias, dgrad, "tw_gconv_fprop")
             regs, spills = _ptxas(src, tmp_path)
             assert spills == 0 and regs <= gconv_cuda.register_cap(tile), (k, tile.name, regs)
+
+
+def test_wgmma_tiles_only_with_tma_and_wgmma():
+    """The warpgroup-MMA tiles (session 30) join the candidates of 3+ row kernels only where the
+    GPU takes them (``wgmma``: compute capability 9.0, with TMA); the other lists are unchanged."""
+    wg = set(gconv_cuda.WGMMA_TILES)
+    assert wg and all(t.wgmma and t.tma == 2 and t.tw == 64 and not t.rowpair for t in wg)
+    for r, s in ((3, 3), (5, 5), (7, 7), (3, 7), (6, 4)):
+        with_wg = gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True, wgmma=True)
+        plain = gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True)
+        assert not any(t.wgmma for t in plain), (r, s)
+        offered = [t for t in with_wg if t.wgmma]
+        assert offered and [t for t in with_wg if not t.wgmma] == list(plain), (r, s)
+        assert all(gconv_cuda.smem_bytes(r, s, t) <= gconv_cuda.SMEM_MAX for t in offered)
+        assert not any(t.wgmma for t in gconv_cuda.candidates(64, r, s, False, True, True))
+    for r, s in ((1, 1), (2, 3), (1, 7)):
+        assert not any(t.wgmma for t in gconv_cuda.candidates(64, r, s, True, True, True))
+    names = [t.name for t in gconv_cuda.WGMMA_TILES]
+    assert len(set(names)) == len(names) and all(n.startswith("cudawg_") for n in names)
+
+
+def test_wgmma_tile_rules():
+    """``tile_ok`` takes a wgmma tile only as the kernel is written: 64-pixel rows, whole 4-row
+    bands, a warpgroup a group, both TMA copies, one CTA per SM, registers within the cap."""
+    ok = CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True)
+    assert gconv_cuda.tile_ok(64, 5, 5, ok)
+    for bad in (
+        dataclasses.replace(ok, tw=32),
+        dataclasses.replace(ok, th=6),
+        dataclasses.replace(ok, warps=8),
+        dataclasses.replace(ok, tma=1),
+        dataclasses.replace(ok, min_ctas=2),
+        dataclasses.replace(ok, rowpair=True),
+    ):
+        assert not gconv_cuda.tile_ok(64, 5, 5, bad), bad
+    assert not gconv_cuda.tile_ok(48, 5, 5, ok)  # the channel block must divide C
+    # 7x7 at 32 channels (128 registers a thread): ptxas spilled, so the rule says no
+    assert not gconv_cuda.tile_ok(64, 7, 7, ok)
+    assert gconv_cuda.tile_ok(64, 7, 7, CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True))
+    fitted = gconv_cuda._fitted(ok, 16)  # channel block halved, a warpgroup a group kept
+    assert (fitted.cb, fitted.warps) == (16, 8)
+    assert not any(t.wgmma for t in gconv_cuda.candidates(8, 5, 5, True, True, True))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("rs", [(3, 3), (5, 5), (7, 7), (6, 4)], ids=str)
+def test_wgmma_tiles_compile_without_spills_or_serialized_mmas(rs, tmp_path):
+    """Every wgmma candidate at C=64 compiles for sm_90a without spills and without ptxas
+    serializing the wgmmas (its C7510-C7519 notes: registers it could not keep in flight), fp16
+    fprop with bias and bf16 dgrad."""
+    r, s = rs
+    path = tmp_path / "k.cu"
+    for tile in (t for t in gconv_cuda.candidates(64, r, s, True, True, True) if t.wgmma):
+        for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
+            src, _ = gconv_cuda.source(r, s, tile, bf16, bias, dgrad, "tw_gconv_fprop")
+            path.write_text(src)
+            cmd = [NVCC, "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v"]
+            res = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
+            log = res.stdout + res.stderr
+            assert res.returncode == 0, log[-2000:]
+            assert "serialized" not in log, (rs, tile.name, log[-1500:])
+            spills = re.findall(r"(\d+) bytes spill stores", log)
+            assert spills and all(v == "0" for v in spills), (rs, tile.name, log[-1500:])
 
 
 def test_wide_kernel_tiles_follow_the_environment(monkeypatch):

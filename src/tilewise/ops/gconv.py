@@ -487,10 +487,13 @@ def _choose(
 
 
 def _cuda_level(x: torch.Tensor, out: torch.Tensor) -> int:
-    """0: Triton configs only; 1: and the NVRTC tiles; 2: and the NVRTC TMA tiles."""
+    """0: Triton configs only; 1: and the NVRTC tiles; 2: and the NVRTC TMA tiles; 3: and the
+    warpgroup-MMA tiles (compute capability 9.0)."""
     if not gconv_cuda.usable(x, out):
         return 0
-    return 2 if gconv_cuda.tma_usable(x) else 1
+    if not gconv_cuda.tma_usable(x):
+        return 1
+    return 3 if gconv_cuda.wgmma_usable(x) else 2
 
 
 @functools.lru_cache(maxsize=4096)
@@ -505,7 +508,8 @@ def _candidates(
     base = candidate_tuple(problem, pass_, sms)
     if cuda_level:
         c, r, s = problem.c, problem.r, problem.s
-        base = gconv_cuda.candidates(c, r, s, cuda_level >= 2, wide_tiles) + base
+        tiles = gconv_cuda.candidates(c, r, s, cuda_level >= 2, wide_tiles, cuda_level >= 3)
+        base = tiles + base
     return base + (gconv_library.CUDNN,) if library else base
 
 

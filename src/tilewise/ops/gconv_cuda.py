@@ -35,6 +35,8 @@ from tilewise.ops.gconv_config import dw_format
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
+from tilewise.ops.gconv_wgmma_src import SOURCE_WG as _SOURCE_WG
+from tilewise.ops.gconv_wgmma_src import wgmma_asm as _wgmma_asm
 from tilewise.runtime import alloc, cuda_launch, nvrtc_cache, workspace
 from tilewise.runtime import tma as _tma
 
@@ -55,7 +57,10 @@ class CudaTile:
     many of the kernel's rows of taps (a divisor of R; 0: all), so R / tap_rows times the CTAs
     share the work of a small problem and each reduces fewer sums; the input is read once per
     row block. ``wsmem`` (row-pair fprop/dgrad, experimental): the weights stay in shared memory,
-    read by ``ldmatrix`` per kernel column and row pair, instead of in registers."""
+    read by ``ldmatrix`` per kernel column and row pair, instead of in registers. ``wgmma``
+    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group):
+    the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
+    Toeplitz B in shared memory."""
 
     th: int = 8
     tw: int = 16
@@ -68,10 +73,11 @@ class CudaTile:
     tma: int = 0
     tap_rows: int = 0
     wsmem: bool = False
+    wgmma: bool = False
 
     @property
     def name(self) -> str:
-        kind = "cudarp" if self.rowpair else "cuda"
+        kind = "cudawg" if self.wgmma else "cudarp" if self.rowpair else "cuda"
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
@@ -103,6 +109,15 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
+    if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
+        j, ip = (r + 4) // 2, (tile.th + r) // 2
+
+        def up(v: int) -> int:
+            return cdiv(v, 1024) * 1024
+
+        b = up(tile.cb // 8 * s * (2 * j + 3) * 128)
+        halo = up(2 * ip * (tile.tw + s - 1) * tile.cb * 2)
+        return 1024 + b + 2 * halo + up(tile.th * tile.tw * tile.cb * 2) + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
         # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
@@ -153,6 +168,14 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
+def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
+    """Whether a ``wgmma`` tile's accumulators (16 registers per 4-row band), two sets of A
+    fragments (4 registers per input row pair) and ~48 more fit ``register_cap``. ptxas (nvcc
+    13.0, sm_90a): 8x64 32-channel (128 a thread): 3x3 105, 5x5 106, 7x7 128 and 260 bytes of
+    spills (excluded here); 16x64 16-channel (255): 7x7 190."""
+    return 16 * (tile.th // 4) + 8 * ((tile.th + r) // 2) + 48 <= register_cap(tile)
+
+
 def wide_tiles_offered() -> bool:
     """Whether the ``WIDE_KERNEL_TILES`` are offered (unless ``TILEWISE_GCONV_WIDE_TILES=0``)."""
     return os.environ.get(ENV_WIDE_TILES) != "0"
@@ -164,6 +187,18 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
+    if tile.wgmma:
+        return (
+            not tile.rowpair
+            and tile.tma == 2
+            and tile.tw == 64
+            and tile.th % 4 == 0
+            and tile.cb in (16, 32, 64)
+            and tile.warps == 4 * (tile.cb // 8)
+            and tile.min_ctas == 1
+            and 2 * ((tile.th + r) // 2) <= 256
+            and wgmma_registers_fit(r, s, tile)
+        )
     if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
         return False
     if tile.wsmem and not (tile.rowpair and rowpair_registers_fit(r, s, tile)):
@@ -273,6 +308,19 @@ EXPERIMENTAL_FPROP_TILES = (
 )
 
 
+#: Warpgroup-MMA tiles (``CudaTile.wgmma``), candidates on compute capability 9.0 (sm_90a) with
+#: TMA for kernels of 3+ rows. Session 30 (``scripts/gconv_wgrs_probe.py``, the same kernel
+#: without bias or the non-finite fallback; C=64 64x64 N=128, events, fp16 / bf16): 7x7 fprop
+#: 16x64 16-channel 83.0 / 81.6 us against the best row-pair tile's 102.5 / 101.1 (0.54 of copy
+#: against 0.44); 5x5 8x64 32-channel 60.9 / 61.1 against 63.4 / 62.3; 3x3 55.1 / 55.9 against
+#: 55.9 / 55.1.
+WGMMA_TILES = (
+    CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True),
+    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True),
+    CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True),
+)
+
+
 def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     """``tile`` with its channel block halved until it divides C (8 always does); wgrad tiles
     keep one warp per group, row-pair tiles their warps per group."""
@@ -284,6 +332,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
+    elif tile.wgmma:  # a warpgroup a group
+        warps = 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
 
 
@@ -306,20 +356,24 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
 
 
 def candidates(
-    c: int, r: int, s: int, tma: bool = False, wide_tiles: bool | None = None
+    c: int, r: int, s: int, tma: bool = False, wide_tiles: bool | None = None, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
     """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
     kernel (empty if none fits); row-pair tiles for kernels of more than
     ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
-    ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``)."""
+    ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``); with ``tma`` and ``wgmma``
+    (a GPU of compute capability 9.0: ``wgmma_usable``) the ``WGMMA_TILES`` for 3+ rows."""
     if wide_tiles is None:
         wide_tiles = wide_tiles_offered()
-    return _candidates(c, r, s, tma, wide_tiles)
+    return _candidates(c, r, s, tma, wide_tiles, wgmma)
 
 
 @functools.lru_cache(maxsize=1024)
-def _candidates(c: int, r: int, s: int, tma: bool, wide_tiles: bool) -> tuple[CudaTile, ...]:
+def _candidates(
+    c: int, r: int, s: int, tma: bool, wide_tiles: bool, wgmma: bool = False
+) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
+    pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
@@ -330,7 +384,7 @@ def _candidates(c: int, r: int, s: int, tma: bool, wide_tiles: bool) -> tuple[Cu
             for t in fitted
             if tile_ok(c, r, s, t)
             and (wide_tiles or not (wide and t.rowpair))
-            and (not (wide and t.tma) or _has_twin(t, c, r, s))
+            and (not (wide and t.tma) or t.wgmma or _has_twin(t, c, r, s))
         )
     )
 
@@ -358,6 +412,13 @@ def tma_usable(x: torch.Tensor) -> bool:
     (``fprop``)."""
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return _tma.supported(dev)
+
+
+def wgmma_usable(x: torch.Tensor) -> bool:
+    """Whether ``x``'s GPU takes the ``WGMMA_TILES``: sm_90a code runs on compute capability 9.0
+    only, and with TMA (``tma_usable``)."""
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(dev) == (9, 0) and _tma.supported(dev)
 
 
 def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -406,6 +467,12 @@ def source(
     (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
     wgrad writes dw in a channels_last weight's layout."""
     template = _SOURCE
+    if entry == "tw_gconv_fprop" and tile.wgmma:
+        src = _SOURCE_WG.format(
+            R=r, S=s, TH=tile.th, CB=tile.cb, IS_BF16=int(bf16), HAS_BIAS=int(bias > 0),
+            DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
+        )  # fmt: skip
+        return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
     elif entry == "tw_gconv_wgrad" and tile.rowpair:
@@ -451,7 +518,8 @@ def _kernel(
     """The compiled kernel (arguments as ``source``)."""
     src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl)
     with torch.cuda.device(device):
-        kernel = nvrtc_cache.compile_kernel(src, entry)
+        arch = "90a" if tile.wgmma else None  # wgmma: sm_90a only
+        kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
         size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
         kernel.set_shared_memory_config(size(r, s, tile))
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
@@ -580,11 +648,14 @@ def bind_fprop(
     n, c, hi, wi = x.shape
     _, _, ho, wo = out.shape
     r, s = weight.shape[2], weight.shape[3]
-    if tile.tma not in _TMA_SIGNATURES or (tile.tma and not tile.rowpair):
+    if tile.tma not in _TMA_SIGNATURES or (tile.tma and not (tile.rowpair or tile.wgmma)):
         raise ValueError(f"argument 'tile' {tile}: TMA (1 or 2) takes the row-pair kernel only")
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
-    if tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None:
+    no_launcher = tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None
+    if tile.wgmma and no_launcher:  # its tensor maps need the lean launcher; no twin exists
+        raise ValueError(f"argument 'tile' {tile.name}: needs the lean launcher (tensor maps)")
+    if no_launcher:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile = non_tma_twin(tile, c, r, s)
@@ -595,8 +666,9 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.tma:
-        maps.append((0, tile.cb, tile.tw + s - 1, tile.th + r - 1))
+    if tile.tma:  # the wgmma kernel loads whole input row pairs
+        halo_rows = 2 * ((tile.th + r) // 2) if tile.wgmma else tile.th + r - 1
+        maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
         if tile.tma == 2:
             maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
@@ -722,6 +794,8 @@ SOURCE_DIGEST = hashlib.sha1(
         _SOURCE
         + _SOURCE_RP
         + _SOURCE_WRP
+        + _SOURCE_WG
+        + _wgmma_asm(False)
         + repr(
             (
                 TILES,
@@ -734,6 +808,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 WIDE_KERNEL_TILES,
                 TALL_TILES,
                 EXPERIMENTAL_FPROP_TILES,
+                WGMMA_TILES,
             )
         )
     ).encode()

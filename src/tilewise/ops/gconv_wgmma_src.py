@@ -1,0 +1,288 @@
+"""CUDA C++ source of the grouped conv's warpgroup-MMA fprop/dgrad kernel (``CudaTile.wgmma``,
+Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A ``str.format`` template
+(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``;
+literal braces doubled).
+
+One warpgroup per group of 8 channels; a CTA tile is TH output rows x 64 pixels x CB channels.
+- M = 64 pixels of a row: the A operand in registers, one ``ldmatrix.x4`` per warp (16 pixels x
+  2 input rows x 8 channels) from the TMA's swizzled, pixel-major halo;
+- N = 32 = 4 output rows x 8 out channels: one accumulator block per 4-row band;
+- K = 16 = 2 input rows x 8 in channels. B (the weights, shared memory) is Toeplitz in (input
+  row, output row): its 8 x 8 core matrix (input row jj, band row nb) is W[r = 2j + jj + nb - 3]
+  for k-step j, the band's rows reversed; with a kernel column's W[r] core matrices stored in
+  order (zeros around them) the descriptor's K and N strides are both 128 bytes. An A fragment
+  (kernel column, input row pair) feeds every band whose window covers it.
+MMA work per output: 16 S ceil((R + 3) / 2) multiply-adds, 560 at 7x7 (392 useful), 320 at
+5x5. Zeros pair with inputs outside an output's window (0 * Inf): a tile whose outputs are not
+all finite is recomputed exactly, output by output, from the halo it was computed from.
+"""
+
+SOURCE_WG = r"""
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define R {R}
+#define S {S}
+#define TH {TH}
+#define TW 64
+#define CB {CB}
+#define IS_BF16 {IS_BF16}
+#define HAS_BIAS {HAS_BIAS}
+#define DGRAD {DGRAD}
+#define NG (CB / 8)
+#define NT (128 * NG)
+#define NB (TH / 4)
+#define J ((R + 4) / 2)
+#define IP ((TH + R) / 2)
+#define HH (2 * IP)
+#define HWD (TW + S - 1)
+#define PIXB (CB * 2)
+#define UP1K(v) (((v) + 1023) / 1024 * 1024)
+// a pixel's 16-byte chunk of group g: the TMA's swizzle of PIXB-byte rows (a stage on 1024 bytes)
+#define SWZ(p) (((p) * NG / 8) % NG)
+#define HOFF(p, g) ((p) * PIXB + 16 * ((g) ^ SWZ(p)))
+// B: per group, per kernel column s, core matrices W[r][s] (8 out x 8 in) at s * SPB + 3 + r
+#define SPB (2 * J + 3)
+#define B_BYTES (S * SPB * 128)
+#define OFF_HALO UP1K(NG * B_BYTES)
+#define HALO_BYTES UP1K(HH * HWD * PIXB)
+#define OFF_STG (OFF_HALO + 2 * HALO_BYTES)
+#define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
+#if IS_BF16
+#define EXP_MASK2 0x7f807f80u
+#define EXP_ONE2 0x00800080u
+#else
+#define EXP_MASK2 0x7c007c00u
+#define EXP_ONE2 0x04000400u
+#endif
+struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {{
+    u32 r;
+    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
+    return r;
+}}
+__device__ __forceinline__ float to_f32(u16 v) {{
+#if IS_BF16
+    return __uint_as_float((u32)v << 16);
+#else
+    float f;
+    asm("{{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }}" : "=f"(f) : "h"(v));
+    return f;
+#endif
+}}
+__device__ __forceinline__ u16 to_u16(float f) {{
+    u16 r;
+#if IS_BF16
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+#endif
+    return r;
+}}
+__device__ __forceinline__ u32 pack2(float a, float b) {{
+    u32 r;
+#if IS_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#endif
+    return r;
+}}
+// a matrix descriptor, no swizzle: 8 x 16-byte core matrices, ``kstride`` bytes apart along K,
+// ``nstride`` along N
+__device__ __forceinline__ u64 desc(u32 addr, u32 kstride, u32 nstride) {{
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(kstride >> 4) << 16) |
+           ((u64)(nstride >> 4) << 32);
+}}
+__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}}
+__device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumulate) {{
+{WGMMA}
+}}
+__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
+    u32 done;
+    do {{
+        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }}\n"
+                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+    }} while (!done);
+}}
+// weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed)
+__device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
+                                    int s, int ws0, int ws1, int ws2, int ws3) {{
+#if DGRAD
+    return w[(long long)(gc + c) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+    return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
+#endif
+}}
+__device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n, int& y0,
+                                         int& x0) {{
+    x0 = (t % tiles_w) * TW;
+    y0 = ((t / tiles_w) % tiles_h) * TH;
+    n = t / (tiles_w * tiles_h);
+}}
+// tile t's halo rows into ``dst``, completing on ``mbar``; one thread
+__device__ __forceinline__ void tma_halo(u32 dst, u32 mbar, const TmaDesc* map, int t, int c0,
+                                         int pad_h, int pad_w, int tiles_h, int tiles_w) {{
+    int n, y0, x0;
+    tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(mbar), "r"(HH * HWD * PIXB) : "memory");
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(x0 - pad_w), "r"(y0 - pad_h), "r"(n),
+                    "r"(mbar)
+                 : "memory");
+}}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
+                  const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
+                  int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
+                  int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
+                  const __grid_constant__ TmaDesc tmap_y)
+{{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = warp >> 2, w4 = warp & 3;
+    const int c0 = blockIdx.y * CB;
+    // the swizzled TMA stages need 1024-byte alignment (the host adds the slack)
+    const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
+    unsigned char* const sm = smem + (sbase - smem_u32(smem));
+    for (int i = tid; i < NG * S * SPB * 64; i += NT) {{
+        const int ci = i & 7, co = (i >> 3) & 7, m = (i >> 6) % (S * SPB);
+        const int gg = i / (64 * S * SPB), s = m / SPB, r = m % SPB - 3;
+        ((u16*)sm)[i] = (r >= 0 && r < R)
+                            ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
+    }}
+    const u32 mbar = sbase + OFF_MBAR;
+    if (tid == 0) {{
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }}
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (tid == 0 && blockIdx.x < n_tiles)
+        tma_halo(sbase + OFF_HALO, mbar, &tmap, blockIdx.x, c0, pad_h, pad_w, tiles_h, tiles_w);
+    const u32 bg = sbase + g * B_BYTES;
+    // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
+    // q > 1)
+    const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1), ljj = q >> 1;
+#if HAS_BIAS
+    const float bv0 = bias[c0 + 8 * g + 2 * (lane & 3)];
+    const float bv1 = bias[c0 + 8 * g + 2 * (lane & 3) + 1];
+#else
+    const float bv0 = 0.f, bv1 = 0.f;
+#endif
+    const u32 stg = sbase + OFF_STG;
+    float acc[NB][16];
+    int it = 0;
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
+        const int buf = it & 1, tn = t + gridDim.x;
+        // the other stage was last read by the tile before, which every warp has finished
+        if (tid == 0 && tn < n_tiles)
+            tma_halo(sbase + OFF_HALO + (buf ^ 1) * HALO_BYTES, mbar + 8 * (buf ^ 1), &tmap, tn,
+                     c0, pad_h, pad_w, tiles_h, tiles_w);
+        mbar_wait(mbar + 8 * buf, (it >> 1) & 1);
+        const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
+        u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
+        asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
+        // A fragments in two sets by kernel column parity: a column's set is loaded once the
+        // wgmmas of the column two back (the same set) have completed (wait_group 1)
+        u32 a[2][IP][4];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {{
+            if (s >= 2) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#pragma unroll
+            for (int ip = 0; ip < IP; ++ip)
+                ldsm_x4(a[s & 1][ip], hb + HOFF((2 * ip + ljj) * HWD + lm + s, g));
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int ip = 0; ip < IP; ++ip)
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {{
+                    const int j = ip - 2 * b;
+                    if (j >= 0 && j < J)
+                        wgmma(acc[b], a[s & 1][ip],
+                              desc(bgt + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
+                }}
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        }}
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        // the previous tile's output copy has read the staging tile
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        __syncthreads();
+        // band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1): band
+        // row 3 - i, out channels 2 (lane % 4) (+ 1). ``flag`` gets bit 15 or 31 where a rounded
+        // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
+        u32 flag = 0;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {{
+                    const int p = (4 * b + 3 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
+                    const float* d = acc[b] + 4 * i + 2 * h;
+                    const u32 v = pack2(d[0] + bv0, d[1] + bv1);
+                    flag |= (v & EXP_MASK2) + EXP_ONE2;
+                    asm volatile("st.shared.u32 [%0], %1;\n"
+                                 :: "r"(stg + HOFF(p, g) + 4 * (lane & 3)), "r"(v) : "memory");
+                }}
+        if (__syncthreads_or((flag & 0x80008000u) != 0u)) {{
+            // exact: each output sums only its own window (PyTorch's NaN/Inf pattern)
+            const unsigned char* hs = sm + OFF_HALO + buf * HALO_BYTES;
+            for (int i = tid; i < TH * TW * CB; i += NT) {{
+                const int ch = i % CB, px = (i / CB) % TW, row = i / (CB * TW);
+                const int gg = ch >> 3, o = ch & 7;
+#if HAS_BIAS
+                float sum = bias[c0 + ch];
+#else
+                float sum = 0.f;
+#endif
+                for (int r = 0; r < R; ++r)
+                    for (int s = 0; s < S; ++s) {{
+                        const u16* hv = (const u16*)(hs + HOFF((row + r) * HWD + px + s, gg));
+                        for (int c = 0; c < 8; ++c)
+                            sum += to_f32(wval(w, c0 + gg * 8, o, c, r, s, ws0, ws1, ws2, ws3)) *
+                                   to_f32(hv[c]);
+                    }}
+                *(u16*)(sm + OFF_STG + HOFF(row * TW + px, gg) + 2 * o) = to_u16(sum);
+            }}
+            __syncthreads();
+        }}
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (tid == 0) {{
+            int n, y0, x0;
+            tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                         :: "l"(&tmap_y), "r"(c0), "r"(x0), "r"(y0), "r"(n), "r"(stg)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }}
+    }}
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}}
+"""
+
+
+def wgmma_asm(bf16: bool) -> str:
+    """The kernel's ``wgmma`` body: m64n32k16, A (4 registers) from ``a``, B by descriptor,
+    accumulating unless ``accumulate`` is 0."""
+    regs = ", ".join(f"%{i}" for i in range(16))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(16))
+    ty = "bf16" if bf16 else "f16"
+    op = f"wgmma.mma_async.sync.aligned.m64n32k16.f32.{ty}.{ty}"
+    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate)'
+    return (
+        '    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %21, 0;\\n"\n'
+        f'        "{op} {{{regs}}}, {{%16, %17, %18, %19}}, %20, p, 1, 1, 0;\\n}}\\n"\n'
+        f"        : {outs} : {ins});"
+    )
