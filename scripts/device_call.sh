@@ -171,8 +171,12 @@ for step in "$@"; do
       study gconv-s30-k57 "${K57_LIMIT:-300}" --channels 64 --kernels 5 7 \
         --extra-kernels --n 128 256 --passes fprop dgrad ;;
     k3-s30)  # and at 3x3 (>= 64 MB: the bars), fprop and dgrad
-      study gconv-s30-k3 "${K3_LIMIT:-300}" --channels 64 128 --kernels 3 --extra-kernels \
-        --n 128 256 --passes fprop dgrad ;;
+      study gconv-s30-k3 "${K3_LIMIT:-300}" --channels ${K3_CHANNELS:-64 128} --kernels 3 \
+        --extra-kernels --n 128 256 --passes fprop dgrad ;;
+    tests-wgmma)  # the wgmma tiles' non-finite test, one process per kernel size
+      par_tests tests-wgmma tests/test_gconv_cuda.py "wgmma_tiles_over_many and 3-" \
+        tests/test_gconv_cuda.py "wgmma_tiles_over_many and 5-" \
+        tests/test_gconv_cuda.py "wgmma_tiles_over_many and 7-" ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;
