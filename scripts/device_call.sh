@@ -154,7 +154,7 @@ for step in "$@"; do
     k57-s29)  # session 29's tall tiles (5x5, 7x7 at C=64) in the study, beside cuDNN
       study gconv-s29-k57 "${K57_LIMIT:-280}" --channels 64 --kernels 5 7 \
         --extra-kernels --n 128 256 --passes fprop dgrad ;;
-    wsmem)  # session 29's weights-in-shared-memory tiles (written without a GPU): every odd
+    wsmem)  # session 29's weights-in-shared-memory tiles (run in session 30): every odd
       # shape and NaN/Inf (they are extra tiles of test_every_tile_fprop_and_dgrad), then timed
       # beside every row-pair candidate at 3x3/5x5/7x7
       par_tests wsmem tests/test_gconv_cuda.py "every_tile_fprop and (k7x7 or k6x7)" \

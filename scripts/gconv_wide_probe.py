@@ -37,7 +37,9 @@ def _rows(
         w = (torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5).to(dt)
         sets.append((x, w, torch.empty_like(x)))  # empty_like keeps x's channels_last
     nbytes = 2 * sets[0][0].nbytes + sets[0][1].nbytes
-    tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True) if t.rowpair]
+    wgmma = gconv_cuda.wgmma_usable(sets[0][0])  # the warpgroup-MMA tiles too, on an sm_90
+    pool = gconv_cuda.candidates(c, k, k, tma=True, wide_tiles=True, wgmma=wgmma)
+    tiles = [t for t in pool if t.rowpair or t.wgmma]
     fitted = (gconv_cuda._fitted(t, c) for t in extra)
     tiles += [t for t in fitted if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
     rows, g = [], c // 8

@@ -4,7 +4,8 @@ with NACC independent accumulator chains a warpgroup and NWG warpgroups a CTA (o
 as TFLOP/s against the dense fp16 peak (989 TFLOP/s on an H100 SXM).
 
 Why: a grouped conv with group width 8 has M = 8 output channels. Stacking 8 output rows into
-wgmma's M = 64 (``gconv_wgmma_probe.py``) wastes half the MMA work at 7x7 on zeros; putting 64
+wgmma's M = 64 (session 30's first prototype, ``scripts/gconv_wgmma_probe.py`` at commit
+ba412e7) wastes half the MMA work at 7x7 on zeros; putting 64
 pixels into M and the 8 channels into N = 8 wastes none, if an m64n8k16 runs near the per-FMA rate
 of wide ones. Operand values do not matter here (zeros); the MMAs run all the same.
 

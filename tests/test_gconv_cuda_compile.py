@@ -73,8 +73,8 @@ def test_tall_tiles_only_for_kernels_of_five_rows_or_more():
 
 
 def test_weights_in_shared_memory_tiles_are_not_candidates():
-    """Session 29's ``wsmem`` tiles (not yet run on a GPU) are legal at 3x3-7x7 but offered
-    nowhere, and their weights do not count against the registers."""
+    """Session 29's ``wsmem`` tiles (correct but slower on the H100, session 30) are legal at
+    3x3-7x7 but offered nowhere, and their weights do not count against the registers."""
     ws = set(gconv_cuda.EXPERIMENTAL_FPROP_TILES)
     assert ws and all(t.wsmem and t.rowpair for t in ws)
     for k in (3, 5, 7):

@@ -299,9 +299,11 @@ TALL_TILES = (
 
 #: Row-pair tiles with the weights in shared memory (``CudaTile.wsmem``): 16 warps per SM at 7x7,
 #: where the register-resident weights (112 registers) allow 8-12 (session 29's Nsight Compute:
-#: the MMAs latency-bound at 41% of the tensor pipe). Written after session 29's device time
-#: and not run on a GPU: not candidates; tests/test_gconv_cuda.py runs them among its extra
-#: tiles, ``scripts/gconv_wide_probe.py --extra`` times them.
+#: the MMAs latency-bound at 41% of the tensor pipe). Written after session 29's device time;
+#: session 30 (H100): correct on every odd shape (tests/test_gconv_cuda.py's extra tiles), but
+#: slower than the candidates everywhere (``wide-probe-wsmem-s30``, C=64 N=128: 7x7 106-109 us
+#: against the 32x16 tall tile's 101-102, 5x5 73-84 against 62-63, 3x3 59-62 against 55): not
+#: candidates; kept as tested extra tiles beside the ``WGMMA_TILES`` that took 7x7 instead.
 EXPERIMENTAL_FPROP_TILES = (
     CudaTile(16, 32, 32, 16, 1, 2, rowpair=True, tma=2, wsmem=True),
     CudaTile(8, 32, 32, 16, 1, 2, rowpair=True, tma=2, wsmem=True),
@@ -309,11 +311,12 @@ EXPERIMENTAL_FPROP_TILES = (
 
 
 #: Warpgroup-MMA tiles (``CudaTile.wgmma``), candidates on compute capability 9.0 (sm_90a) with
-#: TMA for kernels of 3+ rows. Session 30 (``scripts/gconv_wgrs_probe.py``, the same kernel
-#: without bias or the non-finite fallback; C=64 64x64 N=128, events, fp16 / bf16): 7x7 fprop
-#: 16x64 16-channel 83.0 / 81.6 us against the best row-pair tile's 102.5 / 101.1 (0.54 of copy
-#: against 0.44); 5x5 8x64 32-channel 60.9 / 61.1 against 63.4 / 62.3; 3x3 55.1 / 55.9 against
-#: 55.9 / 55.1.
+#: TMA for kernels of 3+ rows. Session 30, H100: its prototype (``scripts/gconv_wgrs_probe.py``
+#: at commit e3707e7, without bias or the non-finite fallback; C=64 64x64 N=128, events, fp16 /
+#: bf16): 7x7 fprop 16x64 16-channel 83.0 / 81.6 us against the best row-pair tile's 102.5 /
+#: 101.1 (0.54 of copy against 0.44); 5x5 8x64 32-channel 60.9 / 61.1 against 63.4 / 62.3; 3x3
+#: 55.1 / 55.9 against 55.9 / 55.1. In the study (``gconv-s30-k57``, graph replay) the autotuner
+#: chose them for all eight 7x7 cells (0.52-0.59 of copy, N = 128-256) and four of eight 5x5.
 WGMMA_TILES = (
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True),

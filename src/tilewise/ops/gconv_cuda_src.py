@@ -8,7 +8,26 @@ the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row
 ``{DGRAD}``, ``{DW_CL}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
 """
 
-SOURCE = r"""
+#: helpers the kernels of ``gconv_wgmma_src`` share (``str.format`` text: braces doubled): the
+#: shared-memory address of a pointer, and an mbarrier wait for a phase's parity
+SMEM_U32 = r"""__device__ __forceinline__ u32 smem_u32(const void* p) {{
+    u32 r;
+    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
+    return r;
+}}
+"""
+MBAR_WAIT = r"""__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
+    u32 done;
+    do {{
+        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }}\n"
+                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
+    }} while (!done);
+}}
+"""
+
+SOURCE = (
+    r"""
 #define R {R}
 #define R_FULL {R_FULL}
 #define ROWSPLIT {ROWSPLIT}
@@ -58,12 +77,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 struct __align__(16) v4u32 {{ u32 a, b, c, d; }};
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {{
-    u32 r;
-    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
-    return r;
-}}
-
+"""
+    + SMEM_U32
+    + r"""
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(bytes));
@@ -239,15 +255,9 @@ __device__ __forceinline__ void tma_load(u32 dst, u32 mbar, const TmaDesc* map, 
 #endif
 }}
 
-__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
-    u32 done;
-    do {{
-        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }}\n"
-                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
-    }} while (!done);
-}}
-
+"""
+    + MBAR_WAIT
+    + r"""
 // one thread: ``n`` barriers at ``mbar0``, 8 bytes apart, each for one arrival, made visible to
 // the TMA unit
 __device__ __forceinline__ void mbar_init(u32 mbar0, int n) {{
@@ -746,6 +756,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
 }}
 """
+)
 
 #: Row-pair fprop/dgrad (``CudaTile.kind == "rowpair"``): one warp per group (times WS column
 #: splits). The weights are the MMA's A operand, held in registers for the whole CTA: rows = (out

@@ -17,7 +17,10 @@ MMA work per output: 16 S ceil((R + 3) / 2) multiply-adds, 560 at 7x7 (392 usefu
 all finite is recomputed exactly, output by output, from the halo it was computed from.
 """
 
-SOURCE_WG = r"""
+from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
+
+SOURCE_WG = (
+    r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -57,12 +60,9 @@ typedef unsigned long long u64;
 #endif
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {{
-    u32 r;
-    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
-    return r;
-}}
-__device__ __forceinline__ float to_f32(u16 v) {{
+"""
+    + SMEM_U32
+    + r"""__device__ __forceinline__ float to_f32(u16 v) {{
 #if IS_BF16
     return __uint_as_float((u32)v << 16);
 #else
@@ -102,15 +102,9 @@ __device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
 __device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumulate) {{
 {WGMMA}
 }}
-__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) {{
-    u32 done;
-    do {{
-        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }}\n"
-                     : "=r"(done) : "r"(mbar), "r"(parity) : "memory");
-    }} while (!done);
-}}
-// weight [o][c][r][s] of the conv this kernel computes (dgrad: flipped and transposed)
+"""
+    + MBAR_WAIT
+    + r"""// weight [o][c][r][s] of this conv (dgrad: flipped, transposed)
 __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
                                     int s, int ws0, int ws1, int ws2, int ws3) {{
 #if DGRAD
@@ -271,6 +265,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
+)
 
 
 def wgmma_asm(bf16: bool) -> str:
