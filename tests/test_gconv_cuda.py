@@ -33,10 +33,14 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.WIDE_KERNEL_TILES
                 + gconv_cuda.TALL_TILES
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES
+                + gconv_cuda.WGMMA_TILES
             ):
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
-                assert f"#define TMA {int(tile.tma)}" in src
+                if tile.wgmma:  # its own template: TMA always, the MMA's element type
+                    assert entry == "tw_gconv_fprop_wg" and ".f32.bf16.bf16" in src
+                else:
+                    assert f"#define TMA {int(tile.tma)}" in src
             extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
             extra += gconv_cuda.TMA_WGRAD_TILES
             for tile in gconv_cuda.WGRAD_TILES + gconv_cuda.ROW_WGRAD_TILES + extra:
@@ -79,6 +83,32 @@ def test_wide_pixels_take_the_5d_tensor_copies(tmp_path):
     # stages on the 128-byte swizzle's 1024-byte period, as the kernel's TALIGN
     assert gconv_cuda._tma_period(128) == gconv_cuda._tma_period(64) == 1024
     assert gconv_cuda._tma_period(32) == 512 and gconv_cuda._tma_period(8) == 128
+
+
+def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
+    """``smem_bytes`` of every wgmma candidate equals the kernel's own layout (its ``OFF_MBAR``
+    plus the two 8-byte mbarriers and the 1024-byte alignment slack), by the C preprocessor."""
+    import shutil
+    import subprocess
+
+    cpp = shutil.which("cpp")
+    if cpp is None:
+        pytest.skip("no C preprocessor on this machine")
+    checked = 0
+    for r, s in ((3, 3), (5, 5), (7, 7), (4, 6), (3, 7), (6, 1)):
+        for tile in gconv_cuda.candidates(64, r, s, True, True, True):
+            if not tile.wgmma:
+                continue
+            src, _ = gconv_cuda.source(r, s, tile, False, False, False, "tw_gconv_fprop")
+            path = tmp_path / "k.cu"
+            path.write_text(src + "\ntw_layout_end = OFF_MBAR + 16;\n")
+            out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
+            expr = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
+            assert set(expr) <= set("0123456789+-*/() "), expr
+            end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
+            assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
+            checked += 1
+    assert checked >= 12
 
 
 def test_row_split_wgrad_tiles_legality_and_grid():
@@ -233,7 +263,7 @@ def test_every_tile_fprop_and_dgrad(case, dtype, rng_seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("k", [3, 5, 7])
-def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed):
+def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, monkeypatch):
     """The warpgroup-MMA tiles (session 30) where each CTA walks many tiles (the halo stages'
     reuse, the mbarrier parity flips, the staging tile after its TMA store), fprop with bias and
     dgrad, with NaN and +-Inf in the input: NaN and Inf exactly where the fp64 reference (CPU)
@@ -256,14 +286,19 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed):
     dsame = torch.nn.grad.conv2d_input(x.shape, wd, xd, padding=pad, groups=g).cpu()
     tiles = [t for t in _tiles(c, k, k) if t.wgmma]
     assert tiles
-    for tile in tiles:
+    # a grid of 1-2 CTAs a channel block: each walks 15-60 tiles (mbarrier phases of both stages
+    # flip many times), and the full grid as chosen
+    for tile, sms in [(t, n) for t in tiles for n in (None, 3)]:
+        if sms is not None:
+            monkeypatch.setattr(gconv_cuda, "num_sms", lambda device, n=sms: n)
         out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
         gconv_cuda.fprop(xd, wd, bd, out, pad, pad, tile)
         dx = _cl(torch.full(x.shape, 7.0, device="cuda", dtype=dtype))
         gconv_cuda.fprop(xd, wd, None, dx, k - 1 - pad, k - 1 - pad, tile, True)
+        monkeypatch.undo()
         for what, got, want, ref64 in (("fprop", out, same, ref), ("dgrad", dx, dsame, dref)):
             got = got.cpu()
-            tag = f"{what} {tile.name} k{k} {dtype}"
+            tag = f"{what} {tile.name} k{k} {dtype} sms={sms}"
             bad_nan = (got.isnan() != ref64.isnan()).sum().item()
             bad_inf = (got.isinf() != ref64.isinf()).sum().item()
             assert bad_nan == 0 and bad_inf == 0, (
@@ -275,6 +310,62 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed):
             fin = ref64.isfinite() & want.isfinite()
             assert fin.double().mean() > 0.9, tag  # most outputs: the rest is checked
             assert_three_way(got[fin], want[fin], ref64[fin], ATOL[dtype], tag, rng_seed, ulps=1)
+            # where only PyTorch's half output is not finite: within a few ulps of the exact sum
+            odd = ref64.isfinite() & ~want.isfinite()
+            err = (got[odd].double() - ref64[odd]).abs()
+            bound = 4 * torch.finfo(dtype).eps * ref64[odd].abs() + ATOL[dtype]
+            assert (err <= bound).all(), tag
+
+
+#: shapes the odd-shape cases give the wgmma tiles nowhere: padding past R - 1 (negative dgrad
+#: padding), an even kernel, S != R with S < 3, 48 channels (16-channel blocks fitted down),
+#: no padding at the right and bottom edges (N, C, H, W, R, S, pad_h, pad_w, bias)
+WGMMA_EDGE_CASES = (
+    (1, 16, 4, 4, 3, 3, 3, 3, True),
+    (2, 48, 9, 70, 4, 2, 1, 0, False),
+    (1, 32, 5, 3, 3, 1, 1, 0, True),
+    (3, 16, 17, 65, 6, 5, 0, 0, True),
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", WGMMA_EDGE_CASES, ids=_case_id)
+def test_wgmma_tiles_on_edge_shapes(case, dtype, rng_seed):
+    """Every wgmma candidate on the edge shapes, fprop (with bias where the case has one) and
+    dgrad, three-way against fp64 (written in session 30 after its device time)."""
+    if not _wgmma():
+        pytest.skip("no sm_90 (wgmma) GPU")
+    n, c, h, w, r, s, ph, pw, has_b = case
+    x = _cl(torch.randn(n, c, h, w, device="cuda"))
+    wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
+    b = torch.randn(c, device="cuda") if has_b else None
+    g, pad = c // 8, (ph, pw)
+    ref = F.conv2d(x.double(), wt.double(), b.double() if has_b else None, padding=pad, groups=g)
+    bt = b.to(dtype) if has_b else None
+    same = F.conv2d(x.to(dtype), wt.to(dtype), bt, padding=pad, groups=g)
+    dy = torch.randn(ref.shape, device="cuda")
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g)
+    tiles = [t for t in _tiles(c, r, s) if t.wgmma]
+    assert tiles, case
+    for tile in tiles:
+        tag = f"{_case_id(case)} {tile.name} {dtype}"
+        out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
+        assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed, ulps=1)
+        dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
+        gconv_cuda.fprop(
+            _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
+        )
+        assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
+
+
+def test_wgmma_edge_cases_take_wgmma_tiles():
+    """Each edge case is one the wgmma candidates take (so the GPU test above runs them)."""
+    for case in WGMMA_EDGE_CASES:
+        c, r, s = case[1], case[4], case[5]
+        assert any(t.wgmma for t in gconv_cuda.candidates(c, r, s, True, True, True)), case
 
 
 @pytest.mark.gpu

@@ -187,9 +187,10 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
-    if tile.wgmma:
+    if tile.wgmma:  # as the kernel is written (gconv_wgmma_src) and smem_bytes counts it
         return (
-            not tile.rowpair
+            not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
+            and tile.stages == 2
             and tile.tma == 2
             and tile.tw == 64
             and tile.th % 4 == 0
@@ -653,6 +654,9 @@ def bind_fprop(
     r, s = weight.shape[2], weight.shape[3]
     if tile.tma not in _TMA_SIGNATURES or (tile.tma and not (tile.rowpair or tile.wgmma)):
         raise ValueError(f"argument 'tile' {tile}: TMA (1 or 2) takes the row-pair kernel only")
+    if tile.wgmma and not tile_ok(c, r, s, tile):  # e.g. without both tensor maps or a
+        # warpgroup per group, the kernel would leave outputs unwritten
+        raise ValueError(f"argument 'tile' {tile.name} does not fit C={c}, {r}x{s} (tile_ok)")
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     no_launcher = tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None
@@ -799,6 +803,7 @@ SOURCE_DIGEST = hashlib.sha1(
         + _SOURCE_WRP
         + _SOURCE_WG
         + _wgmma_asm(False)
+        + _wgmma_asm(True)
         + repr(
             (
                 TILES,
