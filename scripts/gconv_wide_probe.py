@@ -1,7 +1,8 @@
 """Every row-pair fprop/dgrad candidate of a grouped conv timed on its own (session 29: the 5x5/7x7
-tall tiles beside the others), C=64 64x64 (``--channels``: 128 at 32x32, 256 at 16x16), fp16 /
-bf16, as fraction of the copy bandwidth measured in the same run, with cuDNN beside them. Each
-tile's output is checked against cuDNN's first (a relative error).
+tall tiles beside the others; session 30: and the warpgroup-MMA tiles on an sm_90), C=64 64x64
+(``--channels``: 128 at 32x32, 256 at 16x16), fp16 / bf16, as fraction of the copy bandwidth
+measured in the same run, with cuDNN beside them. Each tile's output is checked against cuDNN's
+first (a relative error).
 
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
         [--extra "32,8,32,4,2,2,rowpair=True,tma=2" ...]   (CudaTile arguments: tiles to time
