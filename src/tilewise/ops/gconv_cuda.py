@@ -15,8 +15,9 @@ block's weights once and double-buffers the halo tiles it walks, so loads overla
 
 fp16 and bf16 (fp32 accumulation), NHWC, C % 8 == 0, any R, S in 1..7, any padding, any N, H, W.
 The CUDA sources (tap and row-pair kernels, fprop/dgrad and wgrad) live in
-``ops.gconv_cuda_src``; this module holds the tiles and their legality, compilation, launches and
-the wgrad's workspace.
+``ops.gconv_cuda_src``, the warpgroup-MMA fprop/dgrad kernel (Hopper, sm_90a: ``CudaTile.wgmma``)
+in ``ops.gconv_wgmma_src``; this module holds the tiles and their legality, compilation, launches
+and the wgrad's workspace.
 """
 
 from __future__ import annotations
