@@ -234,6 +234,12 @@ def _case_id(case: tuple) -> str:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)  # one test each: the GPU suite's shards
 def test_every_tile_fprop_and_dgrad(case, dtype, rng_seed):
+    _check_tiles(case, dtype, rng_seed, _tiles(case[1], case[4], case[5]))
+
+
+def _check_tiles(case: tuple, dtype: torch.dtype, rng_seed: int, tiles: list[CudaTile]) -> None:
+    """Each of ``tiles`` on ``case``: fprop (with bias where the case has one) and dgrad,
+    three-way against fp64; odd heights read channels_last weights through their strides."""
     n, c, h, w, r, s, ph, pw, has_b = case
     x = _cl(torch.randn(n, c, h, w, device="cuda"))
     wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
@@ -248,7 +254,7 @@ def test_every_tile_fprop_and_dgrad(case, dtype, rng_seed):
     dy = torch.randn(ref.shape, device="cuda")
     dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
     dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g)
-    for tile in _tiles(c, r, s):
+    for tile in tiles:
         tag = f"n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
         out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
         gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
@@ -336,29 +342,9 @@ def test_wgmma_tiles_on_edge_shapes(case, dtype, rng_seed):
     dgrad, three-way against fp64 (written in session 30 after its device time)."""
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
-    n, c, h, w, r, s, ph, pw, has_b = case
-    x = _cl(torch.randn(n, c, h, w, device="cuda"))
-    wt = torch.randn(c, 8, r, s, device="cuda") / (8 * r * s) ** 0.5
-    b = torch.randn(c, device="cuda") if has_b else None
-    g, pad = c // 8, (ph, pw)
-    ref = F.conv2d(x.double(), wt.double(), b.double() if has_b else None, padding=pad, groups=g)
-    bt = b.to(dtype) if has_b else None
-    same = F.conv2d(x.to(dtype), wt.to(dtype), bt, padding=pad, groups=g)
-    dy = torch.randn(ref.shape, device="cuda")
-    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), dy.double(), padding=pad, groups=g)
-    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), dy.to(dtype), padding=pad, groups=g)
-    tiles = [t for t in _tiles(c, r, s) if t.wgmma]
+    tiles = [t for t in _tiles(case[1], case[4], case[5]) if t.wgmma]
     assert tiles, case
-    for tile in tiles:
-        tag = f"{_case_id(case)} {tile.name} {dtype}"
-        out = _cl(torch.full(same.shape, float("nan"), device="cuda", dtype=dtype))
-        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), bt, out, ph, pw, tile)
-        assert_three_way(out, same, ref, ATOL[dtype], f"fprop {tag}", rng_seed, ulps=1)
-        dx = _cl(torch.full(x.shape, float("nan"), device="cuda", dtype=dtype))
-        gconv_cuda.fprop(
-            _cl(dy.to(dtype)), wt.to(dtype), None, dx, r - 1 - ph, s - 1 - pw, tile, True
-        )
-        assert_three_way(dx, dsame, dref, ATOL[dtype], f"dgrad {tag}", rng_seed, ulps=1)
+    _check_tiles(case, dtype, rng_seed, tiles)
 
 
 def test_wgmma_edge_cases_take_wgmma_tiles():
