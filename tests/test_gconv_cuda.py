@@ -999,3 +999,35 @@ def test_wide_kernel_tiles_key_and_candidates_in_the_choice(offered, monkeypatch
     assert bool(rowpair) is offered
     assert key7.split("@")[0].endswith("+wide" if offered else "+nowide"), key7
     assert "wide" not in key3, key3
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_wgmma_tiles_in_the_choice_at_level_three_only(level, monkeypatch):
+    """The grouped conv's choice offers the wgmma tiles where ``_cuda_level`` is 3 (TMA and
+    compute capability 9.0), and not at 2; ``_cuda_level`` reads 3 only when the GPU takes them.
+    CPU: the tiles are only listed, the chosen Triton default runs on the interpreter."""
+    from tilewise.ops import gconv, gconv_library
+    from tilewise.runtime import autotune
+
+    seen = []
+
+    def choose(op, problem, candidates, run_fn, **kw):
+        seen.append(tuple(candidates))
+        return kw["default"]
+
+    monkeypatch.setattr(autotune, "choose_config", choose)
+    monkeypatch.setattr(gconv, "_cuda_level", lambda x, out: level)
+    monkeypatch.setattr(gconv_library, "offered", lambda x, deterministic=False: False)
+    x = torch.randn(1, 64, 5, 6).contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(64, 8, 5, 5)
+    y = gconv.forward(x, wt, None, 2, 2)
+    torch.testing.assert_close(y, F.conv2d(x, wt, None, padding=2, groups=8), atol=1e-4, rtol=1e-4)
+    wgmma = [t for t in seen[0] if isinstance(t, CudaTile) and t.wgmma]
+    assert bool(wgmma) is (level == 3)
+    monkeypatch.undo()
+    for usable, tma, wg, want in ((False, True, True, 0), (True, False, True, 1),
+                                  (True, True, False, 2), (True, True, True, 3)):  # fmt: skip
+        monkeypatch.setattr(gconv_cuda, "usable", lambda x, out, v=usable: v)
+        monkeypatch.setattr(gconv_cuda, "tma_usable", lambda x, v=tma: v)
+        monkeypatch.setattr(gconv_cuda, "wgmma_usable", lambda x, v=wg: v)
+        assert gconv._cuda_level(x, x) == want
