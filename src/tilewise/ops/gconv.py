@@ -411,7 +411,7 @@ def _dense_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return bias.contiguous() if bias is not None else None
 
 
-def dwchannels_last_copy(weight: torch.Tensor) -> bool:
+def dw_channels_last(weight: torch.Tensor) -> bool:
     """Whether the weight gradient is written channels_last: for a channels_last weight (a model
     moved to channels_last), so that autograd's AccumulateGrad keeps it as the parameter's
     ``.grad`` instead of copying it into the parameter's layout (one kernel per conv per step).
@@ -422,7 +422,7 @@ def dwchannels_last_copy(weight: torch.Tensor) -> bool:
 def empty_weight_grad(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized weight gradient in the layout ``backward`` returns (shared with the fake
     kernel)."""
-    fmt = dw_format(dwchannels_last_copy(weight))
+    fmt = dw_format(dw_channels_last(weight))
     return torch.empty(weight.shape, dtype=dtype, device=weight.device, memory_format=fmt)
 
 
@@ -618,7 +618,7 @@ def backward(
         dgrad = gconv_plan.ConvPass(cfg, _launch, grad, weight, None, dx, *pads, True)
     if need[1]:
         db_dtype = bias.dtype if need_db else torch.float32
-        args = (grad, x, problem, need_db, deterministic, db_dtype, dwchannels_last_copy(weight))
+        args = (grad, x, problem, need_db, deterministic, db_dtype, dw_channels_last(weight))
         wgrad = gconv_wgrad.bind(gconv_wgrad.choose(*args), *args)
     bias_dtype = bias.dtype if bias is not None else None
     plan = gconv_plan.BackwardPlan(cast_grad, dgrad, wgrad, need_db, bias_dtype)

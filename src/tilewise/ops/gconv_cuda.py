@@ -111,13 +111,13 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
-        j, ip = (r + 4) // 2, (tile.th + r) // 2
+        j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
         def up(v: int) -> int:
             return cdiv(v, 1024) * 1024
 
         b = up(tile.cb // 8 * s * (2 * j + 3) * 128)
-        halo = up(2 * ip * (tile.tw + s - 1) * tile.cb * 2)
+        halo = up(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         return 1024 + b + 2 * halo + up(tile.th * tile.tw * tile.cb * 2) + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
@@ -169,12 +169,18 @@ def rowpair_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 4 * rowpair_fragments(r, s) + 2 * tile.th + fixed <= cap
 
 
+def wgmma_halo_rows(r: int, tile: CudaTile) -> int:
+    """Input rows a ``wgmma`` tile loads: whole row pairs (the kernel's HH = 2 IP) covering its
+    ``th + r - 1``."""
+    return 2 * ((tile.th + r) // 2)
+
+
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a ``wgmma`` tile's accumulators (16 registers per 4-row band), two sets of A
     fragments (4 registers per input row pair) and ~48 more fit ``register_cap``. ptxas (nvcc
     13.0, sm_90a): 8x64 32-channel (128 a thread): 3x3 105, 5x5 106, 7x7 128 and 260 bytes of
     spills (excluded here); 16x64 16-channel (255): 7x7 190."""
-    return 16 * (tile.th // 4) + 8 * ((tile.th + r) // 2) + 48 <= register_cap(tile)
+    return 16 * (tile.th // 4) + 4 * wgmma_halo_rows(r, tile) + 48 <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -198,7 +204,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.cb in (16, 32, 64)
             and tile.warps == 4 * (tile.cb // 8)
             and tile.min_ctas == 1
-            and 2 * ((tile.th + r) // 2) <= 256
+            and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
         )
     if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
@@ -423,7 +429,12 @@ def wgmma_usable(x: torch.Tensor) -> bool:
     """Whether ``x``'s GPU takes the ``WGMMA_TILES``: sm_90a code runs on compute capability 9.0
     only, and with TMA (``tma_usable``)."""
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(dev) == (9, 0) and _tma.supported(dev)
+    return _is_sm90(dev) and _tma.supported(dev)
+
+
+@functools.cache
+def _is_sm90(device: int) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def usable(x: torch.Tensor, out: torch.Tensor) -> bool:
@@ -675,7 +686,7 @@ def bind_fprop(
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
     if tile.tma:  # the wgmma kernel loads whole input row pairs
-        halo_rows = 2 * ((tile.th + r) // 2) if tile.wgmma else tile.th + r - 1
+        halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
         if tile.tma == 2:
             maps.append((3, tile.cb, tile.tw, tile.th))

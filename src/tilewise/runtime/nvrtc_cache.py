@@ -69,9 +69,9 @@ def compile_kernel(source: str, entry: str, compute_capability: str | None = Non
     from or written to the disk cache. ``compute_capability`` (e.g. "90a" for Hopper's
     architecture-specific instructions): the target, where not the device's own. Compile errors
     raise as from PyTorch."""
-    helpers = _helpers() if enabled() else None
     if compute_capability is not None:  # the private helpers' other arguments: not cached
         return torch.cuda._compile_kernel(source, entry, compute_capability=compute_capability)
+    helpers = _helpers() if enabled() else None
     if helpers is None:
         return torch.cuda._compile_kernel(source, entry)
     compile_fn, load_fn = helpers
