@@ -177,6 +177,14 @@ for step in "$@"; do
       par_tests tests-wgmma tests/test_gconv_cuda.py "wgmma_tiles_over_many and 3-" \
         tests/test_gconv_cuda.py "wgmma_tiles_over_many and 5-" \
         tests/test_gconv_cuda.py "wgmma_tiles_over_many and 7-" ;;
+    wgmma-s31)  # session 31's wgmma tiles (2-4 CTAs per SM, 12 rows) timed beside every
+      # candidate, C=64 N=128 (PROBE_KERNELS, PROBE_DTYPES), fprop and dgrad
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+        --kernels ${PROBE_KERNELS:-7 5} --n ${PROBE_N:-128} --dtypes ${PROBE_DTYPES:-fp16} \
+        --json "$R/wide-probe-wgmma${PROBE_TAG:-}-s31.json" >"$R/wide-probe-wgmma.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|Error|cudawg|t32x|t16x16c64" "$R/wide-probe-wgmma.log" | cut -c1-120 | head -80
+      pack ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;

@@ -6,7 +6,7 @@ first (a relative error).
 
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
         [--extra "32,8,32,4,2,2,rowpair=True,tma=2" ...]   (CudaTile arguments: tiles to time
-        beside the candidates, where legal)
+        beside the candidates, where legal) [--experimental]   (and the EXPERIMENTAL_WGMMA_TILES)
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument("--json", default=None)
     ap.add_argument("--extra", nargs="*", default=[], help="CudaTile arguments, one tile each")
+    ap.add_argument("--experimental", action="store_true", help="the EXPERIMENTAL_WGMMA_TILES too")
     args = ap.parse_args()
     extra = [eval(f"CudaTile({spec})") for spec in args.extra]  # a developer's arguments
+    extra += list(gconv_cuda.EXPERIMENTAL_WGMMA_TILES) if args.experimental else []
     torch.backends.cudnn.benchmark = True
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")

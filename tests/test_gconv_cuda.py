@@ -34,6 +34,7 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.TALL_TILES
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES
                 + gconv_cuda.WGMMA_TILES
+                + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
             ):
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
@@ -86,8 +87,9 @@ def test_wide_pixels_take_the_5d_tensor_copies(tmp_path):
 
 
 def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
-    """``smem_bytes`` of every wgmma candidate equals the kernel's own layout (its ``OFF_MBAR``
-    plus the two 8-byte mbarriers and the 1024-byte alignment slack), by the C preprocessor."""
+    """``smem_bytes`` of every wgmma candidate and experimental tile equals the kernel's own
+    layout (its ``OFF_MBAR`` plus the two 8-byte mbarriers and the 1024-byte alignment slack), by
+    the C preprocessor."""
     import shutil
     import subprocess
 
@@ -96,8 +98,10 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
         pytest.skip("no C preprocessor on this machine")
     checked = 0
     for r, s in ((3, 3), (5, 5), (7, 7), (4, 6), (3, 7), (6, 1)):
-        for tile in gconv_cuda.candidates(64, r, s, True, True, True):
-            if not tile.wgmma:
+        tiles = gconv_cuda.candidates(64, r, s, True, True, True)
+        tiles += gconv_cuda.EXPERIMENTAL_WGMMA_TILES
+        for tile in tiles:
+            if not (tile.wgmma and gconv_cuda.tile_ok(64, r, s, tile)):
                 continue
             src, _ = gconv_cuda.source(r, s, tile, False, False, False, "tw_gconv_fprop")
             path = tmp_path / "k.cu"
@@ -108,7 +112,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
-    assert checked >= 12
+    assert checked >= 30
 
 
 def test_row_split_wgrad_tiles_legality_and_grid():
@@ -205,6 +209,7 @@ EXTRA_TILES = (
     CudaTile(8, 8, 8, 4, 4, 3),
     CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
     *gconv_cuda.EXPERIMENTAL_FPROP_TILES,  # session 29's weights-in-shared-memory tiles
+    *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,  # session 31's 2-4 CTAs per SM and 12-row wgmma tiles
 )
 
 

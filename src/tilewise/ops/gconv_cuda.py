@@ -87,6 +87,8 @@ class CudaTile:
 
 
 SMEM_MAX = 227 * 1024  # dynamic shared memory one CTA may use on an H100
+SMEM_SM = 228 * 1024  # shared memory of an H100's SM, all its CTAs together
+SMEM_RESERVED = 1024  # shared memory the system keeps per CTA
 
 
 #: channel blocks a TMA tile takes: a power of two whose pixel row the swizzle modes cover (8-64
@@ -177,10 +179,11 @@ def wgmma_halo_rows(r: int, tile: CudaTile) -> int:
 
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a ``wgmma`` tile's accumulators (16 registers per 4-row band), two sets of A
-    fragments (4 registers per input row pair) and ~48 more fit ``register_cap``. ptxas (nvcc
-    13.0, sm_90a): 8x64 32-channel (128 a thread): 3x3 105, 5x5 106, 7x7 128 and 260 bytes of
-    spills (excluded here); 16x64 16-channel (255): 7x7 190."""
-    return 16 * (tile.th // 4) + 4 * wgmma_halo_rows(r, tile) + 48 <= register_cap(tile)
+    fragments (4 registers per input row pair) and ~40 more fit ``register_cap``. ptxas (nvcc
+    13.0, sm_90a, session 31's source with its per-use descriptors): 8x64 at 128 a thread 98-126
+    (7x7 114; session 30's source spilled there), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64
+    16-channel 3x3 181; the CPU suite compiles every candidate and fails on a spill."""
+    return 16 * (tile.th // 4) + 4 * wgmma_halo_rows(r, tile) + 40 <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -201,9 +204,9 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.tma == 2
             and tile.tw == 64
             and tile.th % 4 == 0
-            and tile.cb in (16, 32, 64)
+            and tile.cb in (8, 16, 32, 64)
             and tile.warps == 4 * (tile.cb // 8)
-            and tile.min_ctas == 1
+            and tile.min_ctas * (smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
         )
@@ -329,6 +332,19 @@ WGMMA_TILES = (
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True),
     CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True),
+)
+
+#: Warpgroup-MMA tiles that overlap one CTA's epilogue with another's MMAs (2-4 CTAs per SM:
+#: each CTA of the ``WGMMA_TILES`` serializes its tile's MMAs, epilogue and store behind CTA
+#: barriers) and 12-row tiles (three 4-row bands). Written in session 31; tested beside the
+#: candidates and timed by ``scripts/gconv_wide_probe.py --experimental``, not candidates.
+EXPERIMENTAL_WGMMA_TILES = (
+    CudaTile(4, 64, 8, 4, 4, 2, tma=2, wgmma=True),
+    CudaTile(8, 64, 8, 4, 4, 2, tma=2, wgmma=True),
+    CudaTile(12, 64, 8, 4, 3, 2, tma=2, wgmma=True),
+    CudaTile(16, 64, 8, 4, 2, 2, tma=2, wgmma=True),
+    CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
+    CudaTile(12, 64, 16, 8, 1, 2, tma=2, wgmma=True),
 )
 
 
@@ -485,8 +501,8 @@ def source(
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
-            R=r, S=s, TH=tile.th, CB=tile.cb, IS_BF16=int(bf16), HAS_BIAS=int(bias > 0),
-            DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
+            R=r, S=s, TH=tile.th, CB=tile.cb, MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
+            HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:
@@ -829,6 +845,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 TALL_TILES,
                 EXPERIMENTAL_FPROP_TILES,
                 WGMMA_TILES,
+                EXPERIMENTAL_WGMMA_TILES,
             )
         )
     ).encode()

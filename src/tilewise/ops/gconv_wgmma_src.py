@@ -1,7 +1,7 @@
 """CUDA C++ source of the grouped conv's warpgroup-MMA fprop/dgrad kernel (``CudaTile.wgmma``,
 Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A ``str.format`` template
-(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``;
-literal braces doubled).
+(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``,
+``{WGMMA}``; literal braces doubled).
 
 One warpgroup per group of 8 channels; a CTA tile is TH output rows x 64 pixels x CB channels.
 - M = 64 pixels of a row: the A operand in registers, one ``ldmatrix.x4`` per warp (16 pixels x
@@ -133,7 +133,7 @@ __device__ __forceinline__ void tma_halo(u32 dst, u32 mbar, const TmaDesc* map, 
                  : "memory");
 }}
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                   const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
                   int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
