@@ -112,7 +112,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
-    assert checked >= 30
+    assert checked >= 20
 
 
 def test_row_split_wgrad_tiles_legality_and_grid():
@@ -226,7 +226,7 @@ def _tiles(c: int, r: int, s: int, tma: bool = True) -> list[CudaTile]:
     wgmma = tma and _wgmma()
     # the wide-kernel row-pair tiles too, even where TILEWISE_GCONV_WIDE_TILES=0
     return list(gconv_cuda.candidates(c, r, s, tma, wide_tiles=True, wgmma=wgmma)) + [
-        t for t in extra if gconv_cuda.tile_ok(c, r, s, t)
+        t for t in extra if gconv_cuda.tile_ok(c, r, s, t) and (wgmma or not t.wgmma)
     ]
 
 

@@ -143,6 +143,12 @@ def test_wgmma_tile_rules():
     tall = CudaTile(16, 64, 8, 4, 2, 2, tma=2, wgmma=True)
     assert gconv_cuda.tile_ok(64, 7, 7, tall)
     assert not gconv_cuda.tile_ok(64, 7, 7, dataclasses.replace(tall, min_ctas=4))
+    # two warpgroups a group, each an even number of 4-row bands (its rows on a swizzle period)
+    split = CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True)
+    assert gconv_cuda.wgmma_split(split) == 2 and gconv_cuda.tile_ok(64, 5, 5, split)
+    assert not gconv_cuda.tile_ok(64, 7, 7, split)  # ptxas spilled 240 bytes at 128 a thread
+    assert not gconv_cuda.tile_ok(64, 5, 5, dataclasses.replace(split, th=8))  # one band each
+    assert gconv_cuda._fitted(split, 8).warps == 8  # warpgroups a group kept
     fitted = gconv_cuda._fitted(ok, 16)  # channel block halved, a warpgroup a group kept
     assert (fitted.cb, fitted.warps) == (16, 8)
     # C=8: 8-channel blocks, one warpgroup (session 31; 16+ channels before)

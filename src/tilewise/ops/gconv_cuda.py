@@ -177,13 +177,24 @@ def wgmma_halo_rows(r: int, tile: CudaTile) -> int:
     return 2 * ((tile.th + r) // 2)
 
 
+def wgmma_split(tile: CudaTile) -> int:
+    """Warpgroups a ``wgmma`` tile gives each group of 8 channels (the kernel's HS): each takes
+    ``th / HS`` of the tile's rows, all of them reading the CTA's one halo."""
+    return max(1, tile.warps // (4 * (tile.cb // 8)))
+
+
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
-    """Whether a ``wgmma`` tile's accumulators (16 registers per 4-row band), two sets of A
-    fragments (4 registers per input row pair) and ~40 more fit ``register_cap``. ptxas (nvcc
-    13.0, sm_90a, session 31's source with its per-use descriptors): 8x64 at 128 a thread 98-126
-    (7x7 114; session 30's source spilled there), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64
-    16-channel 3x3 181; the CPU suite compiles every candidate and fails on a spill."""
-    return 16 * (tile.th // 4) + 4 * wgmma_halo_rows(r, tile) + 40 <= register_cap(tile)
+    """Whether a ``wgmma`` warpgroup's accumulators (16 registers per 4-row band), two sets of A
+    fragments (4 registers per input row pair its bands read) and ~40 more fit ``register_cap``.
+    ptxas (nvcc 13.0, sm_90a, session 31's source): 8x64 at 128 a thread 98-126 (7x7 114; the
+    rule had said no), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64 16-channel 3x3 181; the CPU
+    suite compiles every candidate and experimental tile and fails on a spill."""
+    bands = tile.th // 4 // wgmma_split(tile)
+    row_pairs = 2 * (bands - 1) + (r + 4) // 2  # the kernel's IPW
+    # several warpgroups a group: 16x64 16-channel at 7x7 spilled 240 bytes at 128 a thread where
+    # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
+    more = 40 if wgmma_split(tile) == 1 else 48
+    return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -203,9 +214,11 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.stages == 2
             and tile.tma == 2
             and tile.tw == 64
-            and tile.th % 4 == 0
             and tile.cb in (8, 16, 32, 64)
-            and tile.warps == 4 * (tile.cb // 8)
+            and tile.warps % (4 * (tile.cb // 8)) == 0
+            and tile.th % (4 * wgmma_split(tile)) == 0
+            # several warpgroups a group: each one's rows start on a swizzle period
+            and (wgmma_split(tile) == 1 or tile.th // 4 // wgmma_split(tile) % 2 == 0)
             and tile.min_ctas * (smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
@@ -334,17 +347,18 @@ WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True),
 )
 
-#: Warpgroup-MMA tiles that overlap one CTA's epilogue with another's MMAs (2-4 CTAs per SM:
-#: each CTA of the ``WGMMA_TILES`` serializes its tile's MMAs, epilogue and store behind CTA
-#: barriers) and 12-row tiles (three 4-row bands). Written in session 31; tested beside the
-#: candidates and timed by ``scripts/gconv_wide_probe.py --experimental``, not candidates.
+#: Warpgroup-MMA tiles written in session 31, tested beside the candidates and timed by
+#: ``scripts/gconv_wide_probe.py --experimental``; not candidates. Its first call (H100, C=64
+#: N=128 fp16, events; ``wide-probe-wgmma-s31``): 2-4 CTAs an SM to overlap one CTA's epilogue
+#: with another's MMAs gained only at 7x7 with 16-channel blocks (8x64, 2 CTAs: 90.7 us against
+#: 102.8 for 1 CTA, the 16x64 candidate 86.9); 8-channel blocks (one warpgroup a CTA, 16-byte
+#: pixel pieces) read DRAM twice over (Nsight Compute: 263 MB for 134) and ran 2-4x slower;
+#: 12-row tiles were slower than 8 and 16 (64 rows in 6 tiles: 12% of the MMAs wasted).
+#: Kept: the 2-CTA tile, and 16x64 with two warpgroups a group (each 8 rows of one halo: four
+#: warpgroups an SM like the 8x64 32-channel tile, with the 16-row tile's halo).
 EXPERIMENTAL_WGMMA_TILES = (
-    CudaTile(4, 64, 8, 4, 4, 2, tma=2, wgmma=True),
-    CudaTile(8, 64, 8, 4, 4, 2, tma=2, wgmma=True),
-    CudaTile(12, 64, 8, 4, 3, 2, tma=2, wgmma=True),
-    CudaTile(16, 64, 8, 4, 2, 2, tma=2, wgmma=True),
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
-    CudaTile(12, 64, 16, 8, 1, 2, tma=2, wgmma=True),
+    CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
 )
 
 
@@ -359,8 +373,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
-    elif tile.wgmma:  # a warpgroup a group
-        warps = 4 * (cb // 8)
+    elif tile.wgmma:  # its warpgroups a group
+        warps = wgmma_split(tile) * 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
 
 
@@ -501,8 +515,8 @@ def source(
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
-            R=r, S=s, TH=tile.th, CB=tile.cb, MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
-            HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
+            R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), MIN_CTAS=tile.min_ctas,
+            IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:

@@ -1,9 +1,11 @@
 """CUDA C++ source of the grouped conv's warpgroup-MMA fprop/dgrad kernel (``CudaTile.wgmma``,
 Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A ``str.format`` template
-(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``,
-``{WGMMA}``; literal braces doubled).
+(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{HS}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``,
+``{DGRAD}``, ``{WGMMA}``; literal braces doubled).
 
-One warpgroup per group of 8 channels; a CTA tile is TH output rows x 64 pixels x CB channels.
+HS warpgroups per group of 8 channels, each taking TH / HS of the tile's rows (its own 4-row bands
+and the row pairs they read from the CTA's one halo); a CTA tile is TH output rows x 64 pixels x
+CB channels.
 - M = 64 pixels of a row: the A operand in registers, one ``ldmatrix.x4`` per warp (16 pixels x
   2 input rows x 8 channels) from the TMA's swizzled, pixel-major halo;
 - N = 32 = 4 output rows x 8 out channels: one accumulator block per 4-row band;
@@ -32,11 +34,14 @@ typedef unsigned long long u64;
 #define IS_BF16 {IS_BF16}
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
+#define HS {HS}
 #define NG (CB / 8)
-#define NT (128 * NG)
+#define NT (128 * NG * HS)
 #define NB (TH / 4)
+#define NBW (NB / HS)
 #define J ((R + 4) / 2)
 #define IP ((TH + R) / 2)
+#define IPW (2 * (NBW - 1) + J)
 #define HH (2 * IP)
 #define HWD (TW + S - 1)
 #define PIXB (CB * 2)
@@ -142,7 +147,11 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = warp >> 2, w4 = warp & 3;
+    const int g = (warp >> 2) / HS, w4 = warp & 3;
+    // this warpgroup's bands hb0 .. hb0 + NBW - 1 read the halo from input row 4 hb0 on and
+    // write the staging tile from output row 4 hb0 on: whole swizzle periods (NBW even: tile_ok)
+    const int hb0 = ((warp >> 2) % HS) * NBW;
+    const u32 halo_row0 = 4 * hb0 * HWD * PIXB, out_row0 = 4 * hb0 * TW * PIXB;
     const int c0 = blockIdx.y * CB;
     // the swizzled TMA stages need 1024-byte alignment (the host adds the slack)
     const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
@@ -174,7 +183,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     const float bv0 = 0.f, bv1 = 0.f;
 #endif
     const u32 stg = sbase + OFF_STG;
-    float acc[NB][16];
+    float acc[NBW][16];
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
         const int buf = it & 1, tn = t + gridDim.x;
@@ -188,18 +197,18 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
         // A fragments in two sets by kernel column parity: a column's set is loaded once the
         // wgmmas of the column two back (the same set) have completed (wait_group 1)
-        u32 a[2][IP][4];
+        u32 a[2][IPW][4];
 #pragma unroll
         for (int s = 0; s < S; ++s) {{
             if (s >= 2) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 #pragma unroll
-            for (int ip = 0; ip < IP; ++ip)
-                ldsm_x4(a[s & 1][ip], hb + HOFF((2 * ip + ljj) * HWD + lm + s, g));
+            for (int ip = 0; ip < IPW; ++ip)
+                ldsm_x4(a[s & 1][ip], hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-            for (int ip = 0; ip < IP; ++ip)
+            for (int ip = 0; ip < IPW; ++ip)
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {{
+                for (int b = 0; b < NBW; ++b) {{
                     const int j = ip - 2 * b;
                     if (j >= 0 && j < J)
                         wgmma(acc[b], a[s & 1][ip],
@@ -216,7 +225,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
         u32 flag = 0;
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
+        for (int b = 0; b < NBW; ++b)
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -226,7 +235,8 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                     const u32 v = pack2(d[0] + bv0, d[1] + bv1);
                     flag |= (v & EXP_MASK2) + EXP_ONE2;
                     asm volatile("st.shared.u32 [%0], %1;\n"
-                                 :: "r"(stg + HOFF(p, g) + 4 * (lane & 3)), "r"(v) : "memory");
+                                 :: "r"(stg + out_row0 + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
+                                 : "memory");
                 }}
         if (__syncthreads_or((flag & 0x80008000u) != 0u)) {{
             // exact: each output sums only its own window (PyTorch's NaN/Inf pattern)
