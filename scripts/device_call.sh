@@ -185,6 +185,15 @@ for step in "$@"; do
       echo "rc $?: wide probe"
       grep -E "copy:|Error|cudawg|t32x|t16x16c64" "$R/wide-probe-wgmma.log" | cut -c1-120 | head -80
       pack ;;
+    wgrad-wg)  # session 31's wgrad prototype on wgmma (correctness on odd shapes, then timed
+      # beside cuDNN and the library's autotuned wgrad)
+      timeout "${WG_LIMIT:-240}" python scripts/gconv_wgrad_wgmma_probe.py \
+        --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} --dtypes ${WG_DTYPES:-fp16} \
+        ${WG_VARIANTS:+--variants $WG_VARIANTS} --json "$R/wgrad-wgmma${WG_TAG:-}-s31.json" \
+        >"$R/wgrad-wgmma${WG_TAG:-}.log" 2>&1
+      echo "rc $?: wgrad wgmma probe"
+      grep -vE "Warn|warn" "$R/wgrad-wgmma${WG_TAG:-}.log" | cut -c1-160 | tail -n 60
+      pack ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;

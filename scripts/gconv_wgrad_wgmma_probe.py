@@ -1,0 +1,359 @@
+"""Prototype (session 31): the grouped conv's weight gradient on Hopper's warpgroup MMA.
+
+The library's wgrad reads 0.29-0.33 of copy at 7x7 and 0.52-0.61 at 5x5 (C=64 64x64, N = 128-256,
+session 24), against the issue's 0.75. Its MMAs are m16n8k16 per warp; here one ``wgmma`` covers a
+whole input row's contribution to a group's weights:
+
+    dW[o][c][r][s] = sum over n, y, x of dy[n][y][x][o] * xpad[n][y + r][x + s][c]
+
+For padded input row Y of an image and 16 output columns x0..x0+15 (K = 16):
+- M = 64 = 8 out channels o x 8 kernel rows r (r < R used): A[(r, o)][k] = dy[Y - r][x0 + k][o],
+  zero where Y - r is outside the image; in registers by ``ldmatrix.x4.trans`` from a ring of the
+  last R + 3 dy rows (8 channels a pixel, 16 bytes; a zero row stands in for rows outside);
+- N = 8 S = kernel columns s x 8 in channels c: B[k][(s, c)] = xpad[Y][x0 + k + s][c], read by
+  the tensor cores from the input row in shared memory (16 bytes a pixel), MN-major (``tnspB``):
+  core matrix (8 pixels, 8 channels) at x0 + 8 kb pixels, kernel column s at +16 bytes.
+MMA work: 64 x 8S x 16 multiply-adds per row and 16 columns, (R / 8) x (H / (H + R - 1)) useful
+(7x7 at 64x64: 80%, against the fprop's Toeplitz 70%). One warpgroup per group, its accumulator
+(4 S fp32 a thread) over all rows of its images; atomics into an fp32 dW at the end. Rows arrive
+by ``cp.async`` (16 bytes a thread, zero-filled outside the image), two steps ahead.
+
+    python scripts/gconv_wgrad_wgmma_probe.py [--kernels 7 5 3] [--n 128] [--variants 2,2 4,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_events
+from tilewise.ops import gconv_wgrad
+from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
+from tilewise.runtime import cuda_launch
+
+_SOURCE = r"""
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define R {R}
+#define S {S}
+#define NG {NG}
+#define WOP {WOP}
+#define IS_BF16 {IS_BF16}
+#define SWAP {SWAP}
+#define WX (WOP + S - 1)
+#define KC (WOP / 16)
+#define PD 2
+#define XR (PD + 2)
+#define DYR (R + PD + 1)
+#define NT (128 * NG)
+#define DY_ROW (WOP * 16)
+#define X_ROW (WX * 16)
+#define X_OFF (DYR * DY_ROW)
+#define GROUP_BYTES (X_OFF + XR * X_ROW + 16)
+#define ZERO_OFF (NG * GROUP_BYTES)
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {{
+    u32 r;
+    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
+    return r;
+}}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}}
+__device__ __forceinline__ u64 desc(u32 addr, u32 lead, u32 stride) {{
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lead >> 4) << 16) | ((u64)(stride >> 4) << 32);
+}}
+__device__ __forceinline__ void ldsm_x4_t(u32* a, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}}
+__device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db) {{
+{WGMMA}
+}}
+
+// step t: padded input row Y = t % (Ho + R - 1) of image n0 + t / (Ho + R - 1): x row Y - pad_h
+// into x slot t % XR (zero outside the image), dy row Y into dy slot t % DYR (if Y < Ho)
+__device__ __forceinline__ void load_step(int t, u32 sb, const u16* __restrict__ dy,
+                                          const u16* __restrict__ x, int n0, int H, int W,
+                                          int Ho, int Wo, int C, int c0, int pad_h, int pad_w) {{
+    const int rows = Ho + R - 1, n = n0 + t / rows, Y = t % rows, xr = Y - pad_h;
+    if (xr >= 0 && xr < H) {{
+        for (int i = threadIdx.x; i < WX * NG; i += NT) {{
+            const int gg = i % NG, p = i / NG, col = p - pad_w;
+            const bool ok = col >= 0 && col < W;
+            const u16* src = ok ? x + (((long long)n * H + xr) * W + col) * C + c0 + 8 * gg : x;
+            cp_async16(sb + gg * GROUP_BYTES + X_OFF + (t % XR) * X_ROW + p * 16, src, ok ? 16 : 0);
+        }}
+    }}
+    if (Y < Ho) {{
+        for (int i = threadIdx.x; i < WOP * NG; i += NT) {{
+            const int gg = i % NG, p = i / NG;
+            const bool ok = p < Wo;
+            const u16* src = ok ? dy + (((long long)n * Ho + Y) * Wo + p) * C + c0 + 8 * gg : dy;
+            cp_async16(sb + gg * GROUP_BYTES + (t % DYR) * DY_ROW + p * 16, src, ok ? 16 : 0);
+        }}
+    }}
+}}
+
+extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
+tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* __restrict__ dw,
+                  int N, int H, int W, int Ho, int Wo, int C, int pad_h, int pad_w, int per_cta)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
+    const int c0 = blockIdx.x * 8 * NG, n0 = blockIdx.y * per_cta;
+    const int n1 = min(N, n0 + per_cta);
+    if (n0 >= n1) return;
+    const u32 sb = smem_u32(smem);
+    for (int i = tid; i < DY_ROW / 4; i += NT) ((u32*)(smem + ZERO_OFF))[i] = 0u;
+    const int rows = Ho + R - 1, T = (n1 - n0) * rows;
+    for (int t = 0; t < PD; ++t) {{
+        if (t < T) load_step(t, sb, dy, x, n0, H, W, Ho, Wo, C, c0, pad_h, pad_w);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }}
+    float acc[4 * S];
+#pragma unroll
+    for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
+    // this lane's ldmatrix row: matrix q = lane / 8 is (kernel row 2 w4 + (q & 1), pixels
+    // 8 (q >> 1) .. + 7) of the 16 columns: A's (rows 0-7 | 8-15) x (k 0-7 | 8-15) blocks
+    const int q = lane >> 3, ar = 2 * w4 + (q & 1), apx = (lane & 7) + 8 * (q >> 1);
+    const u32 gbase = sb + g * GROUP_BYTES;
+    u32 a[2][KC][4];
+    for (int t = 0; t < T; ++t) {{
+        // the MMAs of step t - 2 (the slots the loads below overwrite) have completed
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        __syncthreads();
+        if (t + PD < T) load_step(t + PD, sb, dy, x, n0, H, W, Ho, Wo, C, c0, pad_h, pad_w);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(PD) : "memory");
+        __syncthreads();
+        const int Y = t % rows, xr = Y - pad_h;
+        if (xr >= 0 && xr < H) {{
+            const int y = Y - ar;
+            const u32 arow = (ar < R && y >= 0 && y < Ho) ? gbase + ((t - ar) % DYR) * DY_ROW
+                                                          : sb + ZERO_OFF;
+            const u32 xrow = gbase + X_OFF + (t % XR) * X_ROW;
+#pragma unroll
+            for (int kc = 0; kc < KC; ++kc) ldsm_x4_t(a[t & 1][kc], arow + (16 * kc + apx) * 16);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kc = 0; kc < KC; ++kc)
+#if SWAP
+                wgmma(acc, a[t & 1][kc], desc(xrow + 256 * kc, 128, 16));
+#else
+                wgmma(acc, a[t & 1][kc], desc(xrow + 256 * kc, 16, 128));
+#endif
+        }}
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }}
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    // D: row 16 w4 + lane / 4 (+ 8 h) = (kernel row 2 w4 + h, out channel lane / 4); column
+    // 8 i + 2 (lane % 4) + e = (kernel column i, in channel 2 (lane % 4) + e)
+    const int o = c0 + 8 * g + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < S; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {{
+                const int r = 2 * w4 + h;
+                if (r < R)
+                    atomicAdd(dw + (((long long)o * 8 + 2 * (lane & 3) + e) * R + r) * S + i,
+                              acc[4 * i + 2 * h + e]);
+            }}
+}}
+"""
+
+
+def _wgmma_asm(n: int, bf16: bool) -> str:
+    """m64nNk16 with A in registers, B by descriptor, MN-major (transposed) B, accumulating."""
+    regs = ", ".join(f"%{i}" for i in range(n // 2))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
+    ty = "bf16" if bf16 else "f16"
+    k = n // 2
+    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)'
+    return (
+        '    asm volatile("{\\n.reg .pred p;\\nsetp.eq.u32 p, 1, 1;\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} '
+        f'{{{regs}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 1;\\n}}\\n"\n'
+        f"        : {outs} : {ins});"
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    ng: int  # groups (warpgroups) a CTA
+    min_ctas: int
+    swap: int = 0  # which descriptor field takes the K stride
+
+    @property
+    def name(self) -> str:
+        return f"wgwg_g{self.ng}m{self.min_ctas}" + ("_swap" if self.swap else "")
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        return cls(*(int(v) for v in text.split(",")))
+
+
+def _wop(wo: int) -> int:
+    return -(-wo // 16) * 16
+
+
+def smem_bytes(r: int, s: int, wo: int, v: Variant) -> int:
+    wop = _wop(wo)
+    group = (r + 3) * wop * 16 + 4 * (wop + s - 1) * 16 + 16
+    return v.ng * group + wop * 16
+
+
+@functools.cache
+def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
+    src = _SOURCE.format(
+        R=r, S=s, NG=v.ng, WOP=_wop(wo), IS_BF16=int(bf16), SWAP=v.swap, MIN_CTAS=v.min_ctas,
+        WGMMA=_wgmma_asm(8 * s, bf16),
+    )  # fmt: skip
+    k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
+    k.set_shared_memory_config(smem_bytes(r, s, wo, v))
+    return k
+
+
+def wgrad(dy: torch.Tensor, x: torch.Tensor, r: int, s: int, pad: int, v: Variant) -> torch.Tensor:
+    """dW [C, 8, R, S] in x's dtype of the grouped conv (stride 1, zero padding ``pad``) of
+    channels_last ``x`` whose output gradient is channels_last ``dy``."""
+    n, c, h, w = x.shape
+    ho, wo = dy.shape[2:]
+    if c % (8 * v.ng):
+        raise ValueError(f"argument 'x': {c} channels, not a multiple of {8 * v.ng}")
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    blocks = c // (8 * v.ng)
+    split = max(1, min(n, v.min_ctas * sms // blocks))
+    per_cta = -(-n // split)
+    split = -(-n // per_cta)
+    dw = torch.zeros(c, 8, r, s, device=x.device, dtype=torch.float32)
+    k = _kernel(r, s, wo, v, x.dtype == torch.bfloat16)
+    args = [dy, x, dw, n, h, w, ho, wo, c, pad, pad, per_cta]
+    launcher = cuda_launch.lean_launcher(k, "ppp" + "i" * 9)
+    cuda_launch.launch(
+        k, (blocks, split, 1), (128 * v.ng, 1, 1), args, smem_bytes(r, s, wo, v), x.device.index,
+        launcher,
+    )  # fmt: skip
+    return dw.to(x.dtype)
+
+
+def _data(n, c, hw, k, dt):
+    pad = k // 2
+    x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+    dy = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+    return x, dy, pad
+
+
+def _check(k: int, dt: torch.dtype, v: Variant, shape: tuple) -> float:
+    """Max error against fp64 over PyTorch's own same-dtype error (<= ~2 passes)."""
+    torch.manual_seed(0)
+    n, c, h, w = shape
+    pad = k // 2
+    x = channels_last_copy(torch.randn(n, c, h, w, device="cuda", dtype=dt))
+    ho, wo = h + 2 * pad - k + 1, w + 2 * pad - k + 1
+    dy = channels_last_copy(torch.randn(n, c, ho, wo, device="cuda", dtype=dt))
+    wshape = (c, 8, k, k)
+    g = c // 8
+    ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), padding=pad, groups=g)
+    same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=g).double()
+    got = wgrad(dy, x, k, k, pad, v).double()
+    return (got - ref).abs().max().item() / max((same - ref).abs().max().item(), 1e-6)
+
+
+def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw) -> list[dict]:
+    sets = [_data(n, c, hw, k, dt) for _ in range(3)]
+    nbytes = sets[0][0].nbytes + sets[0][1].nbytes
+    g, wshape = c // 8, (c, 8, k, k)
+    prob = GConvProblem(n, c, hw, hw, k, k, k // 2, k // 2, dtype=dname)
+    impls = {
+        "cudnn": lambda x, dy, p: torch.nn.grad.conv2d_weight(x, wshape, dy, padding=p, groups=g),
+        "tilewise": lambda x, dy, p: gconv_wgrad.wgrad(dy, x, prob, False, False)[0],
+    }
+    for v in variants:
+        if smem_bytes(k, k, hw, v) <= 227 * 1024:
+            impls[v.name] = lambda x, dy, p, v=v: wgrad(dy, x, k, k, p, v)
+    x0, dy0, p0 = sets[0]
+    ref = impls["cudnn"](x0, dy0, p0).float()
+    base, rows = None, []
+    for name, fn in impls.items():
+        try:
+            got = fn(x0, dy0, p0).float()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            sec = time_events(fn, sets, warmup=5, reps=30).median_s
+        except Exception as exc:
+            print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
+            continue
+        base = base or sec
+        frac = nbytes / sec / copy_bw
+        row = dict(k=k, n=n, c=c, hw=hw, dtype=dname, impl=name, median_s=sec, frac_copy=frac,
+                   x_cudnn=base / sec, rel_err=err)  # fmt: skip
+        rows.append(row)
+        print(
+            f"wgrad C={c} {hw}x{hw} {k}x{k} N={n} {dname} {name:22s} {sec * 1e6:8.1f} us "
+            f"{frac:.3f} of copy {base / sec:5.2f}x cuDNN err {err:.1e}"
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", type=int, nargs="+", default=[7, 5, 3])
+    ap.add_argument("--n", type=int, nargs="+", default=[128])
+    ap.add_argument("--shapes", nargs="+", default=["64:64"], help="C:HW")
+    ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
+    ap.add_argument("--variants", nargs="+", default=["2,2", "2,3", "4,1"], help="NG,MIN_CTAS")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    variants = [Variant.parse(t) for t in args.variants]
+    # the descriptor's field order for an MN-major B, read from correctness (both tried; the
+    # variants take the one with the smaller error)
+    ratios = {}
+    for swap in (0, 1):
+        v = Variant(variants[0].ng, variants[0].min_ctas, swap)
+        try:
+            ratios[swap] = _check(3, torch.float16, v, (2, 16 * v.ng, 9, 21))
+            print(f"descriptor swap={swap}: error ratio {ratios[swap]:.3g}")
+        except Exception as exc:
+            print(f"descriptor swap={swap}: {type(exc).__name__}: {exc}"[:300])
+    if ratios:
+        best = min(ratios, key=ratios.get)
+        variants = [Variant(v.ng, v.min_ctas, best) for v in variants]
+    for k in args.kernels:
+        for v in variants:
+            for dname in args.dtypes:
+                for shape in ((3, 16 * v.ng, 19, 45), (1, 8 * v.ng, 5, 64), (2, 32, 64, 64)):
+                    if shape[1] % (8 * v.ng):
+                        continue
+                    try:
+                        ratio = f"error ratio {_check(k, dts[dname], v, shape):.3g}"
+                    except Exception as exc:
+                        ratio = f"{type(exc).__name__}: {exc}"[:300]
+                    print(f"check {k}x{k} {dname} {v.name} {shape}: {ratio}")
+    copy_bw = measure_copy_bandwidth(torch.device("cuda"))
+    print(f"copy: {copy_bw / 1e12:.3f} TB/s")
+    rows = []
+    for shape in args.shapes:
+        c, hw = (int(t) for t in shape.split(":"))
+        for k in args.kernels:
+            for n in args.n:
+                for dname in args.dtypes:
+                    rows += _time_cell(k, n, c, hw, dts[dname], dname, variants, copy_bw)
+    if args.json:
+        with open(args.json, "w") as f:
+            doc = {"environment": environment(), "copy_Bps": copy_bw, "rows": rows}
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
