@@ -16,7 +16,7 @@ For padded input row Y of an image and 16 output columns x0..x0+15 (K = 16):
 MMA work: 64 x 8S x 16 multiply-adds per row and 16 columns, (R / 8) x (H / (H + R - 1)) useful
 (7x7 at 64x64: 80%, against the fprop's Toeplitz 70%). One warpgroup per group, its accumulator
 (4 S fp32 a thread) over all rows of its images; atomics into an fp32 dW at the end. Rows arrive
-by ``cp.async`` (16 bytes a thread, zero-filled outside the image), two steps ahead.
+by ``cp.async`` (16 bytes a thread, zero-filled outside the image), PD steps ahead.
 
     python scripts/gconv_wgrad_wgmma_probe.py [--kernels 7 5 3] [--n 128] [--variants 2,2 4,1]
 """
@@ -49,7 +49,7 @@ typedef unsigned long long u64;
 #define SWAP {SWAP}
 #define WX (WOP + S - 1)
 #define KC (WOP / 16)
-#define PD 2
+#define PD {PD}
 #define XR (PD + 2)
 #define DYR (R + PD + 1)
 #define NT (128 * NG)
@@ -192,11 +192,12 @@ def _wgmma_asm(n: int, bf16: bool) -> str:
 class Variant:
     ng: int  # groups (warpgroups) a CTA
     min_ctas: int
-    swap: int = 0  # which descriptor field takes the K stride
+    swap: int = 1  # which descriptor field takes the K stride (1: the leading one, call 4)
+    pd: int = 2  # rows loaded ahead (the rings hold R + PD + 1 dy and PD + 2 input rows)
 
     @property
     def name(self) -> str:
-        return f"wgwg_g{self.ng}m{self.min_ctas}" + ("_swap" if self.swap else "")
+        return f"wgwg_g{self.ng}m{self.min_ctas}p{self.pd}" + ("" if self.swap else "_noswap")
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -209,15 +210,15 @@ def _wop(wo: int) -> int:
 
 def smem_bytes(r: int, s: int, wo: int, v: Variant) -> int:
     wop = _wop(wo)
-    group = (r + 3) * wop * 16 + 4 * (wop + s - 1) * 16 + 16
+    group = (r + v.pd + 1) * wop * 16 + (v.pd + 2) * (wop + s - 1) * 16 + 16
     return v.ng * group + wop * 16
 
 
 @functools.cache
 def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
     src = _SOURCE.format(
-        R=r, S=s, NG=v.ng, WOP=_wop(wo), IS_BF16=int(bf16), SWAP=v.swap, MIN_CTAS=v.min_ctas,
-        WGMMA=_wgmma_asm(8 * s, bf16),
+        R=r, S=s, NG=v.ng, WOP=_wop(wo), IS_BF16=int(bf16), SWAP=v.swap, PD=v.pd,
+        MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
     )  # fmt: skip
     k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
     k.set_shared_memory_config(smem_bytes(r, s, wo, v))
@@ -311,7 +312,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[128])
     ap.add_argument("--shapes", nargs="+", default=["64:64"], help="C:HW")
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
-    ap.add_argument("--variants", nargs="+", default=["2,2", "2,3", "4,1"], help="NG,MIN_CTAS")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["2,2,1,2", "2,2,1,8", "4,1,1,8"],
+        help="NG,MIN_CTAS,SWAP,PD",
+    )
+    ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--json")
     args = ap.parse_args()
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -320,7 +327,7 @@ def main() -> None:
     # variants take the one with the smaller error)
     ratios = {}
     for swap in (0, 1):
-        v = Variant(variants[0].ng, variants[0].min_ctas, swap)
+        v = Variant(variants[0].ng, variants[0].min_ctas, swap, variants[0].pd)
         try:
             ratios[swap] = _check(3, torch.float16, v, (2, 16 * v.ng, 9, 21))
             print(f"descriptor swap={swap}: error ratio {ratios[swap]:.3g}")
@@ -328,11 +335,11 @@ def main() -> None:
             print(f"descriptor swap={swap}: {type(exc).__name__}: {exc}"[:300])
     if ratios:
         best = min(ratios, key=ratios.get)
-        variants = [Variant(v.ng, v.min_ctas, best) for v in variants]
+        variants = [Variant(v.ng, v.min_ctas, best, v.pd) for v in variants]
     for k in args.kernels:
         for v in variants:
             for dname in args.dtypes:
-                for shape in ((3, 16 * v.ng, 19, 45), (1, 8 * v.ng, 5, 64), (2, 32, 64, 64)):
+                for shape in ((3, 16 * v.ng, 19, 45), (2, 32, 64, 64))[: args.checks]:
                     if shape[1] % (8 * v.ng):
                         continue
                     try:
