@@ -16,14 +16,15 @@ For padded input row Y of an image and 16 output columns x0..x0+15 (K = 16):
 MMA work: 64 x 8S x 16 multiply-adds per row and 16 columns, (R / 8) x (H / (H + R - 1)) useful
 (7x7 at 64x64: 80%, against the fprop's Toeplitz 70%). One warpgroup per group, its accumulator
 (4 S fp32 a thread) over all rows of its images; atomics into an fp32 dW at the end. Rows arrive
-by ``cp.async`` (16 bytes a thread, zero-filled outside the image), PD steps ahead.
+by ``cp.async`` (16 bytes a thread, zero-filled outside the image), PD steps of RB rows ahead.
 
-    python scripts/gconv_wgrad_wgmma_probe.py [--kernels 7 5 3] [--n 128] [--variants 2,2 4,1]
+    python scripts/gconv_wgrad_wgmma_probe.py [--kernels 7 5 3] [--n 128] [--variants 2,2,1,1,4 ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -45,19 +46,21 @@ typedef unsigned long long u64;
 #define S {S}
 #define NG {NG}
 #define WOP {WOP}
-#define IS_BF16 {IS_BF16}
 #define SWAP {SWAP}
+#define PD {PD}
+#define RB {RB}
+#define DYR {DYR}
+#define XR {XR}
 #define WX (WOP + S - 1)
 #define KC (WOP / 16)
-#define PD {PD}
-#define XR (PD + 2)
-#define DYR (R + PD + 1)
 #define NT (128 * NG)
 #define DY_ROW (WOP * 16)
 #define X_ROW (WX * 16)
 #define X_OFF (DYR * DY_ROW)
 #define GROUP_BYTES (X_OFF + XR * X_ROW + 16)
 #define ZERO_OFF (NG * GROUP_BYTES)
+#define XJ ((WX * NG + NT - 1) / NT)
+#define DJ ((WOP * NG + NT - 1) / NT)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {{
     u32 r;
@@ -79,30 +82,9 @@ __device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db) {{
 {WGMMA}
 }}
 
-// step t: padded input row Y = t % (Ho + R - 1) of image n0 + t / (Ho + R - 1): x row Y - pad_h
-// into x slot t % XR (zero outside the image), dy row Y into dy slot t % DYR (if Y < Ho)
-__device__ __forceinline__ void load_step(int t, u32 sb, const u16* __restrict__ dy,
-                                          const u16* __restrict__ x, int n0, int H, int W,
-                                          int Ho, int Wo, int C, int c0, int pad_h, int pad_w) {{
-    const int rows = Ho + R - 1, n = n0 + t / rows, Y = t % rows, xr = Y - pad_h;
-    if (xr >= 0 && xr < H) {{
-        for (int i = threadIdx.x; i < WX * NG; i += NT) {{
-            const int gg = i % NG, p = i / NG, col = p - pad_w;
-            const bool ok = col >= 0 && col < W;
-            const u16* src = ok ? x + (((long long)n * H + xr) * W + col) * C + c0 + 8 * gg : x;
-            cp_async16(sb + gg * GROUP_BYTES + X_OFF + (t % XR) * X_ROW + p * 16, src, ok ? 16 : 0);
-        }}
-    }}
-    if (Y < Ho) {{
-        for (int i = threadIdx.x; i < WOP * NG; i += NT) {{
-            const int gg = i % NG, p = i / NG;
-            const bool ok = p < Wo;
-            const u16* src = ok ? dy + (((long long)n * Ho + Y) * Wo + p) * C + c0 + 8 * gg : dy;
-            cp_async16(sb + gg * GROUP_BYTES + (t % DYR) * DY_ROW + p * 16, src, ok ? 16 : 0);
-        }}
-    }}
-}}
-
+// Rows are numbered u = 0 .. U - 1 over the CTA's images ((Ho + R - 1) padded input rows each);
+// row u's input row goes to x slot u % XR, its dy row (Y < Ho) to dy slot u % DYR. A step takes
+// RB rows behind one pair of CTA barriers; loads run PD steps ahead.
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* __restrict__ dw,
                   int N, int H, int W, int Ho, int Wo, int C, int pad_h, int pad_w, int per_cta)
@@ -114,9 +96,55 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
     if (n0 >= n1) return;
     const u32 sb = smem_u32(smem);
     for (int i = tid; i < DY_ROW / 4; i += NT) ((u32*)(smem + ZERO_OFF))[i] = 0u;
-    const int rows = Ho + R - 1, T = (n1 - n0) * rows;
+    const int rows = Ho + R - 1, U = (n1 - n0) * rows, T = (U + RB - 1) / RB;
+    // this thread's 16-byte pieces of a row (pixel p, group gg): the same every row
+    u32 xs[XJ], ds[DJ];
+    int xg[XJ], dg[DJ];
+    bool xin[XJ], xv[XJ], din[DJ], dv[DJ];
+#pragma unroll
+    for (int j = 0; j < XJ; ++j) {{
+        const int i = tid + j * NT, gg = i % NG, p = i / NG, col = p - pad_w;
+        xin[j] = i < WX * NG;
+        xv[j] = xin[j] && col >= 0 && col < W;
+        xs[j] = sb + gg * GROUP_BYTES + X_OFF + p * 16;
+        xg[j] = xv[j] ? col * C + c0 + 8 * gg : 0;
+    }}
+#pragma unroll
+    for (int j = 0; j < DJ; ++j) {{
+        const int i = tid + j * NT, gg = i % NG, p = i / NG;
+        din[j] = i < WOP * NG;
+        dv[j] = din[j] && p < Wo;
+        ds[j] = sb + gg * GROUP_BYTES + p * 16;
+        dg[j] = dv[j] ? p * C + c0 + 8 * gg : 0;
+    }}
+    int lu = 0, ln = n0, ly = 0;  // the next row to load
+    auto load_step = [&]() {{
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {{
+            if (lu < U) {{
+                const int xr = ly - pad_h;
+                if (xr >= 0 && xr < H) {{
+                    const u16* src = x + ((long long)ln * H + xr) * W * C;
+                    const u32 slot = (lu & (XR - 1)) * X_ROW;
+#pragma unroll
+                    for (int j = 0; j < XJ; ++j)
+                        if (xin[j]) cp_async16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
+                }}
+                if (ly < Ho) {{
+                    const u16* src = dy + ((long long)ln * Ho + ly) * Wo * C;
+                    const u32 slot = (lu & (DYR - 1)) * DY_ROW;
+#pragma unroll
+                    for (int j = 0; j < DJ; ++j)
+                        if (din[j]) cp_async16(ds[j] + slot, src + dg[j], dv[j] ? 16 : 0);
+                }}
+                ++lu;
+                if (++ly == rows) {{ ly = 0; ++ln; }}
+            }}
+        }}
+    }};
+#pragma unroll
     for (int t = 0; t < PD; ++t) {{
-        if (t < T) load_step(t, sb, dy, x, n0, H, W, Ho, Wo, C, c0, pad_h, pad_w);
+        load_step();
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }}
     float acc[4 * S];
@@ -127,32 +155,40 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
     const int q = lane >> 3, ar = 2 * w4 + (q & 1), apx = (lane & 7) + 8 * (q >> 1);
     const u32 gbase = sb + g * GROUP_BYTES;
     u32 a[2][KC][4];
+    int cu = 0, cy = 0;  // the next row to compute
     for (int t = 0; t < T; ++t) {{
-        // the MMAs of step t - 2 (the slots the loads below overwrite) have completed
+        // every row group but the last has completed: the slots loaded below are free
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         __syncthreads();
-        if (t + PD < T) load_step(t + PD, sb, dy, x, n0, H, W, Ho, Wo, C, c0, pad_h, pad_w);
+        load_step();
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group %0;\n" :: "n"(PD) : "memory");
         __syncthreads();
-        const int Y = t % rows, xr = Y - pad_h;
-        if (xr >= 0 && xr < H) {{
-            const int y = Y - ar;
-            const u32 arow = (ar < R && y >= 0 && y < Ho) ? gbase + ((t - ar) % DYR) * DY_ROW
-                                                          : sb + ZERO_OFF;
-            const u32 xrow = gbase + X_OFF + (t % XR) * X_ROW;
 #pragma unroll
-            for (int kc = 0; kc < KC; ++kc) ldsm_x4_t(a[t & 1][kc], arow + (16 * kc + apx) * 16);
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        for (int rb = 0; rb < RB; ++rb) {{
+            const int xr = cy - pad_h;
+            if (cu < U && xr >= 0 && xr < H) {{
+                const int y = cy - ar, set = cu & 1;
+                const u32 arow = (ar < R && y >= 0 && y < Ho)
+                                     ? gbase + ((cu - ar) & (DYR - 1)) * DY_ROW : sb + ZERO_OFF;
+                const u32 xrow = gbase + X_OFF + (cu & (XR - 1)) * X_ROW;
+                // this set's registers were last read by the row group two back
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 #pragma unroll
-            for (int kc = 0; kc < KC; ++kc)
+                for (int kc = 0; kc < KC; ++kc) ldsm_x4_t(a[set][kc], arow + (16 * kc + apx) * 16);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc)
 #if SWAP
-                wgmma(acc, a[t & 1][kc], desc(xrow + 256 * kc, 128, 16));
+                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, 128, 16));
 #else
-                wgmma(acc, a[t & 1][kc], desc(xrow + 256 * kc, 16, 128));
+                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, 16, 128));
 #endif
+            }}
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            ++cu;
+            if (++cy == rows) cy = 0;
         }}
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }}
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     // D: row 16 w4 + lane / 4 (+ 8 h) = (kernel row 2 w4 + h, out channel lane / 4); column
@@ -193,11 +229,19 @@ class Variant:
     ng: int  # groups (warpgroups) a CTA
     min_ctas: int
     swap: int = 1  # which descriptor field takes the K stride (1: the leading one, call 4)
-    pd: int = 2  # rows loaded ahead (the rings hold R + PD + 1 dy and PD + 2 input rows)
+    pd: int = 2  # steps loaded ahead
+    rb: int = 1  # rows a step (behind one pair of CTA barriers)
 
     @property
     def name(self) -> str:
-        return f"wgwg_g{self.ng}m{self.min_ctas}p{self.pd}" + ("" if self.swap else "_noswap")
+        tag = f"wgwg_g{self.ng}m{self.min_ctas}p{self.pd}r{self.rb}"
+        return tag + ("" if self.swap else "_noswap")
+
+    def rings(self, r: int) -> tuple[int, int]:
+        """(dy rows, input rows) the rings hold: powers of two with room for the rows read
+        by the steps still in flight when a step's loads overwrite a slot."""
+        dyr = 1 << (r - 1 + self.rb * (self.pd + 3) - 1).bit_length()
+        return dyr, 1 << (self.rb * (self.pd + 3) - 1).bit_length()
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -210,15 +254,16 @@ def _wop(wo: int) -> int:
 
 def smem_bytes(r: int, s: int, wo: int, v: Variant) -> int:
     wop = _wop(wo)
-    group = (r + v.pd + 1) * wop * 16 + (v.pd + 2) * (wop + s - 1) * 16 + 16
+    dyr, xr = v.rings(r)
+    group = dyr * wop * 16 + xr * (wop + s - 1) * 16 + 16
     return v.ng * group + wop * 16
 
 
 @functools.cache
 def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
     src = _SOURCE.format(
-        R=r, S=s, NG=v.ng, WOP=_wop(wo), IS_BF16=int(bf16), SWAP=v.swap, PD=v.pd,
-        MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
+        R=r, S=s, NG=v.ng, WOP=_wop(wo), SWAP=v.swap, PD=v.pd, RB=v.rb, DYR=v.rings(r)[0],
+        XR=v.rings(r)[1], MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
     )  # fmt: skip
     k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
     k.set_shared_memory_config(smem_bytes(r, s, wo, v))
@@ -315,8 +360,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         nargs="+",
-        default=["2,2,1,2", "2,2,1,8", "4,1,1,8"],
-        help="NG,MIN_CTAS,SWAP,PD",
+        default=["2,2,1,2,1", "2,2,1,1,4", "2,2,1,2,2"],
+        help="NG,MIN_CTAS,SWAP,PD,RB",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--json")
@@ -327,7 +372,7 @@ def main() -> None:
     # variants take the one with the smaller error)
     ratios = {}
     for swap in (0, 1):
-        v = Variant(variants[0].ng, variants[0].min_ctas, swap, variants[0].pd)
+        v = dataclasses.replace(variants[0], swap=swap)
         try:
             ratios[swap] = _check(3, torch.float16, v, (2, 16 * v.ng, 9, 21))
             print(f"descriptor swap={swap}: error ratio {ratios[swap]:.3g}")
@@ -335,7 +380,7 @@ def main() -> None:
             print(f"descriptor swap={swap}: {type(exc).__name__}: {exc}"[:300])
     if ratios:
         best = min(ratios, key=ratios.get)
-        variants = [Variant(v.ng, v.min_ctas, best, v.pd) for v in variants]
+        variants = [dataclasses.replace(v, swap=best) for v in variants]
     for k in args.kernels:
         for v in variants:
             for dname in args.dtypes:
