@@ -49,6 +49,7 @@ typedef unsigned long long u64;
 #define SWAP {SWAP}
 #define PD {PD}
 #define RB {RB}
+#define DRAIN {DRAIN}
 #define DYR {DYR}
 #define XR {XR}
 #define WX (WOP + S - 1)
@@ -154,8 +155,47 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
     // 8 (q >> 1) .. + 7) of the 16 columns: A's (rows 0-7 | 8-15) x (k 0-7 | 8-15) blocks
     const int q = lane >> 3, ar = 2 * w4 + (q & 1), apx = (lane & 7) + 8 * (q >> 1);
     const u32 gbase = sb + g * GROUP_BYTES;
-    u32 a[2][KC][4];
     int cu = 0, cy = 0;  // the next row to compute
+#if DRAIN
+    // DRAIN: a step waits for all MMAs before its loads, then loads the A registers of all its
+    // RB rows (one set a row), one fence, RB x KC wgmma, one commit: the fewest instructions
+    u32 a[RB][KC][4];
+    for (int t = 0; t < T; ++t) {{
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+        load_step();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(PD) : "memory");
+        __syncthreads();
+        u32 xrows[RB];
+        bool oks[RB];
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {{
+            const int xr = cy - pad_h, y = cy - ar;
+            oks[rb] = cu < U && xr >= 0 && xr < H;
+            xrows[rb] = gbase + X_OFF + (cu & (XR - 1)) * X_ROW;
+            const u32 arow = (ar < R && y >= 0 && y < Ho)
+                                 ? gbase + ((cu - ar) & (DYR - 1)) * DY_ROW : sb + ZERO_OFF;
+            if (oks[rb]) {{
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc) ldsm_x4_t(a[rb][kc], arow + (16 * kc + apx) * 16);
+            }}
+            ++cu;
+            if (++cy == rows) cy = 0;
+        }}
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb)
+            if (oks[rb]) {{
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc)
+                    wgmma(acc, a[rb][kc],
+                          desc(xrows[rb] + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128));
+            }}
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }}
+#else
+    u32 a[2][KC][4];
     for (int t = 0; t < T; ++t) {{
         // every row group but the last has completed: the slots loaded below are free
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -179,17 +219,14 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
                 for (int kc = 0; kc < KC; ++kc)
-#if SWAP
-                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, 128, 16));
-#else
-                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, 16, 128));
-#endif
+                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128));
             }}
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             ++cu;
             if (++cy == rows) cy = 0;
         }}
     }}
+#endif
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     // D: row 16 w4 + lane / 4 (+ 8 h) = (kernel row 2 w4 + h, out channel lane / 4); column
     // 8 i + 2 (lane % 4) + e = (kernel column i, in channel 2 (lane % 4) + e)
@@ -231,10 +268,11 @@ class Variant:
     swap: int = 1  # which descriptor field takes the K stride (1: the leading one, call 4)
     pd: int = 2  # steps loaded ahead
     rb: int = 1  # rows a step (behind one pair of CTA barriers)
+    drain: int = 0  # 1: all MMAs waited for at a step's start, one fence and commit a step
 
     @property
     def name(self) -> str:
-        tag = f"wgwg_g{self.ng}m{self.min_ctas}p{self.pd}r{self.rb}"
+        tag = f"wgwg_g{self.ng}m{self.min_ctas}p{self.pd}r{self.rb}" + ("d" if self.drain else "")
         return tag + ("" if self.swap else "_noswap")
 
     def rings(self, r: int) -> tuple[int, int]:
@@ -263,7 +301,7 @@ def smem_bytes(r: int, s: int, wo: int, v: Variant) -> int:
 def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
     src = _SOURCE.format(
         R=r, S=s, NG=v.ng, WOP=_wop(wo), SWAP=v.swap, PD=v.pd, RB=v.rb, DYR=v.rings(r)[0],
-        XR=v.rings(r)[1], MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
+        XR=v.rings(r)[1], DRAIN=v.drain, MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
     )  # fmt: skip
     k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
     k.set_shared_memory_config(smem_bytes(r, s, wo, v))
@@ -360,8 +398,8 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         nargs="+",
-        default=["2,2,1,2,1", "2,2,1,1,4", "2,2,1,2,2"],
-        help="NG,MIN_CTAS,SWAP,PD,RB",
+        default=["2,2,1,2,1", "2,2,1,1,4", "2,2,1,2,2", "2,2,1,1,4,1"],
+        help="NG,MIN_CTAS,SWAP,PD,RB[,DRAIN]",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--json")
