@@ -156,17 +156,24 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
     const int q = lane >> 3, ar = 2 * w4 + (q & 1), apx = (lane & 7) + 8 * (q >> 1);
     const u32 gbase = sb + g * GROUP_BYTES;
     int cu = 0, cy = 0;  // the next row to compute
-#if DRAIN
     // DRAIN: a step waits for all MMAs before its loads, then loads the A registers of all its
-    // RB rows (one set a row), one fence, RB x KC wgmma, one commit: the fewest instructions
+    // RB rows (one set a row), one fence, RB x KC wgmma, one commit: the fewest instructions.
+    // Otherwise two sets by row parity, a wait, a fence and a commit a row.
+#if DRAIN
     u32 a[RB][KC][4];
+#else
+    u32 a[2][KC][4];
+#endif
     for (int t = 0; t < T; ++t) {{
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        // every row group (DRAIN) or all but the last has completed: the slots loaded below
+        // are free
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(DRAIN ? 0 : 1) : "memory");
         __syncthreads();
         load_step();
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group %0;\n" :: "n"(PD) : "memory");
         __syncthreads();
+#if DRAIN
         u32 xrows[RB];
         bool oks[RB];
 #pragma unroll
@@ -193,17 +200,7 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
                           desc(xrows[rb] + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128));
             }}
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    }}
 #else
-    u32 a[2][KC][4];
-    for (int t = 0; t < T; ++t) {{
-        // every row group but the last has completed: the slots loaded below are free
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        __syncthreads();
-        load_step();
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(PD) : "memory");
-        __syncthreads();
 #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {{
             const int xr = cy - pad_h;
@@ -225,8 +222,8 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
             ++cu;
             if (++cy == rows) cy = 0;
         }}
-    }}
 #endif
+    }}
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     // D: row 16 w4 + lane / 4 (+ 8 h) = (kernel row 2 w4 + h, out channel lane / 4); column
     // 8 i + 2 (lane % 4) + e = (kernel column i, in channel 2 (lane % 4) + e)
