@@ -349,7 +349,7 @@ WGMMA_TILES = (
 
 #: Warpgroup-MMA tiles written in session 31, tested beside the candidates and timed by
 #: ``scripts/gconv_wide_probe.py --experimental``; not candidates. Its first call (H100, C=64
-#: N=128 fp16, events; ``wide-probe-wgmma-s31``): 2-4 CTAs an SM to overlap one CTA's epilogue
+#: N=128 fp16, events; ``wide-probe-wgmma1-s31``): 2-4 CTAs an SM to overlap one CTA's epilogue
 #: with another's MMAs gained only at 7x7 with 16-channel blocks (8x64, 2 CTAs: 90.7 us against
 #: 102.8 for 1 CTA, the 16x64 candidate 86.9); 8-channel blocks (one warpgroup a CTA, 16-byte
 #: pixel pieces) read DRAM twice over (Nsight Compute: 263 MB for 134) and ran 2-4x slower;
