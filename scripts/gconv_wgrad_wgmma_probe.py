@@ -328,6 +328,79 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, r: int, s: int, pad: int, v: Varian
     return dw.to(x.dtype)
 
 
+def emulate(
+    dy: torch.Tensor, x: torch.Tensor, r: int, s: int, pad: int, v: Variant, per_cta: int
+) -> torch.Tensor:
+    """The kernel's index logic on the CPU (fp64, NHWC tensors ``x`` [N, H, W, C] and ``dy``
+    [N, Ho, Wo, C]): its row counters, ring slots, zero row, padding and (row, kernel row) to
+    MMA mapping, CTA by CTA; not its timing (``rings`` and its slot-reuse bound cover that)."""
+    n, h, w, c = x.shape
+    ho, wo = dy.shape[1:3]
+    wop, (dyr, xr_) = _wop(wo), v.rings(r)
+    wx, rows = wop + s - 1, ho + r - 1
+    dw = torch.zeros(c, 8, r, s, dtype=torch.float64)
+    for c0 in range(0, c, 8 * v.ng):
+        for n0 in range(0, n, per_cta):
+            n1 = min(n, n0 + per_cta)
+            u_end = (n1 - n0) * rows
+            dring = torch.full((v.ng, dyr, wop, 8), float("nan"), dtype=torch.float64)
+            xring = torch.full((v.ng, xr_, wx, 8), float("nan"), dtype=torch.float64)
+            acc = torch.zeros(v.ng, 8, 8, s, 8, dtype=torch.float64)  # g, kernel row, o, s, c
+            lu, ln, ly = 0, n0, 0
+
+            def load_step(xring=xring, dring=dring, c0=c0, u_end=u_end):
+                nonlocal lu, ln, ly
+                for _ in range(v.rb):
+                    if lu >= u_end:
+                        return
+                    if 0 <= ly - pad < h:
+                        xring[:, lu % xr_] = 0.0
+                        lo, hi = max(0, pad), min(wx, w + pad)
+                        row = x[ln, ly - pad, lo - pad : hi - pad, c0 : c0 + 8 * v.ng]
+                        xring[:, lu % xr_, lo:hi] = row.reshape(hi - lo, v.ng, 8).transpose(0, 1)
+                    if ly < ho:
+                        dring[:, lu % dyr] = 0.0
+                        row = dy[ln, ly, :, c0 : c0 + 8 * v.ng].reshape(wo, v.ng, 8)
+                        dring[:, lu % dyr, :wo] = row.transpose(0, 1)
+                    lu += 1
+                    ly += 1
+                    if ly == rows:
+                        ly, ln = 0, ln + 1
+
+            for _ in range(v.pd):
+                load_step()
+            cu, cy = 0, 0
+            for _ in range(-(-u_end // v.rb)):
+                load_step()
+                for _ in range(v.rb):
+                    if cu < u_end and 0 <= cy - pad < h:
+                        xrow = xring[:, cu % xr_]  # [g, wx, 8]
+                        for ar in range(8):
+                            ok = ar < r and 0 <= cy - ar < ho
+                            arow = dring[:, (cu - ar) % dyr] if ok else torch.zeros(v.ng, wop, 8)
+                            # B[k][(s, c)] = xrow[k + s][c]; A[(ar, o)][k] = arow[k][o]
+                            b = torch.stack([xrow[:, j : j + wop] for j in range(s)], 2)
+                            acc[:, ar] += torch.einsum("gko,gksc->gosc", arow.double(), b)
+                    cu += 1
+                    cy = 0 if cy + 1 == rows else cy + 1
+            for g in range(v.ng):
+                lo = c0 + 8 * g
+                dw[lo : lo + 8] += acc[g, :r].permute(1, 3, 0, 2)  # [o, c, r, s]
+    return dw
+
+
+def _emulate_check(k: int, v: Variant, shape: tuple, per_cta: int) -> float:
+    """Max |emulated - reference| over max |reference| for a random fp64 problem."""
+    n, c, h, w = shape
+    pad = k // 2
+    x = torch.randn(n, c, h, w, dtype=torch.float64)
+    ho, wo = h + 2 * pad - k + 1, w + 2 * pad - k + 1
+    dy = torch.randn(n, c, ho, wo, dtype=torch.float64)
+    ref = torch.nn.grad.conv2d_weight(x, (c, 8, k, k), dy, padding=pad, groups=c // 8)
+    got = emulate(dy.permute(0, 2, 3, 1), x.permute(0, 2, 3, 1), k, k, pad, v, per_cta)
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
 def _data(n, c, hw, k, dt):
     pad = k // 2
     x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
@@ -399,10 +472,18 @@ def main() -> None:
         help="NG,MIN_CTAS,SWAP,PD,RB[,DRAIN]",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
+    ap.add_argument("--emulate", action="store_true", help="the index logic on the CPU only")
     ap.add_argument("--json")
     args = ap.parse_args()
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
     variants = [Variant.parse(t) for t in args.variants]
+    if args.emulate:
+        for k in args.kernels:
+            for v in variants:
+                for shape, per_cta in (((3, 8 * v.ng, 9, 21), 2), ((2, 8 * v.ng, 5, 33), 2)):
+                    err = _emulate_check(k, v, shape, per_cta)
+                    print(f"emulate {k}x{k} {v.name} {shape} {per_cta} a CTA: rel err {err:.1e}")
+        return
     # the descriptor's field order for an MN-major B, read from correctness (both tried; the
     # variants take the one with the smaller error)
     ratios = {}
