@@ -177,8 +177,9 @@ for step in "$@"; do
       par_tests tests-wgmma tests/test_gconv_cuda.py "wgmma_tiles_over_many and 3-" \
         tests/test_gconv_cuda.py "wgmma_tiles_over_many and 5-" \
         tests/test_gconv_cuda.py "wgmma_tiles_over_many and 7-" ;;
-    wgmma-s31)  # session 31's wgmma tiles (2-4 CTAs per SM, 12 rows) timed beside every
-      # candidate, C=64 N=128 (PROBE_KERNELS, PROBE_DTYPES), fprop and dgrad
+    wgmma-s31)  # session 31's EXPERIMENTAL_WGMMA_TILES timed beside every candidate, C=64
+      # N=128 (PROBE_KERNELS, PROBE_DTYPES), fprop and dgrad (call 1 ran the first set: 2-4
+      # CTAs an SM, 8-channel blocks, 12 rows)
       timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
         --kernels ${PROBE_KERNELS:-7 5} --n ${PROBE_N:-128} --dtypes ${PROBE_DTYPES:-fp16} \
         --json "$R/wide-probe-wgmma${PROBE_TAG:-}-s31.json" >"$R/wide-probe-wgmma.log" 2>&1

@@ -1,8 +1,9 @@
 """Prototype (session 31): the grouped conv's weight gradient on Hopper's warpgroup MMA.
 
-The library's wgrad reads 0.29-0.33 of copy at 7x7 and 0.52-0.61 at 5x5 (C=64 64x64, N = 128-256,
-session 24), against the issue's 0.75. Its MMAs are m16n8k16 per warp; here one ``wgmma`` covers a
-whole input row's contribution to a group's weights:
+The library's wgrad read 0.24 of copy at 7x7 and 0.45 at 5x5 in session 31 (C=64 64x64, N = 128
+fp16; session 24: 0.29-0.33 and 0.52-0.61 at N = 128-256), against the issue's 0.75. Its MMAs are
+m16n8k16 per warp; here one ``wgmma`` covers a whole input row's contribution to a group's
+weights:
 
     dW[o][c][r][s] = sum over n, y, x of dy[n][y][x][o] * xpad[n][y + r][x + s][c]
 

@@ -209,7 +209,7 @@ EXTRA_TILES = (
     CudaTile(8, 8, 8, 4, 4, 3),
     CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
     *gconv_cuda.EXPERIMENTAL_FPROP_TILES,  # session 29's weights-in-shared-memory tiles
-    *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,  # session 31's 2-4 CTAs per SM and 12-row wgmma tiles
+    *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,  # session 31's 2-CTA and split-warpgroup wgmma tiles
 )
 
 

@@ -118,8 +118,8 @@ def test_wgmma_tiles_only_with_tma_and_wgmma():
 
 def test_wgmma_tile_rules():
     """``tile_ok`` takes a wgmma tile only as the kernel is written: 64-pixel rows, whole 4-row
-    bands, a warpgroup a group, both TMA copies, registers within the cap and shared memory
-    within the SM's for its CTAs per SM."""
+    bands (an even number a warpgroup where a group has several), 4 warps a warpgroup, both TMA
+    copies, registers within the cap and shared memory within the SM's for its CTAs per SM."""
     ok = CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True)
     assert gconv_cuda.tile_ok(64, 5, 5, ok)
     for bad in (
@@ -151,9 +151,12 @@ def test_wgmma_tile_rules():
     assert gconv_cuda._fitted(split, 8).warps == 8  # warpgroups a group kept
     fitted = gconv_cuda._fitted(ok, 16)  # channel block halved, a warpgroup a group kept
     assert (fitted.cb, fitted.warps) == (16, 8)
-    # C=8: 8-channel blocks, one warpgroup (session 31; 16+ channels before)
-    eight = [t for t in gconv_cuda.candidates(8, 5, 5, True, True, True) if t.wgmma]
-    assert eight and all((t.cb, t.warps) == (8, 4) for t in eight)
+    # 8-channel blocks are legal (tile_ok) but not offered: C must take 16-channel blocks
+    # (session 31: fitted down to 8 channels they read DRAM twice over)
+    assert gconv_cuda.tile_ok(8, 5, 5, gconv_cuda._fitted(ok, 8))
+    for c in (8, 24, 40):
+        assert not any(t.wgmma for t in gconv_cuda.candidates(c, 5, 5, True, True, True)), c
+    assert any(t.wgmma for t in gconv_cuda.candidates(48, 5, 5, True, True, True))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

@@ -59,7 +59,8 @@ class CudaTile:
     share the work of a small problem and each reduces fewer sums; the input is read once per
     row block. ``wsmem`` (row-pair fprop/dgrad, experimental): the weights stay in shared memory,
     read by ``ldmatrix`` per kernel column and row pair, instead of in registers. ``wgmma``
-    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group):
+    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group
+    times the warpgroups a group, ``wgmma_split``):
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
     Toeplitz B in shared memory."""
 
@@ -353,9 +354,11 @@ WGMMA_TILES = (
 #: with another's MMAs gained only at 7x7 with 16-channel blocks (8x64, 2 CTAs: 90.7 us against
 #: 102.8 for 1 CTA, the 16x64 candidate 86.9); 8-channel blocks (one warpgroup a CTA, 16-byte
 #: pixel pieces) read DRAM twice over (Nsight Compute: 263 MB for 134) and ran 2-4x slower;
-#: 12-row tiles were slower than 8 and 16 (64 rows in 6 tiles: 12% of the MMAs wasted).
-#: Kept: the 2-CTA tile, and 16x64 with two warpgroups a group (each 8 rows of one halo: four
-#: warpgroups an SM like the 8x64 32-channel tile, with the 16-row tile's halo).
+#: 12-row tiles tied the 8-row ones at 5x5 and were slower at 7x7 (64 rows in 6 tiles: 12% of
+#: the MMAs on padding rows). Kept: the 2-CTA tile, and 16x64 with two warpgroups a group (each
+#: 8 rows of one halo: four warpgroups an SM like the 8x64 32-channel tile, with the 16-row
+#: tile's halo); the second call (``wide-probe-wgmma2-s31``) read it at 5x5 70.0 us against the
+#: 8x64 32-channel candidate's 61.9 (at 7x7 it spills: illegal).
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
@@ -443,7 +446,11 @@ def _has_twin(tile: CudaTile, c: int, r: int, s: int) -> bool:
 def _offered(tile: CudaTile, c: int) -> bool:
     """A wide one-CTA-per-SM tile (64 or 128 channels) only where its block divides C: fitted
     down to fewer channels it would keep one CTA per SM with a fraction of the warps, a tile
-    nobody measured (session 19's review)."""
+    nobody measured (session 19's review). A wgmma tile only where C takes 16-channel blocks:
+    fitted down to 8 channels it is one warpgroup an SM reading 16-byte pieces of each pixel
+    (session 31: such tiles read DRAM twice over and ran 2-4x slower)."""
+    if tile.wgmma and c % 16:
+        return False
     return not (tile.min_ctas == 1 and tile.cb >= 64 and c % tile.cb)
 
 
