@@ -37,9 +37,12 @@ from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
 from tilewise.ops import gconv_wgrad
 from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
+from tilewise.ops.gconv_cuda_src import SMEM_U32
+from tilewise.ops.gconv_wgmma_src import DESC, wgmma_asm
 from tilewise.runtime import cuda_launch
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -64,23 +67,18 @@ typedef unsigned long long u64;
 #define XJ ((WX * NG + NT - 1) / NT)
 #define DJ ((WOP * NG + NT - 1) / NT)
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {{
-    u32 r;
-    asm("{{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }}" : "=r"(r) : "l"(p));
-    return r;
-}}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {{
+"""
+    + SMEM_U32
+    + DESC
+    + r"""__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(bytes) : "memory");
-}}
-__device__ __forceinline__ u64 desc(u32 addr, u32 lead, u32 stride) {{
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lead >> 4) << 16) | ((u64)(stride >> 4) << 32);
 }}
 __device__ __forceinline__ void ldsm_x4_t(u32* a, u32 addr) {{
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
 }}
-__device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db) {{
+__device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumulate) {{
 {WGMMA}
 }}
 
@@ -198,7 +196,7 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
 #pragma unroll
                 for (int kc = 0; kc < KC; ++kc)
                     wgmma(acc, a[rb][kc],
-                          desc(xrows[rb] + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128));
+                          desc(xrows[rb] + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128), 1);
             }}
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #else
@@ -217,7 +215,8 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
                 for (int kc = 0; kc < KC; ++kc)
-                    wgmma(acc, a[set][kc], desc(xrow + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128));
+                    wgmma(acc, a[set][kc],
+                          desc(xrow + 256 * kc, SWAP ? 128 : 16, SWAP ? 16 : 128), 1);
             }}
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             ++cu;
@@ -242,21 +241,7 @@ tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* 
             }}
 }}
 """
-
-
-def _wgmma_asm(n: int, bf16: bool) -> str:
-    """m64nNk16 with A in registers, B by descriptor, MN-major (transposed) B, accumulating."""
-    regs = ", ".join(f"%{i}" for i in range(n // 2))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
-    ty = "bf16" if bf16 else "f16"
-    k = n // 2
-    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)'
-    return (
-        '    asm volatile("{\\n.reg .pred p;\\nsetp.eq.u32 p, 1, 1;\\n"\n'
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} '
-        f'{{{regs}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 1;\\n}}\\n"\n'
-        f"        : {outs} : {ins});"
-    )
+)
 
 
 @dataclass(frozen=True)
@@ -299,7 +284,8 @@ def smem_bytes(r: int, s: int, wo: int, v: Variant) -> int:
 def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
     src = _SOURCE.format(
         R=r, S=s, NG=v.ng, WOP=_wop(wo), SWAP=v.swap, PD=v.pd, RB=v.rb, DYR=v.rings(r)[0],
-        XR=v.rings(r)[1], DRAIN=v.drain, MIN_CTAS=v.min_ctas, WGMMA=_wgmma_asm(8 * s, bf16),
+        XR=v.rings(r)[1], DRAIN=v.drain, MIN_CTAS=v.min_ctas,
+        WGMMA=wgmma_asm(bf16, 8 * s, trans_b=True),
     )  # fmt: skip
     k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
     k.set_shared_memory_config(smem_bytes(r, s, wo, v))

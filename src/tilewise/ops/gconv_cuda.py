@@ -184,13 +184,18 @@ def wgmma_split(tile: CudaTile) -> int:
     return max(1, tile.warps // (4 * (tile.cb // 8)))
 
 
+def wgmma_bands(tile: CudaTile) -> int:
+    """4-row bands each of a ``wgmma`` tile's warpgroups takes (the kernel's NBW)."""
+    return tile.th // 4 // wgmma_split(tile)
+
+
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a ``wgmma`` warpgroup's accumulators (16 registers per 4-row band), two sets of A
     fragments (4 registers per input row pair its bands read) and ~40 more fit ``register_cap``.
     ptxas (nvcc 13.0, sm_90a, session 31's source): 8x64 at 128 a thread 98-126 (7x7 114; the
     rule had said no), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64 16-channel 3x3 181; the CPU
     suite compiles every candidate and experimental tile and fails on a spill."""
-    bands = tile.th // 4 // wgmma_split(tile)
+    bands = wgmma_bands(tile)
     row_pairs = 2 * (bands - 1) + (r + 4) // 2  # the kernel's IPW
     # several warpgroups a group: 16x64 16-channel at 7x7 spilled 240 bytes at 128 a thread where
     # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
@@ -219,7 +224,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.warps % (4 * (tile.cb // 8)) == 0
             and tile.th % (4 * wgmma_split(tile)) == 0
             # several warpgroups a group: each one's rows start on a swizzle period
-            and (wgmma_split(tile) == 1 or tile.th // 4 // wgmma_split(tile) % 2 == 0)
+            and (wgmma_split(tile) == 1 or wgmma_bands(tile) % 2 == 0)
             and tile.min_ctas * (smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)

@@ -21,6 +21,20 @@ all finite is recomputed exactly, output by output, from the halo it was compute
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
 
+#: a shared-memory matrix descriptor without swizzle (``str.format`` text: braces doubled);
+#: the warpgroup-MMA kernels' B operand, K-major or MN-major alike (the K stride in the
+#: descriptor's leading field: session 31's wgrad prototype checked both orders)
+DESC = (
+    "// a matrix descriptor, no swizzle: 8 x 16-byte core matrices, ``kstride`` bytes "
+    r"""apart along K,
+// ``nstride`` along N
+__device__ __forceinline__ u64 desc(u32 addr, u32 kstride, u32 nstride) {{
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(kstride >> 4) << 16) |
+           ((u64)(nstride >> 4) << 32);
+}}
+"""
+)
+
 SOURCE_WG = (
     r"""
 typedef unsigned short u16;
@@ -94,13 +108,9 @@ __device__ __forceinline__ u32 pack2(float a, float b) {{
 #endif
     return r;
 }}
-// a matrix descriptor, no swizzle: 8 x 16-byte core matrices, ``kstride`` bytes apart along K,
-// ``nstride`` along N
-__device__ __forceinline__ u64 desc(u32 addr, u32 kstride, u32 nstride) {{
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(kstride >> 4) << 16) |
-           ((u64)(nstride >> 4) << 32);
-}}
-__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
+"""
+    + DESC
+    + r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
 }}
@@ -278,16 +288,18 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
 )
 
 
-def wgmma_asm(bf16: bool) -> str:
-    """The kernel's ``wgmma`` body: m64n32k16, A (4 registers) from ``a``, B by descriptor,
-    accumulating unless ``accumulate`` is 0."""
-    regs = ", ".join(f"%{i}" for i in range(16))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(16))
+def wgmma_asm(bf16: bool, n: int = 32, trans_b: bool = False) -> str:
+    """A ``wgmma`` body: m64nNk16 (this kernel: N = 32), A (4 registers) from ``a``, B by
+    descriptor (``trans_b``: MN-major), accumulating unless ``accumulate`` is 0."""
+    k = n // 2  # accumulator registers a thread; A's operands follow them
+    regs = ", ".join(f"%{i}" for i in range(k))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(k))
     ty = "bf16" if bf16 else "f16"
-    op = f"wgmma.mma_async.sync.aligned.m64n32k16.f32.{ty}.{ty}"
+    op = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}"
     ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate)'
     return (
-        '    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %21, 0;\\n"\n'
-        f'        "{op} {{{regs}}}, {{%16, %17, %18, %19}}, %20, p, 1, 1, 0;\\n}}\\n"\n'
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"\n'
+        f'        "{op} {{{regs}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, '
+        f'{int(trans_b)};\\n}}\\n"\n'
         f"        : {outs} : {ins});"
     )
