@@ -190,10 +190,25 @@ for step in "$@"; do
       # beside cuDNN and the library's autotuned wgrad)
       timeout "${WG_LIMIT:-240}" python scripts/gconv_wgrad_wgmma_probe.py \
         --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} --dtypes ${WG_DTYPES:-fp16} \
-        ${WG_VARIANTS:+--variants $WG_VARIANTS} --json "$R/wgrad-wgmma${WG_TAG:-}-s31.json" \
+        ${WG_VARIANTS:+--variants $WG_VARIANTS} --json "$R/wgrad-wgmma${WG_TAG:-}-${SESSION:-s32}.json" \
         >"$R/wgrad-wgmma${WG_TAG:-}.log" 2>&1
       echo "rc $?: wgrad wgmma probe"
       grep -vE "Warn|warn" "$R/wgrad-wgmma${WG_TAG:-}.log" | cut -c1-160 | tail -n 60
+      pack ;;
+    ncu-wgrad-wg)  # Nsight Compute on one wgrad-on-wgmma prototype variant (NCU_VARIANT), 7x7
+      # C=64 64x64 N=128 fp16: the 5th launch of the prototype's kernel (after the checks)
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      f="$R/ncu-wgrad-wg-k${NCU_K:-7}-${NCU_VARIANT//,/_}.txt"
+      timeout "${NCU_LIMIT:-150}" "$NCU" --clock-control none -k regex:tw_gconv_wgrad_wg \
+        --launch-skip 6 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section InstructionStats --metrics \
+        "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
+        python scripts/gconv_wgrad_wgmma_probe.py --kernels "${NCU_K:-7}" --n 128 --dtypes fp16 \
+        --variants "$NCU_VARIANT" --checks 1 >"$f" 2>&1
+      echo "rc $?: ncu wgrad $NCU_VARIANT"
+      grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Registers Per|inst_executed.sum|gmma_cycles" "$f" | head -10
+      grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.05' | sort -k3 -g -r | head -10
       pack ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
