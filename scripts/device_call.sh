@@ -195,6 +195,18 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma probe"
       grep -vE "Warn|warn" "$R/wgrad-wgmma${WG_TAG:-}.log" | cut -c1-160 | tail -n 60
       pack ;;
+    wgrad-wg-s32)  # session 32's wgmma wgrad in the library (A and B in shared memory): its GPU
+      # tests (odd shapes, many units a CTA, the candidates, the workspace), then every tile timed
+      # beside session 31's prototype, the library's autotuned wgrad and cuDNN
+      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py -k \
+        "wgmma_wgrad or every_wgrad_tile or workspace_is_left_zero"
+      timeout "${WG_LIMIT:-240}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
+        --kernels ${WG_KERNELS:-7 5 3} --n ${WG_N:-128} --dtypes ${WG_DTYPES:-fp16} --checks 1 \
+        --variants ${WG_VARIANTS:-2,2,1,1,4,1} --json "$R/wgrad-wg${WG_TAG:-}-s32.json" \
+        >"$R/wgrad-wg${WG_TAG:-}.log" 2>&1
+      echo "rc $?: wgrad wgmma (library tiles)"
+      grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
+      pack ;;
     ncu-wgrad-wg)  # Nsight Compute on one wgrad-on-wgmma prototype variant (NCU_VARIANT), 7x7
       # C=64 64x64 N=128 fp16: the 5th launch of the prototype's kernel (after the checks)
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -35,7 +35,7 @@ import torch
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_events
-from tilewise.ops import gconv_wgrad
+from tilewise.ops import gconv_cuda, gconv_wgrad
 from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
 from tilewise.ops.gconv_cuda_src import SMEM_U32
 from tilewise.ops.gconv_wgmma_src import DESC, wgmma_asm
@@ -411,7 +411,7 @@ def _check(k: int, dt: torch.dtype, v: Variant, shape: tuple) -> float:
     return (got - ref).abs().max().item() / max((same - ref).abs().max().item(), 1e-6)
 
 
-def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw) -> list[dict]:
+def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw, lib_tiles=()) -> list[dict]:
     sets = [_data(n, c, hw, k, dt) for _ in range(3)]
     nbytes = sets[0][0].nbytes + sets[0][1].nbytes
     g, wshape = c // 8, (c, 8, k, k)
@@ -423,6 +423,9 @@ def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw) -> list[dict]:
     for v in variants:
         if smem_bytes(k, k, hw, v) <= 227 * 1024:
             impls[v.name] = lambda x, dy, p, v=v: wgrad(dy, x, k, k, p, v)
+    for t in lib_tiles:  # the library's wgmma wgrad (A from shared memory too), tile by tile
+        if gconv_cuda.wgrad_tile_ok(c, k, k, t):
+            impls[t.name] = lambda x, dy, p, t=t: gconv_cuda.wgrad(dy, x, k, k, p, p, False, t)[0]
     x0, dy0, p0 = sets[0]
     ref = impls["cudnn"](x0, dy0, p0).float()
     base, rows = None, []
@@ -454,9 +457,14 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"])
     ap.add_argument(
         "--variants",
-        nargs="+",
+        nargs="*",
         default=["2,2,1,2,1", "2,2,1,1,4", "2,2,1,2,2", "2,2,1,1,4,1"],
-        help="NG,MIN_CTAS,SWAP,PD,RB[,DRAIN]",
+        help="NG,MIN_CTAS,SWAP,PD,RB[,DRAIN] (none: the library's tiles only)",
+    )
+    ap.add_argument(
+        "--library-tiles",
+        action="store_true",
+        help="also time every wgmma wgrad tile of the library (gconv_cuda.WGMMA_WGRAD_TILES)",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--emulate", action="store_true", help="the index logic on the CPU only")
@@ -474,7 +482,7 @@ def main() -> None:
     # the descriptor's field order for an MN-major B, read from correctness (both tried; the
     # variants take the one with the smaller error)
     ratios = {}
-    for swap in (0, 1):
+    for swap in (0, 1) if variants else ():
         v = dataclasses.replace(variants[0], swap=swap)
         try:
             ratios[swap] = _check(3, torch.float16, v, (2, 16 * v.ng, 9, 21))
@@ -495,6 +503,9 @@ def main() -> None:
                     except Exception as exc:
                         ratio = f"{type(exc).__name__}: {exc}"[:300]
                     print(f"check {k}x{k} {dname} {v.name} {shape}: {ratio}")
+    lib_tiles = ()
+    if args.library_tiles:
+        lib_tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
     copy_bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     rows = []
@@ -503,7 +514,7 @@ def main() -> None:
         for k in args.kernels:
             for n in args.n:
                 for dname in args.dtypes:
-                    rows += _time_cell(k, n, c, hw, dts[dname], dname, variants, copy_bw)
+                    rows += _time_cell(k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles)
     if args.json:
         with open(args.json, "w") as f:
             doc = {"environment": environment(), "copy_Bps": copy_bw, "rows": rows}

@@ -44,6 +44,7 @@ def test_source_template_formats_for_every_kernel_size():
                     assert f"#define TMA {int(tile.tma)}" in src
             extra = gconv_cuda.CLUSTER_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGRAD_TILES
             extra += gconv_cuda.TMA_WGRAD_TILES
+            extra += gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
             for tile in gconv_cuda.WGRAD_TILES + gconv_cuda.ROW_WGRAD_TILES + extra:
                 for bias in (0, 1, 2):
                     src, entry = gconv_cuda.source(r, s, tile, True, bias, False, "tw_gconv_wgrad")
@@ -113,6 +114,69 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
     assert checked >= 20
+
+
+def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
+    """``wgrad_smem_bytes`` of every wgmma wgrad tile equals the kernel's own layout (NG groups of
+    GROUP_BYTES), by the C preprocessor."""
+    import shutil
+    import subprocess
+
+    cpp = shutil.which("cpp")
+    if cpp is None:
+        pytest.skip("no C preprocessor on this machine")
+    checked = 0
+    for r, s in ((7, 7), (5, 5), (3, 3), (6, 1)):
+        for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
+            src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
+            assert entry == "tw_gconv_wgrad_wg"
+            path = tmp_path / "k.cu"
+            path.write_text(src + "\ntw_layout_end = NG * GROUP_BYTES;\n")
+            out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
+            expr = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
+            assert set(expr) <= set("0123456789+-*/() "), expr
+            end = eval(expr.replace("/", "//"))
+            assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
+            checked += 1
+    tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
+    assert checked == 4 * len(tiles)
+
+
+def test_wgmma_wgrad_tiles_rules_and_offering():
+    """The wgmma wgrad tiles: offered only with ``wgmma`` (compute capability 9.0 with TMA), for
+    kernels of ``WGMMA_WGRAD_MIN_ROWS`` rows or more, unfitted (their channel block divides C),
+    first; legal only as the kernel is written (a warpgroup a group, 16-64 columns in 16s, up to
+    8 kernel rows, shared memory of all its CTAs within the SM's)."""
+    wg = gconv_cuda.WGMMA_WGRAD_TILES
+    for r, s in ((5, 5), (7, 7), (6, 4), (7, 3)):
+        with_wg = gconv_cuda.wgrad_candidates(64, r, s, tma=True, wgmma=True)
+        plain = gconv_cuda.wgrad_candidates(64, r, s, tma=True, wgmma=False)
+        assert with_wg[: len(wg)] == wg and with_wg[len(wg) :] == plain, (r, s)
+        assert not any(t.wgmma for t in plain)
+        assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, tma=False))
+    for r, s in ((3, 3), (1, 1), (4, 7)):
+        assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, True, True, True))
+    c48 = [t for t in gconv_cuda.wgrad_candidates(48, 7, 7, True, True, True) if t.wgmma]
+    assert c48 and all(t.cb == 16 for t in c48)  # the 32-channel tile is not fitted down
+    ok = CudaTile(4, 64, 16, 8, 3, 1, wgmma=True)
+    assert gconv_cuda.wgrad_tile_ok(64, 7, 7, ok) and gconv_cuda.wgrad_tile_ok(16, 8, 8, ok)
+    for bad in (
+        dataclasses.replace(ok, tw=80),
+        dataclasses.replace(ok, tw=24),
+        dataclasses.replace(ok, warps=4),
+        dataclasses.replace(ok, tma=1),
+        dataclasses.replace(ok, rowpair=True),
+        dataclasses.replace(ok, cluster=8),
+        dataclasses.replace(ok, min_ctas=4),  # 4 x 65 KB
+    ):
+        assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, bad), bad
+    assert not gconv_cuda.wgrad_tile_ok(64, 9, 3, ok)  # M spans 8 kernel rows
+    assert not gconv_cuda.wgrad_tile_ok(40, 7, 7, ok)  # 16 does not divide 40
+    # the rings: the window's 7 rows and (stages + 1) x th rows, in powers of two
+    assert gconv_cuda.wgrad_wg_rings(4, 1) == (16, 8)
+    assert gconv_cuda.wgrad_wg_rings(2, 2) == (16, 8)
+    assert gconv_cuda.wgrad_wg_rings(8, 1) == (32, 16)
+    assert gconv_cuda.wgrad_wg_rings(1, 1) == (16, 2)
 
 
 def test_row_split_wgrad_tiles_legality_and_grid():
@@ -725,6 +789,61 @@ def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_every_wgrad_tile(dtype, rng_seed):
     assert _check_wgrad_tiles(dtype, rng_seed, gconv_cuda.wgrad_candidates) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_wgmma_wgrad_tiles_on_odd_shapes(dtype, rng_seed):
+    """Every wgmma wgrad tile, offered or not, on every odd shape it takes (kernels of 1-7
+    rows; only 5+ row ones are offered), dw in both layouts and db in both dtypes."""
+    if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
+        pytest.skip("needs compute capability 9.0 with TMA")
+    tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
+
+    def tiles_for(c, r, s):
+        return [t for t in tiles if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+
+    assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) >= 40
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_wgmma_wgrad_over_many_units_per_cta(dtype, rng_seed):
+    """The wgmma wgrad with several (image, column chunk) units a CTA: rows of one unit must not
+    reach into the next one's windows, partial chunks, padding from 0 to past R, wide images;
+    the workspace is left zero."""
+    if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
+        pytest.skip("needs compute capability 9.0 with TMA")
+    shapes = (  # (n, c, h, w, r, s, pad_h, pad_w): up to ~4 units a CTA on 132 SMs
+        (300, 32, 7, 70, 7, 7, 3, 3),
+        (260, 16, 5, 33, 5, 5, 0, 4),
+        (257, 48, 9, 17, 6, 7, 5, 2),
+        (3, 64, 40, 150, 7, 5, 3, 2),
+    )
+    ran = 0
+    for n, c, h, w, r, s, ph, pw in shapes:
+        x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+        wshape, pad = (c, 8, r, s), (ph, pw)
+        ho, wo = h + 2 * ph - r + 1, w + 2 * pw - s + 1
+        dy = _cl(torch.randn(n, c, ho, wo, device="cuda", dtype=dtype))
+        ref = torch.nn.grad.conv2d_weight(
+            x.double(), wshape, dy.double(), padding=pad, groups=c // 8
+        )
+        same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
+        atol = ATOL[dtype] * (n * h * w) ** 0.5
+        for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
+            if not gconv_cuda.wgrad_tile_ok(c, r, s, tile):
+                continue
+            tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad{pad} {tile.name} {dtype}"
+            dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, True, tile)
+            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            db_same = dy.float().sum((0, 2, 3))
+            db_ref = dy.double().sum((0, 2, 3))
+            db_atol = 1e-3 * (n * ho * wo) ** 0.5
+            assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
+            assert workspace.all_zero(), tag
+            ran += 1
+    assert ran >= 16
 
 
 @pytest.mark.gpu

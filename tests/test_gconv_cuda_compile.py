@@ -266,3 +266,20 @@ def test_channels_last_dw_variants_compile_and_cost_no_registers(tmp_path):
             regs[dw_cl], spills = _ptxas(src, tmp_path, entry=entry)
             assert spills == 0, (tile.name, dw_cl)
         assert regs[True] <= regs[False] + 8, (tile.name, regs)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("rs", [(3, 3), (5, 5), (7, 7), (6, 4)], ids=str)
+def test_wgmma_wgrad_tiles_compile_without_spills(rs, tmp_path):
+    """Every wgmma wgrad tile (offered or experimental) at C=64 compiles for sm_90a without
+    spills or serialized wgmmas, within the registers its CTAs per SM leave (65536 an SM),
+    fp16 with an fp32 bias gradient and bf16 with one in bf16 and a channels_last dw."""
+    r, s = rs
+    tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
+    for tile in tiles:
+        assert gconv_cuda.wgrad_tile_ok(64, r, s, tile), (rs, tile.name)
+        for bf16, bias, dw_cl in ((False, 1, False), (True, 2, True)):
+            src, entry = gconv_cuda.source(r, s, tile, bf16, bias, False, "tw_gconv_wgrad", dw_cl)
+            regs, spills = _ptxas(src, tmp_path, "sm_90a", entry)
+            assert spills == 0, (rs, tile.name)
+            assert regs * tile.warps * 32 * tile.min_ctas <= 65536, (rs, tile.name, regs)

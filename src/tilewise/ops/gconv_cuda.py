@@ -38,6 +38,10 @@ from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
 from tilewise.ops.gconv_wgmma_src import SOURCE_WG as _SOURCE_WG
 from tilewise.ops.gconv_wgmma_src import wgmma_asm as _wgmma_asm
+from tilewise.ops.gconv_wgrad_wg_src import SOURCE_WWG as _SOURCE_WWG
+from tilewise.ops.gconv_wgrad_wg_src import WINDOW as _WG_WINDOW
+from tilewise.ops.gconv_wgrad_wg_src import rings as wgrad_wg_rings
+from tilewise.ops.gconv_wgrad_wg_src import smem_bytes as _wgrad_wg_smem
 from tilewise.runtime import alloc, cuda_launch, nvrtc_cache, workspace
 from tilewise.runtime import tma as _tma
 
@@ -62,7 +66,9 @@ class CudaTile:
     (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group
     times the warpgroups a group, ``wgmma_split``):
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
-    Toeplitz B in shared memory."""
+    Toeplitz B in shared memory; among wgrad tiles (sm_90a only, ``tma=0``), the warpgroup-MMA
+    wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
+    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group, ``stages`` steps loaded ahead."""
 
     th: int = 8
     tw: int = 16
@@ -501,6 +507,8 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` x (input halo + dy tile) and one zero pixel (row-pair: halo rows of whole
     pairs, no zero pixel; TMA: dense stages on the swizzle period, the alignment slack and the
     mbarriers). ``tap_rows``: the halo and the sums of that many kernel rows."""
+    if tile.wgmma:
+        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages)
     r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
@@ -535,8 +543,15 @@ def source(
         template, entry = _SOURCE_RP, "tw_gconv_fprop_rp"
     elif entry == "tw_gconv_wgrad" and tile.rowpair:
         template, entry = _SOURCE_WRP, "tw_gconv_wgrad_rp"
+    extra = {}
+    if entry == "tw_gconv_wgrad" and tile.wgmma:
+        template, entry = _SOURCE_WWG, "tw_gconv_wgrad_wg"
+        dyr, xr = wgrad_wg_rings(tile.th, tile.stages)
+        asm = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
+        extra = {"DYR": dyr, "XR": xr, "WGMMA": asm}
     rows = tile.tap_rows if entry == "tw_gconv_wgrad" and tile.tap_rows else r
     src = template.format(
+        **extra,
         R=rows,  # the kernel rows one CTA takes (wgrad with tap_rows) of R_FULL
         R_FULL=r,
         ROWSPLIT=int(rows != r),
@@ -840,6 +855,25 @@ EXPERIMENTAL_WGRAD_TILES = (
     # 6.0-6.2 for the candidates), the 2-CTA 8x16 (C=256 7x7 within 1% of the 4-CTA 8x8)
     CudaTile(8, 8, 8, 1, 8, 2, cluster=16, tap_rows=1),
 )
+#: warpgroup-MMA wgrad tiles (``CudaTile.wgmma``, ``gconv_wgrad_wg_src``; session 32),
+#: candidates on compute capability 9.0 with TMA (``wgmma_usable``) for kernels of
+#: ``WGMMA_WGRAD_MIN_ROWS`` rows or more. Session 31's prototype of the layout (A in registers,
+#: ``scripts/gconv_wgrad_wgmma_probe.py``) read C=64 64x64 N=128 fp16 7x7 120 us against the
+#: library's 188 (session 32, call 1); this kernel reads A from shared memory as well.
+WGMMA_WGRAD_TILES = (
+    CudaTile(4, 64, 16, 8, 3, 1, wgmma=True),
+    CudaTile(2, 64, 16, 8, 3, 2, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 1, wgmma=True),
+    CudaTile(4, 32, 16, 8, 4, 1, wgmma=True),
+)
+#: wgmma wgrad tiles tested but not offered: one group a CTA (16-byte pieces of each pixel) and
+#: 8 rows a step
+EXPERIMENTAL_WGMMA_WGRAD_TILES = (
+    CudaTile(4, 64, 8, 4, 6, 1, wgmma=True),
+    CudaTile(8, 64, 16, 8, 1, 1, wgmma=True),
+)
+#: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
+WGMMA_WGRAD_MIN_ROWS = 5
 #: the largest portable thread-block cluster
 MAX_CLUSTER = 8
 #: the largest cluster an H100 launches once a kernel allows non-portable sizes (experimental
@@ -876,6 +910,15 @@ SOURCE_DIGEST = hashlib.sha1(
         )
     ).encode()
 ).hexdigest()[:10]
+#: part of the wgrad's autotune key where the wgmma wgrad tiles are candidates (apart from
+#: ``SOURCE_DIGEST``, so that adding them left every other cached choice valid)
+WGRAD_WG_DIGEST = hashlib.sha1(
+    (
+        _SOURCE_WWG
+        + _wgmma_asm(False, 56, True, True)
+        + repr((WGMMA_WGRAD_TILES, EXPERIMENTAL_WGMMA_WGRAD_TILES, WGMMA_WGRAD_MIN_ROWS))
+    ).encode()
+).hexdigest()[:8]
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
 ROWPAIR_WGRAD_MAX_FRAGMENTS = 16
 
@@ -888,6 +931,19 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     ``NON_PORTABLE_MAX_CLUSTER`` (tap kernel only; above ``MAX_CLUSTER`` experimental);
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
+    if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
+        plain = not (tile.rowpair or tile.cluster or tile.tma or tile.tap_rows or tile.wsmem)
+        return (
+            plain
+            and c % tile.cb == 0
+            and tile.warps == 4 * groups
+            and tile.tw % 16 == 0
+            and 16 <= tile.tw <= 64
+            and tile.th >= 1
+            and tile.stages >= 1
+            and r <= _WG_WINDOW
+            and tile.min_ctas * (wgrad_smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
+        )
     if c % tile.cb or tile.warps % groups or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
         return False
     if tile.th * tile.tw < 16 * tile.warps:  # the source's fprop tap kernel: a row per warp
@@ -914,25 +970,32 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
 
 
 def wgrad_candidates(
-    c: int, r: int, s: int, small: bool = True, tma: bool | None = None
+    c: int, r: int, s: int, small: bool = True, tma: bool | None = None, wgmma: bool | None = None
 ) -> tuple[CudaTile, ...]:
     """The legal ``WGRAD_TILES`` for C channels and an R x S kernel (empty if none fits), the
     ``TMA_WGRAD_TILES`` with ``tma`` (None: whether the current GPU has TMA), and the
     ``CLUSTER_WGRAD_TILES`` and ``ROW_WGRAD_TILES`` for a ``small`` problem (at most
-    ``CLUSTER_MAX_PIXELS``).
+    ``CLUSTER_MAX_PIXELS``), and with ``wgmma`` (None: whether the current GPU takes sm_90a code
+    and TMA) the ``WGMMA_WGRAD_TILES`` for kernels of ``WGMMA_WGRAD_MIN_ROWS`` rows or more.
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
     choice already cached on disk is not timed again; its TMA tiles only with ``tma``)."""
     experimental = os.environ.get(ENV_EXPERIMENTAL_WGRAD) == "1"
     if tma is None:
         tma = torch.cuda.is_available() and _tma.supported(torch.cuda.current_device())
-    return _wgrad_candidates(c, r, s, small, experimental, tma)
+    if wgmma is None:
+        dev = torch.cuda.current_device() if torch.cuda.is_available() else None
+        wgmma = tma and dev is not None and _is_sm90(dev)
+    return _wgrad_candidates(c, r, s, small, experimental, tma, wgmma)
 
 
 @functools.lru_cache(maxsize=1024)
 def _wgrad_candidates(
-    c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False
+    c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False, wgmma=False
 ) -> tuple:
-    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+    tiles = ()
+    if wgmma and r >= WGMMA_WGRAD_MIN_ROWS:
+        tiles = tuple(t for t in WGMMA_WGRAD_TILES if c % t.cb == 0)  # unfitted only
+    tiles += tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
     tiles += WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
@@ -1018,8 +1081,12 @@ def bind_wgrad(
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile = wgrad_twin(tile, c, r, s)
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
+    if tile.wgmma and not wgmma_usable(x):
+        raise ValueError(f"argument 'tile': {tile.name} needs compute capability 9.0 and TMA")
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
+    if tile.wgmma:  # units of whole images' rows: (image, column chunk)
+        tiles_h = 1
     n_tiles = n * tiles_h * tiles_w
     if tile.cluster:
         grid_x = tile.cluster

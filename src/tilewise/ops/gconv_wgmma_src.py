@@ -288,18 +288,24 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
 )
 
 
-def wgmma_asm(bf16: bool, n: int = 32, trans_b: bool = False) -> str:
+def wgmma_asm(bf16: bool, n: int = 32, trans_b: bool = False, a_desc: bool = False) -> str:
     """A ``wgmma`` body: m64nNk16 (this kernel: N = 32), A (4 registers) from ``a``, B by
-    descriptor (``trans_b``: MN-major), accumulating unless ``accumulate`` is 0."""
+    descriptor (``trans_b``: MN-major), accumulating unless ``accumulate`` is 0. ``a_desc``: A by
+    descriptor ``da`` too, MN-major (the wgrad kernel, ``gconv_wgrad_wg_src``)."""
     k = n // 2  # accumulator registers a thread; A's operands follow them
     regs = ", ".join(f"%{i}" for i in range(k))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(k))
     ty = "bf16" if bf16 else "f16"
     op = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}"
-    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate)'
+    if a_desc:
+        a_ops, ins, last, trans = f"%{k}", '"l"(da), "l"(db), "r"(accumulate)', k + 2, "1, "
+    else:
+        a_ops = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}"
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate)'
+        last, trans = k + 5, ""
     return (
-        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"\n'
-        f'        "{op} {{{regs}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, '
-        f'{int(trans_b)};\\n}}\\n"\n'
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{last}, 0;\\n"\n'
+        f'        "{op} {{{regs}}}, {a_ops}, %{last - 1}, p, 1, 1, '
+        f'{trans}{int(trans_b)};\\n}}\\n"\n'
         f"        : {outs} : {ins});"
     )

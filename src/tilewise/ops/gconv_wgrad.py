@@ -280,10 +280,13 @@ def choose(
     with_cuda = not deterministic and gconv_cuda.usable(x, grad)
     library = gconv_library.offered(x, deterministic)
     tma = with_cuda and gconv_cuda.tma_usable(x)
-    candidates = _candidates(problem, sms, with_cuda, tma, library)
+    wgmma = tma and gconv_cuda.wgmma_usable(x)
+    candidates = _candidates(problem, sms, with_cuda, tma, library, wgmma)
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
     mode = "det" if deterministic else "one-launch"
     tag = gconv_library.cache_tag(None, library) + (".dwcl" if dw_cl else "")
+    if any(getattr(t, "wgmma", False) for t in candidates):  # a choice made before they were
+        tag += f"+wg{gconv_cuda.WGRAD_WG_DIGEST}"  # candidates is timed again
     return autotune.choose_config(
         f"{OP}.{mode}{tag}@{gconv_cuda.SOURCE_DIGEST}",
         problem,
@@ -320,12 +323,18 @@ def bind(
 
 @functools.lru_cache(maxsize=4096)
 def _candidates(
-    problem: GConvProblem, sms: int, with_cuda: bool, tma: bool = False, library: bool = False
+    problem: GConvProblem,
+    sms: int,
+    with_cuda: bool,
+    tma: bool = False,
+    library: bool = False,
+    wgmma: bool = False,
 ) -> tuple:
     base = wgrad_candidates(problem, sms)
     if with_cuda:
         small = problem.n * problem.p * problem.q <= gconv_cuda.CLUSTER_MAX_PIXELS
-        tiles = gconv_cuda.wgrad_candidates(problem.c, problem.r, problem.s, small, tma)
+        c, r, s = problem.c, problem.r, problem.s
+        tiles = gconv_cuda.wgrad_candidates(c, r, s, small, tma, wgmma)
         base = tiles + base
     return base + (gconv_library.CUDNN,) if library else base
 

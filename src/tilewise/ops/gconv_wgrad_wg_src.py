@@ -1,0 +1,223 @@
+"""CUDA C++ source of the grouped conv's warpgroup-MMA weight gradient (``CudaTile.wgmma`` among
+the wgrad tiles; Hopper's ``wgmma.mma_async`` with both operands in shared memory, sm_90a).
+A ``str.format`` template: the tap source's prefix (``gconv_cuda_src.SOURCE`` up to its kernels:
+the macros, ``WGRAD_PARAMS``, ``red_add``, ``finish_wgrad``) and this kernel, which adds
+``{DYR}``, ``{XR}`` (ring rows) and ``{WGMMA}``.
+
+One warpgroup per group of 8 channels. A CTA walks a run of units (image, chunk of TW output
+columns) as one sequence of positions u, one per padded input row (Ho + R - 1 a unit); for
+input row X = u's row and its 16-column k-step:
+- M = 64 = 8 kernel rows x 8 out channels: A[(7 - r, o), col] = dy[X - r + pad_h, col, o], an
+  MN-major A whose 8 core-matrix rows are 8 consecutive dy rows of a ring in shared memory (each
+  row stored once, the ring's first 7 rows a second time past its end, so a window of 8 never
+  wraps); rows past a unit's last dy row are zeros, so a window reaching into the unit before
+  reads zeros, not that unit's rows;
+- N = 8 S = kernel columns x 8 in channels: the input row as an MN-major B whose kernel column s
+  starts 16 bytes (one pixel) further on;
+- K = 16 output columns.
+MMA work: 64 x 8 S per 16 pixels of an input row, R / 8 of it useful (7x7: 7/8). Every MMA of a
+step is waited for at the next step's start (the rings hold (STAGES + 1) x TH rows and the
+window's 7), so no registers but the accumulators are live across steps.
+"""
+
+from tilewise.ops.gconv_cuda_src import SOURCE as _TAP_SOURCE
+from tilewise.ops.gconv_wgmma_src import DESC
+
+#: dy rows one MMA's A spans: its M = 8 kernel rows (R <= 8)
+WINDOW = 8
+
+_KERNEL = (
+    r"""
+typedef unsigned long long u64;
+#define DYR {DYR}
+#define XR {XR}
+#define WIN 8
+#define KC (TW / 16)
+#define NT (WARPS * 32)
+#define DY_ROW (TW * 16)
+#define X_ROW (HWD * 16)
+#define X_OFF ((DYR + WIN - 1) * DY_ROW)
+#define GROUP_BYTES (X_OFF + XR * X_ROW)
+#define XJ ((HWD * NG + NT - 1) / NT)
+#define DJ ((TW * NG + NT - 1) / NT)
+
+"""
+    + DESC
+    + r"""__device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
+{WGMMA}
+}}
+
+// Warpgroup g of CTA (x, y) takes out channels c0 + 8 g .. + 7 of the units [t0, t1): unit t is
+// image t / tiles_w, columns (t % tiles_w) TW .. + TW - 1. A step computes TH positions; the
+// loads run STAGES steps ahead.
+extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
+tw_gconv_wgrad_wg(WGRAD_PARAMS)
+{{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 7, w4 = (tid >> 5) & 3;
+    const int c0 = blockIdx.y * CB;
+    const int per = (n_tiles + gridDim.x - 1) / gridDim.x, t0 = blockIdx.x * per;
+    const int t1 = min(n_tiles, t0 + per), rows = Ho + R - 1;
+    const int U = t1 > t0 ? (t1 - t0) * rows : 0, T = (U + TH - 1) / TH;
+    const u32 sb = smem_u32(smem);
+    // zeros before the first position's window (and everywhere else, for simplicity)
+    for (int i = tid; i < NG * GROUP_BYTES / 16; i += NT)
+        *(v4u32*)(smem + 16 * i) = v4u32{{0u, 0u, 0u, 0u}};
+    __syncthreads();
+    // this thread's 16-byte pieces of a row (pixel p of group gg), their addresses in the unit
+    u32 xs[XJ], ds[DJ];
+    int xg[XJ], dg[DJ];
+    bool xin[XJ], xv[XJ], din[DJ], dv[DJ];
+#pragma unroll
+    for (int j = 0; j < XJ; ++j) {{
+        const int i = tid + j * NT;
+        xin[j] = i < HWD * NG;
+        xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
+    }}
+#pragma unroll
+    for (int j = 0; j < DJ; ++j) {{
+        const int i = tid + j * NT;
+        din[j] = i < TW * NG;
+        ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+    }}
+    int ln = 0;  // the loading unit's image
+    auto set_unit = [&](int t) {{
+        ln = t / tiles_w;
+        const int cx = (t - ln * tiles_w) * TW;
+#pragma unroll
+        for (int j = 0; j < XJ; ++j) {{
+            const int i = tid + j * NT, col = cx + i / NG - pad_w;
+            xv[j] = xin[j] && col >= 0 && col < Wi;
+            xg[j] = xv[j] ? col * C + c0 + 8 * (i % NG) : 0;
+        }}
+#pragma unroll
+        for (int j = 0; j < DJ; ++j) {{
+            const int i = tid + j * NT, col = cx + i / NG;
+            dv[j] = din[j] && col < Wo;
+            dg[j] = dv[j] ? col * C + c0 + 8 * (i % NG) : 0;
+        }}
+    }};
+    if (U > 0) set_unit(t0);
+    int lu = 0, lt = t0, ly = 0;  // the next position to load: its unit and padded row
+    auto load_step = [&]() {{
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            if (lu < U) {{
+                const int xr = ly - pad_h;
+                if (xr >= 0 && xr < Hi) {{
+                    const u16* src = x + ((long long)ln * Hi + xr) * Wi * C;
+                    const u32 slot = (lu & (XR - 1)) * X_ROW;
+#pragma unroll
+                    for (int j = 0; j < XJ; ++j)
+                        if (xin[j]) cp_async16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
+                }}
+                // dy row ly, zeros from Ho on: the rows above the next unit's first
+                const bool in = ly < Ho;
+                const u16* src = dy + (in ? ((long long)ln * Ho + ly) * Wo * C : 0);
+                const int slot = lu & (DYR - 1);
+#pragma unroll
+                for (int j = 0; j < DJ; ++j)
+                    if (din[j]) {{
+                        const int bytes = in && dv[j] ? 16 : 0;
+                        cp_async16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
+                        if (slot < WIN - 1)  // the copy past the ring's end
+                            cp_async16(ds[j] + (slot + DYR) * DY_ROW, src + dg[j], bytes);
+                    }}
+                ++lu;
+                if (++ly == rows) {{
+                    ly = 0;
+                    if (++lt < t1) set_unit(lt);
+                }}
+            }}
+        }}
+    }};
+#pragma unroll
+    for (int t = 0; t < STAGES; ++t) {{
+        load_step();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }}
+    float acc[4 * S];
+#pragma unroll
+    for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
+    float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
+    const u32 gbase = sb + g * GROUP_BYTES;
+    int cu = 0, cy = 0;  // the next position to compute and its padded row
+    for (int t = 0; t < T; ++t) {{
+        // every warpgroup's MMAs of the step before are done: the slots loaded below are free
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+        load_step();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the MMAs' reads
+        __syncthreads();
+#if HAS_BIAS
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb)
+            if (cu + rb < U) {{
+                const u16* row = (const u16*)(smem + g * GROUP_BYTES +
+                                              ((cu + rb) & (DYR - 1)) * DY_ROW);
+#pragma unroll
+                for (int i = tid & 127; i < TW * 8; i += 128) dbs += to_f32(row[i]);
+            }}
+#endif
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            const int xr = cy - pad_h;
+            if (cu < U && xr >= 0 && xr < Hi) {{
+                const u32 arow = gbase + ((cu - (WIN - 1)) & (DYR - 1)) * DY_ROW;
+                const u32 xrow = gbase + X_OFF + (cu & (XR - 1)) * X_ROW;
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc)
+                    wgmma_ss(acc, desc(arow + 256 * kc, 128, DY_ROW),
+                             desc(xrow + 256 * kc, 128, 16), 1);
+            }}
+            ++cu;
+            if (++cy == rows) cy = 0;
+        }}
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }}
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
+    // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
+    const int o = c0 + 8 * g + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {{
+        const int r = WIN - 1 - 2 * w4 - h;
+        if (r < R)
+#pragma unroll
+            for (int i = 0; i < S; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    red_add(dw + ((long long)(r * S + i) * C + o) * 8 + 2 * (lane & 3) + e,
+                            acc[4 * i + 2 * h + e]);
+    }}
+#if HAS_BIAS
+    dbs += __shfl_xor_sync(0xffffffffu, dbs, 8);
+    dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
+    if (lane < 8) red_add(db + c0 + 8 * g + lane, dbs);
+#endif
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+}}
+"""
+)
+
+#: the template ``gconv_cuda.source`` fills in for a wgmma wgrad tile
+SOURCE_WWG = _TAP_SOURCE[: _TAP_SOURCE.index("// Persistent CTAs")] + _KERNEL
+
+
+def rings(th: int, stages: int) -> tuple[int, int]:
+    """(dy rows, input rows) a group's rings hold, powers of two: the positions from the window
+    of a step's first row to the last row loaded ahead, (stages + 1) x th + 7 and
+    (stages + 1) x th."""
+    live = (stages + 1) * th
+    return 1 << (live + WINDOW - 2).bit_length(), 1 << (live - 1).bit_length()
+
+
+def smem_bytes(s: int, tw: int, cb: int, th: int, stages: int) -> int:
+    """Shared memory of a CTA: per group the dy ring (its first 7 rows twice) and the input
+    ring."""
+    dyr, xr = rings(th, stages)
+    return cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * (tw + s - 1) * 16)
