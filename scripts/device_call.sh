@@ -198,14 +198,33 @@ for step in "$@"; do
     wgrad-wg-s32)  # session 32's wgmma wgrad in the library (A and B in shared memory): its GPU
       # tests (odd shapes, many units a CTA, the candidates, the workspace), then every tile timed
       # beside session 31's prototype, the library's autotuned wgrad and cuDNN
-      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py -k \
-        "wgmma_wgrad or every_wgrad_tile or workspace_is_left_zero"
+      [ "${SKIP_TESTS:-0}" = 1 ] || par_tests wgwg tests/test_gconv_cuda.py \
+        "wgmma_wgrad_tiles_on_odd_shapes and float16" tests/test_gconv_cuda.py \
+        "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" tests/test_gconv_cuda.py \
+        "wgmma_wgrad_over_many_units" tests/test_gconv_cuda.py "workspace_is_left_zero"
       timeout "${WG_LIMIT:-240}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
         --kernels ${WG_KERNELS:-7 5 3} --n ${WG_N:-128} --dtypes ${WG_DTYPES:-fp16} --checks 1 \
         --variants ${WG_VARIANTS:-2,2,1,1,4,1} --json "$R/wgrad-wg${WG_TAG:-}-s32.json" \
         >"$R/wgrad-wg${WG_TAG:-}.log" 2>&1
       echo "rc $?: wgrad wgmma (library tiles)"
       grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
+      pack ;;
+    ncu-wgrad)  # Nsight Compute on library wgrad tiles (NCU_SPECS "K|CudaTile args ..."), C=64
+      # 64x64 N=128 fp16
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for spec in $NCU_SPECS; do
+        k=${spec%%|*} t=${spec#*|}
+        f="$R/ncu-wgrad-k${k}-${t//[^0-9a-z]/_}.txt"
+        timeout "${NCU_LIMIT:-120}" "$NCU" --clock-control none -k regex:tw_gconv_wgrad \
+          --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+          --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+          --section LaunchStats --section InstructionStats --metrics \
+          "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python scripts/ncu_targets.py gconv-wgrad --k "$k" --tile-spec "$t" >"$f" 2>&1
+        echo "rc $? k=$k tile=$t"
+        grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Issued Warp|Registers Per|Executed Instructions  " "$f" | head -8
+        grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.1' | sort -k3 -g -r | head -8
+      done
       pack ;;
     ncu-wgrad-wg)  # Nsight Compute on one wgrad-on-wgmma prototype variant (NCU_VARIANT), 7x7
       # C=64 64x64 N=128 fp16: the 5th launch of the prototype's kernel (after the checks)

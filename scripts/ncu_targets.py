@@ -37,7 +37,7 @@ def main() -> None:
     )
     ap.add_argument("--k", type=int, default=3, help="gconv targets: kernel size R = S")
     ap.add_argument(
-        "--tile-spec", default="", help='gconv-fprop: CudaTile arguments ("8,16,32,4,3,2")'
+        "--tile-spec", default="", help='gconv targets: CudaTile arguments ("8,16,32,4,3,2")'
     )
     ap.add_argument("--act", default="relu", help="bias-act targets: relu, gelu, silu")
     args = ap.parse_args()
@@ -57,7 +57,10 @@ def main() -> None:
                 tile = eval(f"gconv_cuda.CudaTile({args.tile_spec})")  # a developer's argument
             fn = lambda: gconv_cuda.fprop(x, w, None, out, k // 2, k // 2, tile)  # noqa: E731
         else:
-            fn = lambda: gconv_cuda.wgrad(out, x, k, k, k // 2, k // 2, True)  # noqa: E731
+            tile = gconv_cuda.WGRAD_TILES[0]
+            if args.tile_spec:
+                tile = eval(f"gconv_cuda.CudaTile({args.tile_spec})")  # a developer's argument
+            fn = lambda: gconv_cuda.wgrad(out, x, k, k, k // 2, k // 2, True, tile)  # noqa: E731
     else:
         n = 1024 if args.target == "ln-bwd" else 4096
         m = 64 * 2**20 // (n * 2)

@@ -172,11 +172,11 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
         assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, bad), bad
     assert not gconv_cuda.wgrad_tile_ok(64, 9, 3, ok)  # M spans 8 kernel rows
     assert not gconv_cuda.wgrad_tile_ok(40, 7, 7, ok)  # 16 does not divide 40
-    # the rings: the window's 7 rows and (stages + 1) x th rows, in powers of two
-    assert gconv_cuda.wgrad_wg_rings(4, 1) == (16, 8)
-    assert gconv_cuda.wgrad_wg_rings(2, 2) == (16, 8)
-    assert gconv_cuda.wgrad_wg_rings(8, 1) == (32, 16)
-    assert gconv_cuda.wgrad_wg_rings(1, 1) == (16, 2)
+    # the rings: (stages + 1) x th rows, and the window's 7 more for dy
+    assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)
+    assert gconv_cuda.wgrad_wg_rings(2, 2) == (13, 6)
+    assert gconv_cuda.wgrad_wg_rings(8, 1) == (23, 16)
+    assert gconv_cuda.wgrad_wg_rings(1, 1) == (9, 2)
 
 
 def test_row_split_wgrad_tiles_legality_and_grid():

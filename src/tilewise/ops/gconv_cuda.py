@@ -866,11 +866,16 @@ WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 32, 16, 1, 1, wgmma=True),
     CudaTile(4, 32, 16, 8, 4, 1, wgmma=True),
 )
-#: wgmma wgrad tiles tested but not offered: one group a CTA (16-byte pieces of each pixel) and
-#: 8 rows a step
+#: wgmma wgrad tiles tested but not offered: one group a CTA (16-byte pieces of each pixel), 8
+#: rows a step, and rows loaded 6-20 ahead (session 32: 4 ahead read 3.9 us a step at 7x7)
 EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 8, 4, 6, 1, wgmma=True),
     CudaTile(8, 64, 16, 8, 1, 1, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 3, wgmma=True),
+    CudaTile(2, 64, 32, 16, 1, 6, wgmma=True),
+    CudaTile(4, 64, 16, 8, 2, 3, wgmma=True),
+    CudaTile(4, 64, 16, 8, 1, 5, wgmma=True),
+    CudaTile(2, 64, 16, 8, 3, 4, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5

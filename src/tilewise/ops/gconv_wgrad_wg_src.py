@@ -58,7 +58,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     const int c0 = blockIdx.y * CB;
     const int per = (n_tiles + gridDim.x - 1) / gridDim.x, t0 = blockIdx.x * per;
     const int t1 = min(n_tiles, t0 + per), rows = Ho + R - 1;
-    const int U = t1 > t0 ? (t1 - t0) * rows : 0, T = (U + TH - 1) / TH;
+    // positions are unsigned: a ring slot is u % DYR (a constant: a multiply and a shift)
+    const unsigned U = t1 > t0 ? (t1 - t0) * rows : 0, T = (U + TH - 1) / TH;
     const u32 sb = smem_u32(smem);
     // zeros before the first position's window (and everywhere else, for simplicity)
     for (int i = tid; i < NG * GROUP_BYTES / 16; i += NT)
@@ -98,7 +99,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         }}
     }};
     if (U > 0) set_unit(t0);
-    int lu = 0, lt = t0, ly = 0;  // the next position to load: its unit and padded row
+    unsigned lu = 0;
+    int lt = t0, ly = 0;  // the next position to load: its unit and padded row
     auto load_step = [&]() {{
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb) {{
@@ -106,7 +108,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 const int xr = ly - pad_h;
                 if (xr >= 0 && xr < Hi) {{
                     const u16* src = x + ((long long)ln * Hi + xr) * Wi * C;
-                    const u32 slot = (lu & (XR - 1)) * X_ROW;
+                    const u32 slot = (lu % XR) * X_ROW;
 #pragma unroll
                     for (int j = 0; j < XJ; ++j)
                         if (xin[j]) cp_async16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
@@ -114,7 +116,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 // dy row ly, zeros from Ho on: the rows above the next unit's first
                 const bool in = ly < Ho;
                 const u16* src = dy + (in ? ((long long)ln * Ho + ly) * Wo * C : 0);
-                const int slot = lu & (DYR - 1);
+                const int slot = lu % DYR;
 #pragma unroll
                 for (int j = 0; j < DJ; ++j)
                     if (din[j]) {{
@@ -141,8 +143,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
     float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
     const u32 gbase = sb + g * GROUP_BYTES;
-    int cu = 0, cy = 0;  // the next position to compute and its padded row
-    for (int t = 0; t < T; ++t) {{
+    unsigned cu = 0;
+    int cy = 0;  // the next position to compute and its padded row
+    for (unsigned t = 0; t < T; ++t) {{
         // every warpgroup's MMAs of the step before are done: the slots loaded below are free
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         __syncthreads();
@@ -156,7 +159,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         for (int rb = 0; rb < TH; ++rb)
             if (cu + rb < U) {{
                 const u16* row = (const u16*)(smem + g * GROUP_BYTES +
-                                              ((cu + rb) & (DYR - 1)) * DY_ROW);
+                                              ((cu + rb) % DYR) * DY_ROW);
 #pragma unroll
                 for (int i = tid & 127; i < TW * 8; i += 128) dbs += to_f32(row[i]);
             }}
@@ -166,8 +169,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         for (int rb = 0; rb < TH; ++rb) {{
             const int xr = cy - pad_h;
             if (cu < U && xr >= 0 && xr < Hi) {{
-                const u32 arow = gbase + ((cu - (WIN - 1)) & (DYR - 1)) * DY_ROW;
-                const u32 xrow = gbase + X_OFF + (cu & (XR - 1)) * X_ROW;
+                const u32 arow = gbase + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW;
+                const u32 xrow = gbase + X_OFF + (cu % XR) * X_ROW;
 #pragma unroll
                 for (int kc = 0; kc < KC; ++kc)
                     wgmma_ss(acc, desc(arow + 256 * kc, 128, DY_ROW),
@@ -209,11 +212,10 @@ SOURCE_WWG = _TAP_SOURCE[: _TAP_SOURCE.index("// Persistent CTAs")] + _KERNEL
 
 
 def rings(th: int, stages: int) -> tuple[int, int]:
-    """(dy rows, input rows) a group's rings hold, powers of two: the positions from the window
-    of a step's first row to the last row loaded ahead, (stages + 1) x th + 7 and
-    (stages + 1) x th."""
+    """(dy rows, input rows) a group's rings hold: the positions from the window of a step's
+    first row to the last row loaded ahead, (stages + 1) x th + 7 and (stages + 1) x th."""
     live = (stages + 1) * th
-    return 1 << (live + WINDOW - 2).bit_length(), 1 << (live - 1).bit_length()
+    return live + WINDOW - 1, live
 
 
 def smem_bytes(s: int, tw: int, cb: int, th: int, stages: int) -> int:
