@@ -209,6 +209,9 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma (library tiles)"
       grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
+    wgrad-k57-s32)  # the wgmma wgrad tiles in the study: 5x5 and 7x7 wgrad at the three shapes
+      study gconv-s32-wgrad-k57 "${STUDY_LIMIT:-200}" --channels 64 128 256 --kernels 5 7 \
+        --n ${STUDY_N:-32 128 256} --passes wgrad --dtypes ${STUDY_DTYPES:-fp16} ;;
     ncu-wgrad)  # Nsight Compute on library wgrad tiles (NCU_SPECS "K|CudaTile args ..."), C=64
       # 64x64 N=128 fp16
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -158,7 +158,7 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
         assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, True, True, True))
     c48 = [t for t in gconv_cuda.wgrad_candidates(48, 7, 7, True, True, True) if t.wgmma]
     assert c48 and all(t.cb == 16 for t in c48)  # the 32-channel tile is not fitted down
-    ok = CudaTile(4, 64, 16, 8, 3, 1, wgmma=True)
+    ok = CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True)
     assert gconv_cuda.wgrad_tile_ok(64, 7, 7, ok) and gconv_cuda.wgrad_tile_ok(16, 8, 8, ok)
     for bad in (
         dataclasses.replace(ok, tw=80),
@@ -167,11 +167,15 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
         dataclasses.replace(ok, tma=1),
         dataclasses.replace(ok, rowpair=True),
         dataclasses.replace(ok, cluster=8),
-        dataclasses.replace(ok, min_ctas=4),  # 4 x 65 KB
+        dataclasses.replace(ok, min_ctas=4),  # 4 x 63 KB
+        dataclasses.replace(ok, wsmem=False),  # dy in registers: 128 a thread, 85 at 3 CTAs
     ):
         assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, bad), bad
     assert not gconv_cuda.wgrad_tile_ok(64, 9, 3, ok)  # M spans 8 kernel rows
     assert not gconv_cuda.wgrad_tile_ok(40, 7, 7, ok)  # 16 does not divide 40
+    rs = CudaTile(4, 64, 16, 8, 2, 1, wgmma=True)  # 125-127 registers at 7x7 (ptxas)
+    assert gconv_cuda.wgrad_tile_ok(64, 7, 7, rs)
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(rs, th=5))
     # the rings: (stages + 1) x th rows, and the window's 7 more for dy
     assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)
     assert gconv_cuda.wgrad_wg_rings(2, 2) == (13, 6)

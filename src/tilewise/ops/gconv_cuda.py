@@ -68,7 +68,8 @@ class CudaTile:
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
     Toeplitz B in shared memory; among wgrad tiles (sm_90a only, ``tma=0``), the warpgroup-MMA
     wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
-    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group, ``stages`` steps loaded ahead."""
+    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group, ``stages`` steps loaded ahead,
+    ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers)."""
 
     th: int = 8
     tw: int = 16
@@ -547,8 +548,9 @@ def source(
     if entry == "tw_gconv_wgrad" and tile.wgmma:
         template, entry = _SOURCE_WWG, "tw_gconv_wgrad_wg"
         dyr, xr = wgrad_wg_rings(tile.th, tile.stages)
-        asm = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
-        extra = {"DYR": dyr, "XR": xr, "WGMMA": asm}
+        ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
+        rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
+        extra = {"DYR": dyr, "XR": xr, "WGMMA": ss, "WGMMA_RS": rs, "A_SMEM": int(tile.wsmem)}
     rows = tile.tap_rows if entry == "tw_gconv_wgrad" and tile.tap_rows else r
     src = template.format(
         **extra,
@@ -857,25 +859,29 @@ EXPERIMENTAL_WGRAD_TILES = (
 )
 #: warpgroup-MMA wgrad tiles (``CudaTile.wgmma``, ``gconv_wgrad_wg_src``; session 32),
 #: candidates on compute capability 9.0 with TMA (``wgmma_usable``) for kernels of
-#: ``WGMMA_WGRAD_MIN_ROWS`` rows or more. Session 31's prototype of the layout (A in registers,
-#: ``scripts/gconv_wgrad_wgmma_probe.py``) read C=64 64x64 N=128 fp16 7x7 120 us against the
-#: library's 188 (session 32, call 1); this kernel reads A from shared memory as well.
+#: ``WGMMA_WGRAD_MIN_ROWS`` rows or more: dy read by the MMA from shared memory (``wsmem``) or
+#: through ``ldmatrix`` into registers (session 31's prototype of the layout,
+#: ``scripts/gconv_wgrad_wgmma_probe.py``, read C=64 64x64 N=128 fp16 7x7 119-120 us against
+#: the library's 188 in session 32's first call). Rows loaded 4 ahead left the shared-memory
+#: kernel at 3.9 us a step at 7x7 (175-187 us with 3 CTAs an SM); 12-20 ahead, 128-131 us.
 WGMMA_WGRAD_TILES = (
-    CudaTile(4, 64, 16, 8, 3, 1, wgmma=True),
-    CudaTile(2, 64, 16, 8, 3, 2, wgmma=True),
-    CudaTile(4, 64, 32, 16, 1, 1, wgmma=True),
-    CudaTile(4, 32, 16, 8, 4, 1, wgmma=True),
+    CudaTile(4, 64, 16, 8, 2, 3, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 8, 1, 5, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 1, wsmem=True, wgmma=True),
+    CudaTile(4, 32, 16, 8, 4, 1, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 8, 2, 1, wgmma=True),
+    CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
+    CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 2, wgmma=True),
 )
-#: wgmma wgrad tiles tested but not offered: one group a CTA (16-byte pieces of each pixel), 8
-#: rows a step, and rows loaded 6-20 ahead (session 32: 4 ahead read 3.9 us a step at 7x7)
+#: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5):
+#: 3 CTAs an SM with rows 4 ahead (181 / 155 us), one group a CTA (16-byte pieces of each pixel;
+#: 184 / 160), 8 rows a step (139 / 125); dy in registers 2 rows a step, 2 steps ahead
 EXPERIMENTAL_WGMMA_WGRAD_TILES = (
-    CudaTile(4, 64, 8, 4, 6, 1, wgmma=True),
-    CudaTile(8, 64, 16, 8, 1, 1, wgmma=True),
-    CudaTile(4, 64, 32, 16, 1, 3, wgmma=True),
-    CudaTile(2, 64, 32, 16, 1, 6, wgmma=True),
-    CudaTile(4, 64, 16, 8, 2, 3, wgmma=True),
-    CudaTile(4, 64, 16, 8, 1, 5, wgmma=True),
-    CudaTile(2, 64, 16, 8, 3, 4, wgmma=True),
+    CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 8, 4, 6, 1, wsmem=True, wgmma=True),
+    CudaTile(8, 64, 16, 8, 1, 1, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 8, 2, 2, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -915,6 +921,17 @@ SOURCE_DIGEST = hashlib.sha1(
         )
     ).encode()
 ).hexdigest()[:10]
+
+
+def wgrad_wg_registers_fit(s: int, tile: CudaTile) -> bool:
+    """Whether a wgmma wgrad tile's registers (the accumulators, 4 S; with dy in registers
+    4 a k-step of every row of a step; 36 more: ptxas at 5x5/7x7 in session 32, 125-127 for 4
+    rows a step at 7x7) fit its CTAs per SM (65536 an SM, at most 255 a thread)."""
+    a = 0 if tile.wsmem else 4 * tile.th * (tile.tw // 16)
+    cap = min(255, 65536 // (tile.min_ctas * tile.warps * 32))
+    return 4 * s + a + 36 <= cap
+
+
 #: part of the wgrad's autotune key where the wgmma wgrad tiles are candidates (apart from
 #: ``SOURCE_DIGEST``, so that adding them left every other cached choice valid)
 WGRAD_WG_DIGEST = hashlib.sha1(
@@ -937,9 +954,10 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
-        plain = not (tile.rowpair or tile.cluster or tile.tma or tile.tap_rows or tile.wsmem)
+        plain = not (tile.rowpair or tile.cluster or tile.tma or tile.tap_rows)
         return (
             plain
+            and wgrad_wg_registers_fit(s, tile)
             and c % tile.cb == 0
             and tile.warps == 4 * groups
             and tile.tw % 16 == 0

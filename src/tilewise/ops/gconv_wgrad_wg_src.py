@@ -2,7 +2,7 @@
 the wgrad tiles; Hopper's ``wgmma.mma_async`` with both operands in shared memory, sm_90a).
 A ``str.format`` template: the tap source's prefix (``gconv_cuda_src.SOURCE`` up to its kernels:
 the macros, ``WGRAD_PARAMS``, ``red_add``, ``finish_wgrad``) and this kernel, which adds
-``{DYR}``, ``{XR}`` (ring rows) and ``{WGMMA}``.
+``{DYR}``, ``{XR}`` (ring rows), ``{A_SMEM}``, ``{WGMMA}`` and ``{WGMMA_RS}``.
 
 One warpgroup per group of 8 channels. A CTA walks a run of units (image, chunk of TW output
 columns) as one sequence of positions u, one per padded input row (Ho + R - 1 a unit); for
@@ -17,7 +17,9 @@ input row X = u's row and its 16-column k-step:
 - K = 16 output columns.
 MMA work: 64 x 8 S per 16 pixels of an input row, R / 8 of it useful (7x7: 7/8). Every MMA of a
 step is waited for at the next step's start (the rings hold (STAGES + 1) x TH rows and the
-window's 7), so no registers but the accumulators are live across steps.
+window's 7), so no registers but the accumulators are live across steps. ``{A_SMEM}``: the MMA
+reads A from shared memory by descriptor; 0: through ``ldmatrix.trans`` into registers (all TH
+rows' before the step's one fence; session 31's prototype read this way).
 """
 
 from tilewise.ops.gconv_cuda_src import SOURCE as _TAP_SOURCE
@@ -30,6 +32,7 @@ _KERNEL = (
     r"""
 typedef unsigned long long u64;
 #define DYR {DYR}
+#define A_SMEM {A_SMEM}
 #define XR {XR}
 #define WIN 8
 #define KC (TW / 16)
@@ -45,6 +48,9 @@ typedef unsigned long long u64;
     + DESC
     + r"""__device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
 {WGMMA}
+}}
+__device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db, int accumulate) {{
+{WGMMA_RS}
 }}
 
 // Warpgroup g of CTA (x, y) takes out channels c0 + 8 g .. + 7 of the units [t0, t1): unit t is
@@ -143,6 +149,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
     float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
     const u32 gbase = sb + g * GROUP_BYTES;
+    const int a_blk = 2 * w4 + ((lane >> 3) & 1), a_px = (lane & 7) + 8 * (lane >> 4);
+    const u32 a_lane = gbase + a_blk * DY_ROW + a_px * 16;  // + the window's first slot
     unsigned cu = 0;
     int cy = 0;  // the next position to compute and its padded row
     for (unsigned t = 0; t < T; ++t) {{
@@ -164,21 +172,50 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 for (int i = tid & 127; i < TW * 8; i += 128) dbs += to_f32(row[i]);
             }}
 #endif
+#if A_SMEM
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb) {{
             const int xr = cy - pad_h;
             if (cu < U && xr >= 0 && xr < Hi) {{
-                const u32 arow = gbase + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW;
-                const u32 xrow = gbase + X_OFF + (cu % XR) * X_ROW;
+                // descriptors are linear in the address: a k-step on is 256 bytes, 16 units
+                const u64 da = desc(gbase + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW, 128, DY_ROW);
+                const u64 db = desc(gbase + X_OFF + (cu % XR) * X_ROW, 128, 16);
 #pragma unroll
-                for (int kc = 0; kc < KC; ++kc)
-                    wgmma_ss(acc, desc(arow + 256 * kc, 128, DY_ROW),
-                             desc(xrow + 256 * kc, 128, 16), 1);
+                for (int kc = 0; kc < KC; ++kc) wgmma_ss(acc, da + 16 * kc, db + 16 * kc, 1);
             }}
             ++cu;
             if (++cy == rows) cy = 0;
         }}
+#else
+        // A in registers by ldmatrix.trans, every row of the step before one fence: lane's
+        // matrix q = lane / 8 is (M block 2 w4 + (q & 1), columns 8 (q >> 1) .. + 7) of a k-step
+        u32 a[TH][KC][4];
+        u64 dx[TH];
+        bool ok[TH];
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            const int xr = cy - pad_h;
+            ok[rb] = cu < U && xr >= 0 && xr < Hi;
+            dx[rb] = desc(gbase + X_OFF + (cu % XR) * X_ROW, 128, 16);
+            if (ok[rb]) {{
+                const u32 arow = a_lane + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW;
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc)
+                    ldsm_x4_t(a[rb][kc][0], a[rb][kc][1], a[rb][kc][2], a[rb][kc][3],
+                              arow + 256 * kc);
+            }}
+            ++cu;
+            if (++cy == rows) cy = 0;
+        }}
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb)
+            if (ok[rb]) {{
+#pragma unroll
+                for (int kc = 0; kc < KC; ++kc) wgmma_rs(acc, a[rb][kc], dx[rb] + 16 * kc, 1);
+            }}
+#endif
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }}
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
