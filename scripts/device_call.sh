@@ -210,8 +210,15 @@ for step in "$@"; do
       grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
     wgrad-k57-s32)  # the wgmma wgrad tiles in the study: 5x5 and 7x7 wgrad at the three shapes
-      study gconv-s32-wgrad-k57 "${STUDY_LIMIT:-200}" --channels 64 128 256 --kernels 5 7 \
-        --n ${STUDY_N:-32 128 256} --passes wgrad --dtypes ${STUDY_DTYPES:-fp16} ;;
+      study "gconv-s32-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
+        --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \
+        --dtypes ${STUDY_DTYPES:-fp16} ;;
+    tests-s32)  # the wgrad tests with the wgmma wgrad tiles offered (5+ row kernels), 5 processes
+      par_tests tests32 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
+        tests/test_gconv.py "full_size or opcheck or autotune" \
+        tests/test_gconv.py "not (full_size or opcheck or autotune)" \
+        tests/test_gconv_cuda.py "wgmma_wgrad or workspace_is_left_zero" ;;
     ncu-wgrad)  # Nsight Compute on library wgrad tiles (NCU_SPECS "K|CudaTile args ..."), C=64
       # 64x64 N=128 fp16
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

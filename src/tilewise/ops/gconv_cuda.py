@@ -860,28 +860,33 @@ EXPERIMENTAL_WGRAD_TILES = (
 #: warpgroup-MMA wgrad tiles (``CudaTile.wgmma``, ``gconv_wgrad_wg_src``; session 32),
 #: candidates on compute capability 9.0 with TMA (``wgmma_usable``) for kernels of
 #: ``WGMMA_WGRAD_MIN_ROWS`` rows or more: dy read by the MMA from shared memory (``wsmem``) or
-#: through ``ldmatrix`` into registers (session 31's prototype of the layout,
-#: ``scripts/gconv_wgrad_wgmma_probe.py``, read C=64 64x64 N=128 fp16 7x7 119-120 us against
-#: the library's 188 in session 32's first call). Rows loaded 4 ahead left the shared-memory
-#: kernel at 3.9 us a step at 7x7 (175-187 us with 3 CTAs an SM); 12-20 ahead, 128-131 us.
+#: through ``ldmatrix`` into registers (the way of session 31's prototype,
+#: ``scripts/gconv_wgrad_wgmma_probe.py``). Session 32, H100, C=64 64x64 N=128 fp16, CUDA
+#: events (``wgrad-wg3-s32``): 7x7 120.8 us (shared memory, rows 12 ahead) and 122.6 (registers)
+#: against the library's 188 before; 5x5 99.3 and 102.9 against the TMA tap tile's ~90. The
+#: 32-column tile is for 32-pixel images (the autotuner's pick at C=128 32x32 7x7, N = 32-256).
+#: Rows loaded only 4 ahead left the shared-memory kernel at 3.9 us a step at 7x7.
 WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 16, 8, 2, 3, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 16, 8, 1, 5, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 32, 16, 1, 1, wsmem=True, wgmma=True),
-    CudaTile(4, 32, 16, 8, 4, 1, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 8, 2, 1, wgmma=True),
-    CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
-    CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
-    CudaTile(4, 64, 32, 16, 1, 2, wgmma=True),
+    CudaTile(4, 32, 16, 8, 4, 1, wsmem=True, wgmma=True),
 )
-#: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5):
-#: 3 CTAs an SM with rows 4 ahead (181 / 155 us), one group a CTA (16-byte pieces of each pixel;
-#: 184 / 160), 8 rows a step (139 / 125); dy in registers 2 rows a step, 2 steps ahead
+#: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5 us;
+#: none was the autotuner's pick in the 5x5/7x7 study, ``gconv-s32-wgrad-k57``): 3 CTAs an SM
+#: with rows 4 ahead (170 / 141), one group a CTA (16-byte pieces of each pixel; 175 / 154), 8
+#: rows a step (137 / 123), one CTA an SM with rows 20 ahead (126 / 113), 4 groups a CTA (134 /
+#: 119 in shared memory; 151 / 121 in registers), in registers 2 rows a step (128-131 / 108-110)
+#: or one CTA an SM (134 / 117)
 EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 4, 6, 1, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 8, 1, 1, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 8, 1, 5, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 1, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 32, 16, 1, 2, wgmma=True),
     CudaTile(2, 64, 16, 8, 2, 2, wgmma=True),
+    CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
+    CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
