@@ -219,6 +219,9 @@ for step in "$@"; do
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" \
         tests/test_gconv_cuda.py "wgmma_wgrad or workspace_is_left_zero" ;;
+    tests-s32b)  # the last group of tests-s32 (past its limit in 5 processes), in 2
+      par_tests tests32b tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" ;;
     ncu-wgrad)  # Nsight Compute on library wgrad tiles (NCU_SPECS "K|CudaTile args ..."), C=64
       # 64x64 N=128 fp16
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -229,8 +232,8 @@ for step in "$@"; do
           --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
           --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
           --section LaunchStats --section InstructionStats --metrics \
-          "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-          python scripts/ncu_targets.py gconv-wgrad --k "$k" --tile-spec "$t" >"$f" 2>&1
+          "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio${NCU_METRICS:+,$NCU_METRICS}" \
+          ${NCU_SECTIONS:-} python scripts/ncu_targets.py gconv-wgrad --k "$k" --tile-spec "$t" >"$f" 2>&1
         echo "rc $? k=$k tile=$t"
         grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Issued Warp|Registers Per|Executed Instructions  " "$f" | head -8
         grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.1' | sort -k3 -g -r | head -8
