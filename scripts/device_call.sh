@@ -81,6 +81,21 @@ DWCL_TESTS=(
 GEMV_TESTS=(tests/test_gemv_cuda.py "row_chunks or every_candidate")
 WGRAD_K5_N8=(--channels 64 --kernels 5 --extra-kernels --n 8 --passes wgrad)
 
+ncu_wgrad() {  # ncu_wgrad FILE LIMIT KERNEL SKIP METRICS CMD...: Nsight Compute on launch
+  # SKIP + 1 of the kernels named KERNEL... (a regex), the stall ratios and METRICS (",m1,m2")
+  local f=$1 limit=$2 kernel=$3 skip=$4 metrics=$5 ncu
+  shift 5
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "$limit" "$ncu" --clock-control none -k "regex:$kernel" --launch-skip "$skip" -c 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats --section InstructionStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$metrics" \
+    ${NCU_SECTIONS:-} "$@" >"$f" 2>&1
+  echo "rc $?: $f"
+  grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Registers Per|Executed Instructions  " "$f" | head -8
+  grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.1' | sort -k3 -g -r | head -8
+}
+
 gemv_timing() {  # fp32 8 layers at batch 32/64 with the row-chunked GEMV offered and without
   local on
   for on in 0 1; do
@@ -224,35 +239,19 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" ;;
     ncu-wgrad)  # Nsight Compute on library wgrad tiles (NCU_SPECS "K|CudaTile args ..."), C=64
       # 64x64 N=128 fp16
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for spec in $NCU_SPECS; do
         k=${spec%%|*} t=${spec#*|}
-        f="$R/ncu-wgrad-k${k}-${t//[^0-9a-z]/_}.txt"
-        timeout "${NCU_LIMIT:-120}" "$NCU" --clock-control none -k regex:tw_gconv_wgrad \
-          --launch-skip 2 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-          --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-          --section LaunchStats --section InstructionStats --metrics \
-          "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio${NCU_METRICS:+,$NCU_METRICS}" \
-          ${NCU_SECTIONS:-} python scripts/ncu_targets.py gconv-wgrad --k "$k" --tile-spec "$t" >"$f" 2>&1
-        echo "rc $? k=$k tile=$t"
-        grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Issued Warp|Registers Per|Executed Instructions  " "$f" | head -8
-        grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.1' | sort -k3 -g -r | head -8
+        ncu_wgrad "$R/ncu-wgrad-k${k}-${t//[^0-9a-z]/_}.txt" "${NCU_LIMIT:-120}" tw_gconv_wgrad 2 \
+          "${NCU_METRICS:+,$NCU_METRICS}" python scripts/ncu_targets.py gconv-wgrad --k "$k" \
+          --tile-spec "$t"
       done
       pack ;;
     ncu-wgrad-wg)  # Nsight Compute on one wgrad-on-wgmma prototype variant (NCU_VARIANT), 7x7
-      # C=64 64x64 N=128 fp16: the 5th launch of the prototype's kernel (after the checks)
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      f="$R/ncu-wgrad-wg-k${NCU_K:-7}-${NCU_VARIANT//,/_}.txt"
-      timeout "${NCU_LIMIT:-150}" "$NCU" --clock-control none -k regex:tw_gconv_wgrad_wg \
-        --launch-skip 6 -c 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section InstructionStats --metrics \
-        "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
-        python scripts/gconv_wgrad_wgmma_probe.py --kernels "${NCU_K:-7}" --n 128 --dtypes fp16 \
-        --variants "$NCU_VARIANT" --checks 1 >"$f" 2>&1
-      echo "rc $?: ncu wgrad $NCU_VARIANT"
-      grep -E "Duration|DRAM Throughput|Issued Warp|Eligible Warps|Registers Per|inst_executed.sum|gmma_cycles" "$f" | head -10
-      grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.05' | sort -k3 -g -r | head -10
+      # C=64 64x64 N=128 fp16: the 7th launch of the prototype's kernel (after the checks)
+      ncu_wgrad "$R/ncu-wgrad-wg-k${NCU_K:-7}-${NCU_VARIANT//,/_}.txt" "${NCU_LIMIT:-150}" \
+        tw_gconv_wgrad_proto 6 \
+        ",smsp__inst_executed.sum" python scripts/gconv_wgrad_wgmma_probe.py \
+        --kernels "${NCU_K:-7}" --n 128 --dtypes fp16 --variants "$NCU_VARIANT" --checks 1
       pack ;;
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \

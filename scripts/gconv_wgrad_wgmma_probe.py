@@ -86,7 +86,7 @@ __device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumu
 // row u's input row goes to x slot u % XR, its dy row (Y < Ho) to dy slot u % DYR. A step takes
 // RB rows behind one pair of CTA barriers; loads run PD steps ahead.
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
-tw_gconv_wgrad_wg(const u16* __restrict__ dy, const u16* __restrict__ x, float* __restrict__ dw,
+tw_gconv_wgrad_proto(const u16* __restrict__ dy, const u16* __restrict__ x, float* __restrict__ dw,
                   int N, int H, int W, int Ho, int Wo, int C, int pad_h, int pad_w, int per_cta)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
@@ -287,7 +287,7 @@ def _kernel(r: int, s: int, wo: int, v: Variant, bf16: bool):
         XR=v.rings(r)[1], DRAIN=v.drain, MIN_CTAS=v.min_ctas,
         WGMMA=wgmma_asm(bf16, 8 * s, trans_b=True),
     )  # fmt: skip
-    k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_wg", compute_capability="90a")
+    k = torch.cuda._compile_kernel(src, "tw_gconv_wgrad_proto", compute_capability="90a")
     k.set_shared_memory_config(smem_bytes(r, s, wo, v))
     return k
 
