@@ -118,7 +118,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
 
 def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
     """``wgrad_smem_bytes`` of every wgmma wgrad tile equals the kernel's own layout (NG groups of
-    GROUP_BYTES), by the C preprocessor."""
+    GROUP_BYTES, and with a producer warp two mbarriers a ring step), by the C preprocessor."""
     import shutil
     import subprocess
 
@@ -131,11 +131,11 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
             path = tmp_path / "k.cu"
-            path.write_text(src + "\ntw_layout_end = NG * GROUP_BYTES;\n")
+            path.write_text(src + "\ntw_layout_end = MBAR_OFF + WS * 16 * STAGES;\n")
             out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
             expr = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
-            assert set(expr) <= set("0123456789+-*/() "), expr
-            end = eval(expr.replace("/", "//"))
+            assert set(expr) <= set("0123456789+-*/%() "), expr
+            end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
@@ -176,6 +176,13 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
     rs = CudaTile(4, 64, 16, 8, 2, 1, wgmma=True)  # 125-127 registers at 7x7 (ptxas)
     assert gconv_cuda.wgrad_tile_ok(64, 7, 7, rs)
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(rs, th=5))
+    # a producer warp (warps 4 a group + 1): dy from shared memory, 2+ ring steps
+    ws = CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True)
+    assert gconv_cuda.wgrad_wg_producer(ws) and gconv_cuda.wgrad_tile_ok(64, 7, 7, ws)
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, stages=1))
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, wsmem=False))
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, warps=10))
+    assert gconv_cuda.wgrad_wg_rings(4, 4, True) == (23, 16)
     # the rings: (stages + 1) x th rows, and the window's 7 more for dy
     assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)
     assert gconv_cuda.wgrad_wg_rings(2, 2) == (13, 6)

@@ -68,7 +68,8 @@ class CudaTile:
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
     Toeplitz B in shared memory; among wgrad tiles (sm_90a only, ``tma=0``), the warpgroup-MMA
     wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
-    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group, ``stages`` steps loaded ahead,
+    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one more: a producer warp loads
+    the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
     ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers)."""
 
     th: int = 8
@@ -509,7 +510,8 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pairs, no zero pixel; TMA: dense stages on the swizzle period, the alignment slack and the
     mbarriers). ``tap_rows``: the halo and the sums of that many kernel rows."""
     if tile.wgmma:
-        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages)
+        producer = wgrad_wg_producer(tile)
+        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages, producer)
     r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
@@ -547,7 +549,7 @@ def source(
     extra = {}
     if entry == "tw_gconv_wgrad" and tile.wgmma:
         template, entry = _SOURCE_WWG, "tw_gconv_wgrad_wg"
-        dyr, xr = wgrad_wg_rings(tile.th, tile.stages)
+        dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile))
         ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
         rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
         extra = {"DYR": dyr, "XR": xr, "WGMMA": ss, "WGMMA_RS": rs, "A_SMEM": int(tile.wsmem)}
@@ -887,6 +889,10 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(2, 64, 16, 8, 2, 2, wgmma=True),
     CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
     CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
+    # a producer warp (session 32, after the study): 4 or 2 rows a step, 4-8 ring steps
+    CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 9, 2, 8, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 32, 17, 1, 4, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -928,11 +934,19 @@ SOURCE_DIGEST = hashlib.sha1(
 ).hexdigest()[:10]
 
 
+def wgrad_wg_producer(tile: CudaTile) -> bool:
+    """Whether a wgmma wgrad tile has a producer warp (``warps`` 4 a group plus one; dy read from
+    shared memory only): it loads the rows, the warpgroups meet it at mbarriers."""
+    return tile.wgmma and tile.warps % 4 == 1
+
+
 def wgrad_wg_registers_fit(s: int, tile: CudaTile) -> bool:
     """Whether a wgmma wgrad tile's registers (the accumulators, 4 S; with dy in registers
-    4 a k-step of every row of a step; 36 more: ptxas at 5x5/7x7 in session 32, 125-127 for 4
-    rows a step at 7x7) fit its CTAs per SM (65536 an SM, at most 255 a thread)."""
+    4 a k-step of every row of a step; with a producer warp 32; 36 more: ptxas at 5x5/7x7 in
+    session 32, 125-127 for 4 rows a step at 7x7) fit its CTAs per SM (65536 an SM, at most 255
+    a thread)."""
     a = 0 if tile.wsmem else 4 * tile.th * (tile.tw // 16)
+    a += 32 if wgrad_wg_producer(tile) else 0  # its load offsets (94 at 7x7 against 70)
     cap = min(255, 65536 // (tile.min_ctas * tile.warps * 32))
     return 4 * s + a + 36 <= cap
 
@@ -964,11 +978,11 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             plain
             and wgrad_wg_registers_fit(s, tile)
             and c % tile.cb == 0
-            and tile.warps == 4 * groups
+            and tile.warps - 4 * groups in ((0, 1) if tile.wsmem else (0,))
             and tile.tw % 16 == 0
             and 16 <= tile.tw <= 64
             and tile.th >= 1
-            and tile.stages >= 1
+            and tile.stages >= (2 if wgrad_wg_producer(tile) else 1)  # 1 ring step: a deadlock
             and r <= _WG_WINDOW
             and tile.min_ctas * (wgrad_smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
         )

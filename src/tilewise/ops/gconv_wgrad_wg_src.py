@@ -22,6 +22,7 @@ reads A from shared memory by descriptor; 0: through ``ldmatrix.trans`` into reg
 rows' before the step's one fence; session 31's prototype read this way).
 """
 
+from tilewise.ops.gconv_cuda_src import MBAR_WAIT
 from tilewise.ops.gconv_cuda_src import SOURCE as _TAP_SOURCE
 from tilewise.ops.gconv_wgmma_src import DESC
 
@@ -37,15 +38,21 @@ typedef unsigned long long u64;
 #define WIN 8
 #define KC (TW / 16)
 #define NT (WARPS * 32)
+// WS: a producer warp (the last) loads the rows and the warpgroups only compute, meeting it at
+// mbarriers (full: a step's rows landed; empty: a step's MMAs done), never at a CTA barrier
+#define WS (WARPS % 4)
+#define LN (WS ? 32 : NT)
 #define DY_ROW (TW * 16)
 #define X_ROW (HWD * 16)
 #define X_OFF ((DYR + WIN - 1) * DY_ROW)
 #define GROUP_BYTES (X_OFF + XR * X_ROW)
-#define XJ ((HWD * NG + NT - 1) / NT)
-#define DJ ((TW * NG + NT - 1) / NT)
+#define MBAR_OFF (NG * GROUP_BYTES)
+#define XJ ((HWD * NG + LN - 1) / LN)
+#define DJ ((TW * NG + LN - 1) / LN)
 
 """
     + DESC
+    + MBAR_WAIT
     + r"""__device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
 {WGMMA}
 }}
@@ -60,7 +67,8 @@ extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_wgrad_wg(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, g = tid >> 7, w4 = (tid >> 5) & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
+    const int lid = WS ? lane : tid;  // this thread's place among the threads that load
     const int c0 = blockIdx.y * CB;
     const int per = (n_tiles + gridDim.x - 1) / gridDim.x, t0 = blockIdx.x * per;
     const int t1 = min(n_tiles, t0 + per), rows = Ho + R - 1;
@@ -70,6 +78,18 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     // zeros before the first position's window (and everywhere else, for simplicity)
     for (int i = tid; i < NG * GROUP_BYTES / 16; i += NT)
         *(v4u32*)(smem + 16 * i) = v4u32{{0u, 0u, 0u, 0u}};
+#if WS
+    const u32 full0 = sb + MBAR_OFF, empty0 = full0 + 8 * STAGES;
+    if (tid == 0) {{
+        for (int st = 0; st < STAGES; ++st) {{
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;\n" :: "r"(full0 + 8 * st));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
+                         :: "r"(empty0 + 8 * st), "r"(NG * 128));
+        }}
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }}
+#endif
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros, for the MMAs
     __syncthreads();
     // this thread's 16-byte pieces of a row (pixel p of group gg), their addresses in the unit
     u32 xs[XJ], ds[DJ];
@@ -77,13 +97,13 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     bool xin[XJ], xv[XJ], din[DJ], dv[DJ];
 #pragma unroll
     for (int j = 0; j < XJ; ++j) {{
-        const int i = tid + j * NT;
+        const int i = lid + j * LN;
         xin[j] = i < HWD * NG;
         xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
     }}
 #pragma unroll
     for (int j = 0; j < DJ; ++j) {{
-        const int i = tid + j * NT;
+        const int i = lid + j * LN;
         din[j] = i < TW * NG;
         ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
     }}
@@ -93,13 +113,13 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         const int cx = (t - ln * tiles_w) * TW;
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {{
-            const int i = tid + j * NT, col = cx + i / NG - pad_w;
+            const int i = lid + j * LN, col = cx + i / NG - pad_w;
             xv[j] = xin[j] && col >= 0 && col < Wi;
             xg[j] = xv[j] ? col * C + c0 + 8 * (i % NG) : 0;
         }}
 #pragma unroll
         for (int j = 0; j < DJ; ++j) {{
-            const int i = tid + j * NT, col = cx + i / NG;
+            const int i = lid + j * LN, col = cx + i / NG;
             dv[j] = din[j] && col < Wo;
             dg[j] = dv[j] ? col * C + c0 + 8 * (i % NG) : 0;
         }}
@@ -139,11 +159,6 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
             }}
         }}
     }};
-#pragma unroll
-    for (int t = 0; t < STAGES; ++t) {{
-        load_step();
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }}
     float acc[4 * S];
 #pragma unroll
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
@@ -153,15 +168,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     const u32 a_lane = gbase + a_blk * DY_ROW + a_px * 16;  // + the window's first slot
     unsigned cu = 0;
     int cy = 0;  // the next position to compute and its padded row
-    for (unsigned t = 0; t < T; ++t) {{
-        // every warpgroup's MMAs of the step before are done: the slots loaded below are free
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        __syncthreads();
-        load_step();
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES) : "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the MMAs' reads
-        __syncthreads();
+    // a step's bias sums and MMAs (TH positions from cu on), not yet committed
+    auto compute_step = [&]() {{
 #if HAS_BIAS
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb)
@@ -216,13 +224,54 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 for (int kc = 0; kc < KC; ++kc) wgmma_rs(acc, a[rb][kc], dx[rb] + 16 * kc, 1);
             }}
 #endif
+    }};
+#if WS
+    if (warp == 4 * NG) {{  // the producer: step t's rows into ring steps t % STAGES
+        for (unsigned t = 0; t < T; ++t) {{
+            const unsigned st = t % STAGES;
+            if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
+            load_step();
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
+                         :: "r"(full0 + 8 * st) : "memory");
+        }}
+    }} else {{
+        for (unsigned t = 0; t < T; ++t) {{
+            mbar_wait(full0 + 8 * (t % STAGES), (t / STAGES) & 1);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            compute_step();
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // the step before is done (its MMAs and this thread's reads): its ring step is free
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (t > 0)
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                             :: "r"(empty0 + 8 * ((t - 1) % STAGES)) : "memory");
+        }}
+    }}
+#else
+#pragma unroll
+    for (int t = 0; t < STAGES; ++t) {{
+        load_step();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }}
+    for (unsigned t = 0; t < T; ++t) {{
+        // every warpgroup's MMAs of the step before are done: the slots loaded below are free
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+        load_step();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the MMAs' reads
+        __syncthreads();
+        compute_step();
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }}
+#endif
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
     // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
     const int o = c0 + 8 * g + (lane >> 2);
+    if (warp < 4 * NG) {{  // not the producer
 #pragma unroll
     for (int h = 0; h < 2; ++h) {{
         const int r = WIN - 1 - 2 * w4 - h;
@@ -239,6 +288,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
     if (lane < 8) red_add(db + c0 + 8 * g + lane, dbs);
 #endif
+    }}
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 }}
 """
@@ -248,15 +298,17 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
 SOURCE_WWG = _TAP_SOURCE[: _TAP_SOURCE.index("// Persistent CTAs")] + _KERNEL
 
 
-def rings(th: int, stages: int) -> tuple[int, int]:
+def rings(th: int, stages: int, producer: bool = False) -> tuple[int, int]:
     """(dy rows, input rows) a group's rings hold: the positions from the window of a step's
-    first row to the last row loaded ahead, (stages + 1) x th + 7 and (stages + 1) x th."""
-    live = (stages + 1) * th
+    first row to the last row loaded ahead, (stages + 1) x th + 7 and (stages + 1) x th; with a
+    producer warp, ``stages`` steps of th rows (+7 for dy)."""
+    live = (stages + (0 if producer else 1)) * th
     return live + WINDOW - 1, live
 
 
-def smem_bytes(s: int, tw: int, cb: int, th: int, stages: int) -> int:
+def smem_bytes(s: int, tw: int, cb: int, th: int, stages: int, producer: bool = False) -> int:
     """Shared memory of a CTA: per group the dy ring (its first 7 rows twice) and the input
-    ring."""
-    dyr, xr = rings(th, stages)
-    return cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * (tw + s - 1) * 16)
+    ring; with a producer warp, a full and an empty mbarrier a ring step."""
+    dyr, xr = rings(th, stages, producer)
+    rings_bytes = cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * (tw + s - 1) * 16)
+    return rings_bytes + (16 * stages if producer else 0)
