@@ -234,6 +234,12 @@ for step in "$@"; do
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" \
         tests/test_gconv_cuda.py "wgmma_wgrad or workspace_is_left_zero" ;;
+    tests-s32c)  # the producer-warp tiles offered: every wgrad candidate and the wgmma tests
+      par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and float16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" ;;
     tests-s32b)  # the last group of tests-s32 (past its limit in 5 processes), in 2
       par_tests tests32b tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes" \
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" ;;

@@ -863,23 +863,29 @@ EXPERIMENTAL_WGRAD_TILES = (
 #: candidates on compute capability 9.0 with TMA (``wgmma_usable``) for kernels of
 #: ``WGMMA_WGRAD_MIN_ROWS`` rows or more: dy read by the MMA from shared memory (``wsmem``) or
 #: through ``ldmatrix`` into registers (the way of session 31's prototype,
-#: ``scripts/gconv_wgrad_wgmma_probe.py``). Session 32, H100, C=64 64x64 N=128 fp16, CUDA
-#: events (``wgrad-wg3-s32``): 7x7 120.8 us (shared memory, rows 12 ahead) and 122.6 (registers)
-#: against the library's 188 before; 5x5 99.3 and 102.9 against the TMA tap tile's ~90. The
-#: 32-column tile is for 32-pixel images (the autotuner's pick at C=128 32x32 7x7, N = 32-256).
-#: Rows loaded only 4 ahead left the shared-memory kernel at 3.9 us a step at 7x7.
+#: ``scripts/gconv_wgrad_wgmma_probe.py``), and with a producer warp (``warps`` 4 a group + 1).
+#: Session 32, H100, C=64 64x64 N=128 fp16, CUDA events (``wgrad-wg4-s32``): the producer-warp
+#: 4-row tile 7x7 108.0 us (0.414 of copy), 5x5 86.1 (0.519); without a producer 120-124 and
+#: 100-105 (``wgrad-wg3-s32``: 120.8 / 99.3); the library's wgrad before, 188 / ~90 (a TMA tap
+#: tile). The 32-column tiles are for 32-pixel images (the one without a producer was the
+#: autotuner's pick at C=128 32x32 7x7 in ``gconv-s32-wgrad-k57``). Rows loaded only 4 ahead
+#: left the shared-memory kernel without a producer at 3.9 us a step at 7x7.
 WGMMA_WGRAD_TILES = (
+    CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 9, 2, 8, wsmem=True, wgmma=True),
+    CudaTile(4, 32, 16, 9, 2, 4, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 8, 2, 3, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 16, 8, 2, 1, wgmma=True),
     CudaTile(4, 32, 16, 8, 4, 1, wsmem=True, wgmma=True),
 )
-#: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5 us;
-#: none was the autotuner's pick in the 5x5/7x7 study, ``gconv-s32-wgrad-k57``): 3 CTAs an SM
-#: with rows 4 ahead (170 / 141), one group a CTA (16-byte pieces of each pixel; 175 / 154), 8
-#: rows a step (137 / 123), one CTA an SM with rows 20 ahead (126 / 113), 4 groups a CTA (134 /
-#: 119 in shared memory; 151 / 121 in registers), in registers 2 rows a step (128-131 / 108-110)
-#: or one CTA an SM (134 / 117)
+#: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5 us,
+#: ``wgrad-wg3-s32`` and ``wgrad-wg4-s32``): dy in registers, 4 rows a step (122.6-124.2 /
+#: 102.9-105.0), 2 rows a step (123-131 / 100-110) or one CTA an SM (134-136 / 116-117); 3 CTAs
+#: an SM with rows 4 ahead (170-173 / 141), one group a CTA (16-byte pieces of each pixel; 175 /
+#: 154), 8 rows a step (121-137 / 107-123), one CTA an SM with rows 20 ahead (126-127 / 113), 4
+#: groups a CTA (134-137 / 119 from shared memory; 151 / 121-122 in registers; 142 / 113 with a
+#: producer warp)
 EXPERIMENTAL_WGMMA_WGRAD_TILES = (
+    CudaTile(4, 64, 16, 8, 2, 1, wgmma=True),
     CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 4, 6, 1, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 8, 1, 1, wsmem=True, wgmma=True),
@@ -889,9 +895,6 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(2, 64, 16, 8, 2, 2, wgmma=True),
     CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
     CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
-    # a producer warp (session 32, after the study): 4 or 2 rows a step, 4-8 ring steps
-    CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True),
-    CudaTile(2, 64, 16, 9, 2, 8, wsmem=True, wgmma=True),
     CudaTile(4, 64, 32, 17, 1, 4, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
@@ -1034,14 +1037,14 @@ def wgrad_candidates(
 def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False, wgmma=False
 ) -> tuple:
-    tiles = ()
+    wg = ()  # unfitted (their warps, a producer's included, are not one a group)
     if wgmma and r >= WGMMA_WGRAD_MIN_ROWS:
-        tiles = tuple(t for t in WGMMA_WGRAD_TILES if c % t.cb == 0)  # unfitted only
-    tiles += tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+        wg = tuple(t for t in WGMMA_WGRAD_TILES if c % t.cb == 0)
+    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
     tiles += WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
-    fitted = (_fitted(t, c, warp_per_group=True) for t in tiles)
+    fitted = wg + tuple(_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
