@@ -15,9 +15,12 @@ input row X = u's row and its 16-column k-step:
 - N = 8 S = kernel columns x 8 in channels: the input row as an MN-major B whose kernel column s
   starts 16 bytes (one pixel) further on;
 - K = 16 output columns.
-MMA work: 64 x 8 S per 16 pixels of an input row, R / 8 of it useful (7x7: 7/8). Every MMA of a
-step is waited for at the next step's start (the rings hold (STAGES + 1) x TH rows and the
-window's 7), so no registers but the accumulators are live across steps. ``{A_SMEM}``: the MMA
+MMA work: 64 x 8 S per 16 pixels of an input row, R / 8 of it useful (7x7: 7/8). Without a
+producer warp every MMA of a step is waited for at the next step's start (the rings hold
+(STAGES + 1) x TH rows and the window's 7), and all threads load between two CTA barriers. With
+one (WARPS = 4 NG + 1) the last warp loads each step's rows into a ring of STAGES steps behind a
+full mbarrier per step; the warpgroups keep one step's MMAs in flight and hand a step back
+through its empty mbarrier, and never meet at a CTA barrier in the loop. ``{A_SMEM}``: the MMA
 reads A from shared memory by descriptor; 0: through ``ldmatrix.trans`` into registers (all TH
 rows' before the step's one fence; session 31's prototype read this way).
 """
