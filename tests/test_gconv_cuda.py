@@ -156,10 +156,15 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
         assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, tma=False))
     for r, s in ((3, 3), (1, 1), (4, 7)):
         assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, True, True, True))
+    # offered as they are where their channel block divides C (C=48: the 16-channel ones)
     c48 = [t for t in gconv_cuda.wgrad_candidates(48, 7, 7, True, True, True) if t.wgmma]
-    assert c48 and all(t.cb == 16 for t in c48)  # the 32-channel tile is not fitted down
+    assert c48 == [t for t in wg if 48 % t.cb == 0]
+    assert any(gconv_cuda.wgrad_wg_producer(t) for t in c48)  # 9 warps kept, not refitted
     ok = CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True)
     assert gconv_cuda.wgrad_tile_ok(64, 7, 7, ok) and gconv_cuda.wgrad_tile_ok(16, 8, 8, ok)
+    assert not gconv_cuda.wgrad_tile_ok(64, 5, 33, ok)  # N = 8 S at most 256
+    odd = CudaTile(1, 16, 12, 5, 1, 1, wsmem=True, wgmma=True)  # 12 channels: not whole groups
+    assert not gconv_cuda.wgrad_tile_ok(24, 5, 5, odd)
     for bad in (
         dataclasses.replace(ok, tw=80),
         dataclasses.replace(ok, tw=24),
@@ -832,9 +837,9 @@ def test_wgmma_wgrad_tiles_on_odd_shapes(dtype, rng_seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_wgmma_wgrad_over_many_units_per_cta(dtype, rng_seed):
-    """The wgmma wgrad with several (image, column chunk) units a CTA: rows of one unit must not
-    reach into the next one's windows, partial chunks, padding from 0 to past R, wide images;
-    the workspace is left zero."""
+    """The wgmma wgrad with several (image, column chunk) units a CTA (up to 4 on 132 SMs): rows
+    of one unit must not reach into the next one's windows, partial chunks, padding from 0 to
+    R - 1 (the odd-shape test has padding R), wide images; the workspace is left zero."""
     if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
         pytest.skip("needs compute capability 9.0 with TMA")
     shapes = (  # (n, c, h, w, r, s, pad_h, pad_w): up to ~4 units a CTA on 132 SMs

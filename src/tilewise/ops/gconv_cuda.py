@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
+from tilewise.ops import gconv_wgrad_wg_src as _wgrad_wg_module
 from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_config import dw_format
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
@@ -958,8 +960,9 @@ def wgrad_wg_registers_fit(s: int, tile: CudaTile) -> bool:
 #: ``SOURCE_DIGEST``, so that adding them left every other cached choice valid)
 WGRAD_WG_DIGEST = hashlib.sha1(
     (
-        _SOURCE_WWG
+        inspect.getsource(_wgrad_wg_module)  # the template, its ring and shared-memory rules
         + _wgmma_asm(False, 56, True, True)
+        + _wgmma_asm(True, 56, True)
         + repr((WGMMA_WGRAD_TILES, EXPERIMENTAL_WGMMA_WGRAD_TILES, WGMMA_WGRAD_MIN_ROWS))
     ).encode()
 ).hexdigest()[:8]
@@ -980,13 +983,15 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return (
             plain
             and wgrad_wg_registers_fit(s, tile)
+            and tile.cb % 8 == 0
             and c % tile.cb == 0
             and tile.warps - 4 * groups in ((0, 1) if tile.wsmem else (0,))
             and tile.tw % 16 == 0
             and 16 <= tile.tw <= 64
             and tile.th >= 1
             and tile.stages >= (2 if wgrad_wg_producer(tile) else 1)  # 1 ring step: a deadlock
-            and r <= _WG_WINDOW
+            and 1 <= r <= _WG_WINDOW
+            and 8 * s <= 256  # the MMA's N
             and tile.min_ctas * (wgrad_smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
         )
     if c % tile.cb or tile.warps % groups or wgrad_smem_bytes(r, s, tile) > SMEM_MAX:
@@ -1117,6 +1122,8 @@ def bind_wgrad(
         raise ValueError(f"argument 'tile': {tile.name} is no legal wgrad tile for C={c}, {r}x{s}")
     if db_dtype not in (torch.float32, x.dtype):
         raise ValueError(f"argument 'db_dtype' must be torch.float32 or {x.dtype}, not {db_dtype}")
+    if tile.wgmma and not wgmma_usable(x):  # before compiling sm_90a code for this GPU
+        raise ValueError(f"argument 'tile': {tile.name} needs compute capability 9.0 and TMA")
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
@@ -1126,8 +1133,6 @@ def bind_wgrad(
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile = wgrad_twin(tile, c, r, s)
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
-    if tile.wgmma and not wgmma_usable(x):
-        raise ValueError(f"argument 'tile': {tile.name} needs compute capability 9.0 and TMA")
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     if tile.wgmma:  # units of whole images' rows: (image, column chunk)
