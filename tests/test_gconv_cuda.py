@@ -87,16 +87,27 @@ def test_wide_pixels_take_the_5d_tensor_copies(tmp_path):
     assert gconv_cuda._tma_period(32) == 512 and gconv_cuda._tma_period(8) == 128
 
 
-def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
-    """``smem_bytes`` of every wgmma candidate and experimental tile equals the kernel's own
-    layout (its ``OFF_MBAR`` plus the two 8-byte mbarriers and the 1024-byte alignment slack), by
-    the C preprocessor."""
+def _layout_value(src: str, expr: str, tmp_path) -> int:
+    """The value of the C expression ``expr`` over ``src``'s macros, by the C preprocessor
+    (skips the test where none is installed): integer arithmetic on positive values."""
     import shutil
     import subprocess
 
     cpp = shutil.which("cpp")
     if cpp is None:
         pytest.skip("no C preprocessor on this machine")
+    path = tmp_path / "k.cu"
+    path.write_text(src + f"\ntw_layout_end = {expr};\n")
+    out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
+    text = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
+    assert set(text) <= set("0123456789+-*/%() "), text
+    return eval(text.replace("/", "//"))
+
+
+def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
+    """``smem_bytes`` of every wgmma candidate and experimental tile equals the kernel's own
+    layout (its ``OFF_MBAR`` plus the two 8-byte mbarriers and the 1024-byte alignment slack), by
+    the C preprocessor."""
     checked = 0
     for r, s in ((3, 3), (5, 5), (7, 7), (4, 6), (3, 7), (6, 1)):
         tiles = gconv_cuda.candidates(64, r, s, True, True, True)
@@ -105,12 +116,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             if not (tile.wgmma and gconv_cuda.tile_ok(64, r, s, tile)):
                 continue
             src, _ = gconv_cuda.source(r, s, tile, False, False, False, "tw_gconv_fprop")
-            path = tmp_path / "k.cu"
-            path.write_text(src + "\ntw_layout_end = OFF_MBAR + 16;\n")
-            out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
-            expr = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
-            assert set(expr) <= set("0123456789+-*/() "), expr
-            end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
+            end = _layout_value(src, "OFF_MBAR + 16", tmp_path)
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
     assert checked >= 20
@@ -119,23 +125,12 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
 def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
     """``wgrad_smem_bytes`` of every wgmma wgrad tile equals the kernel's own layout (NG groups of
     GROUP_BYTES, and with a producer warp two mbarriers a ring step), by the C preprocessor."""
-    import shutil
-    import subprocess
-
-    cpp = shutil.which("cpp")
-    if cpp is None:
-        pytest.skip("no C preprocessor on this machine")
     checked = 0
     for r, s in ((7, 7), (5, 5), (3, 3), (6, 1)):
         for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
-            path = tmp_path / "k.cu"
-            path.write_text(src + "\ntw_layout_end = MBAR_OFF + WS * 16 * STAGES;\n")
-            out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
-            expr = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
-            assert set(expr) <= set("0123456789+-*/%() "), expr
-            end = eval(expr.replace("/", "//"))  # C integer arithmetic on positive values
+            end = _layout_value(src, "MBAR_OFF + WS * 16 * STAGES", tmp_path)
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
