@@ -757,23 +757,25 @@ def test_nonfinite_blocks_match_pytorch_values_too(dtype, rng_seed):
                              rng_seed, ulps=1)  # fmt: skip
 
 
+def _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype):
+    """(x, dy, dw in fp64, dw by PyTorch in ``dtype``, the dw tolerance) of a random wgrad
+    problem, both tensors channels_last on the GPU."""
+    x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+    wshape, pad = (c, 8, r, s), (ph, pw)
+    ho, wo = h + 2 * ph - r + 1, w + 2 * pw - s + 1
+    dy = _cl(torch.randn(n, c, ho, wo, device="cuda", dtype=dtype))
+    ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), padding=pad, groups=c // 8)
+    same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
+    return x, dy, ref, same, ATOL[dtype] * (n * h * w) ** 0.5
+
+
 def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
     """Every tile ``tiles_for(c, r, s)`` gives on the odd shapes, dw and db by the three-way
     rule; returns how many (shape, tile) pairs ran."""
     ran = 0
     for case, (n, c, h, w, r, s, ph, pw, has_b) in enumerate(CASES):
-        x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
-        wshape = (c, 8, r, s)
-        pad = (ph, pw)
-        dy = torch.randn(F.conv2d(x, torch.zeros(wshape, device="cuda", dtype=dtype), padding=pad,
-                                  groups=c // 8).shape, device="cuda", dtype=dtype)  # fmt: skip
-        dy = _cl(dy)
-        ref = torch.nn.grad.conv2d_weight(
-            x.double(), wshape, dy.double(), padding=pad, groups=c // 8
-        )
-        same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
+        x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
         db_ref = dy.double().sum((0, 2, 3))
-        atol = ATOL[dtype] * (n * h * w) ** 0.5
         for k, tile in enumerate(tiles_for(c, r, s)):
             tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad({ph}, {pw}) {tile.name} {dtype}"
             # a tile writes dw channels_last (DW_CL) on every other shape it runs on, so each
@@ -783,7 +785,7 @@ def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
             # with a bias: its gradient in fp32 and, written by the kernel, in the input dtype
             for db_dtype in (torch.float32, dtype) if has_b else (torch.float32,):
                 dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, has_b, tile, db_dtype, dw_cl)
-                assert dw.dtype == dtype and dw.shape == wshape
+                assert dw.dtype == dtype and dw.shape == (c, 8, r, s)
                 assert dw.is_contiguous(memory_format=fmt), f"dw layout, {tag} dw_cl={dw_cl}"
                 assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
                 if has_b:
@@ -800,18 +802,6 @@ def _check_wgrad_tiles(dtype, rng_seed, tiles_for) -> int:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_every_wgrad_tile(dtype, rng_seed):
     assert _check_wgrad_tiles(dtype, rng_seed, gconv_cuda.wgrad_candidates) > 0
-
-
-def _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype):
-    """(x, dy, dw in fp64, dw by PyTorch in ``dtype``, the dw tolerance) of a random wgrad
-    problem, both tensors channels_last on the GPU."""
-    x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
-    wshape, pad = (c, 8, r, s), (ph, pw)
-    ho, wo = h + 2 * ph - r + 1, w + 2 * pw - s + 1
-    dy = _cl(torch.randn(n, c, ho, wo, device="cuda", dtype=dtype))
-    ref = torch.nn.grad.conv2d_weight(x.double(), wshape, dy.double(), padding=pad, groups=c // 8)
-    same = torch.nn.grad.conv2d_weight(x, wshape, dy, padding=pad, groups=c // 8)
-    return x, dy, ref, same, ATOL[dtype] * (n * h * w) ** 0.5
 
 
 @pytest.mark.gpu

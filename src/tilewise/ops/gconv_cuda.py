@@ -1134,9 +1134,8 @@ def bind_wgrad(
         tile = wgrad_twin(tile, c, r, s)
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
-    tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
-    if tile.wgmma:  # units of whole images' rows: (image, column chunk)
-        tiles_h = 1
+    # wgmma: units of whole images' rows, (image, column chunk)
+    tiles_h, tiles_w = 1 if tile.wgmma else cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
     if tile.cluster:
         grid_x = tile.cluster
