@@ -278,10 +278,9 @@ def test_channels_last_dw_variants_compile_and_cost_no_registers(tmp_path):
 def test_wgmma_wgrad_tiles_compile_without_spills(rs, tmp_path):
     """Every wgmma wgrad tile (offered or experimental) at C=64 compiles for sm_90a without
     spills, within the registers its CTAs per SM leave (65536 an SM), fp16 with an fp32 bias
-    gradient and bf16 with one in bf16 and a channels_last dw; without a producer warp, without
-    ptxas serializing the wgmmas. With one, ptxas does serialize them (C7520: a compiler-inserted
-    warpgroup arrive in a divergent path; session 32, found after the device time: the tiles were
-    timed as compiled, serialized); the check pins that down until the role branch is fixed."""
+    gradient and bf16 with one in bf16 and a channels_last dw; and without ptxas serializing the
+    wgmmas (session 32 timed the producer-warp tiles with them serialized, C7520: a role branch
+    ptxas could not prove warpgroup-uniform)."""
     r, s = rs
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
     for tile in tiles:
@@ -292,5 +291,4 @@ def test_wgmma_wgrad_tiles_compile_without_spills(rs, tmp_path):
             regs, spills = _ptxas(src, tmp_path, "sm_90a", entry, logs)
             assert spills == 0, (rs, tile.name)
             assert regs * tile.warps * 32 * tile.min_ctas <= 65536, (rs, tile.name, regs)
-            serialized = "serialized" in logs[0]
-            assert serialized == gconv_cuda.wgrad_wg_producer(tile), (rs, tile.name)
+            assert "serialized" not in logs[0], (rs, tile.name, logs[0][-1500:])

@@ -898,6 +898,13 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
     CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
     CudaTile(4, 64, 32, 17, 1, 4, wsmem=True, wgmma=True),
+    # session 33, once the producer tiles' MMAs ran asynchronously: one group a CTA with a
+    # producer (4 or 3 CTAs an SM), more ring steps
+    CudaTile(4, 64, 8, 5, 4, 4, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 8, 5, 4, 8, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 8, 5, 3, 6, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 9, 2, 5, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 9, 1, 6, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5

@@ -229,7 +229,10 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
 #endif
     }};
 #if WS
-    if (warp == 4 * NG) {{  // the producer: step t's rows into ring steps t % STAGES
+    // the role from lane 0 of the warp: provably uniform across it, so ptxas keeps the
+    // warpgroups' MMAs asynchronous (with `warp == 4 * NG` it serialized them: C7520)
+    const int role = __shfl_sync(0xffffffffu, tid / 128, 0);
+    if (role == NG) {{  // the producer warp: step t's rows into ring steps t % STAGES
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
