@@ -224,6 +224,15 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma (library tiles)"
       grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
+    wgrad-bounds-s33)  # session 33: the producer-warp wgmma wgrad tiles timed whole, without
+      # their MMAs and without their loads (WG_PROBE), beside cuDNN; WG_TILES picks library tiles
+      timeout "${WG_LIMIT:-200}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
+        --bounds --variants --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} \
+        --dtypes ${WG_DTYPES:-fp16} --checks 0 ${WG_TILES:+--tile-names $WG_TILES} \
+        --json "$R/wgrad-bounds${WG_TAG:-}-s33.json" >"$R/wgrad-bounds${WG_TAG:-}.log" 2>&1
+      echo "rc $?: wgrad wgmma bounds"
+      grep -vE "Warn|warn" "$R/wgrad-bounds${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
+      pack ;;
     wgrad-k57-s32)  # the wgmma wgrad tiles in the study: 5x5 and 7x7 wgrad at the three shapes
       study "gconv-s32-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
         --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \

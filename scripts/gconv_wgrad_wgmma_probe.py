@@ -411,7 +411,23 @@ def _check(k: int, dt: torch.dtype, v: Variant, shape: tuple) -> float:
     return (got - ref).abs().max().item() / max((same - ref).abs().max().item(), 1e-6)
 
 
-def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw, lib_tiles=()) -> list[dict]:
+_ORIGINAL_SOURCE = gconv_cuda._SOURCE_WWG
+_mode = [0]
+
+
+def _lib_wgrad(dy, x, k: int, pad: int, tile, mode: int):
+    """The library's wgmma wgrad with tile; ``mode`` (``WG_PROBE`` in the kernel, producer tiles
+    only) 1 drops the MMAs and 2 the loads, so the timings bound the kernel (wrong answers)."""
+    if mode != _mode[0]:
+        gconv_cuda._SOURCE_WWG = (f"#define WG_PROBE {mode}\n" if mode else "") + _ORIGINAL_SOURCE
+        gconv_cuda._kernel.cache_clear()
+        _mode[0] = mode
+    return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile)[0]
+
+
+def _time_cell(
+    k, n, c, hw, dt, dname, variants, copy_bw, lib_tiles=(), bound_tiles=()
+) -> list[dict]:
     sets = [_data(n, c, hw, k, dt) for _ in range(3)]
     nbytes = sets[0][0].nbytes + sets[0][1].nbytes
     g, wshape = c // 8, (c, 8, k, k)
@@ -425,7 +441,13 @@ def _time_cell(k, n, c, hw, dt, dname, variants, copy_bw, lib_tiles=()) -> list[
             impls[v.name] = lambda x, dy, p, v=v: wgrad(dy, x, k, k, p, v)
     for t in lib_tiles:  # the library's wgmma wgrad (A from shared memory too), tile by tile
         if gconv_cuda.wgrad_tile_ok(c, k, k, t):
-            impls[t.name] = lambda x, dy, p, t=t: gconv_cuda.wgrad(dy, x, k, k, p, p, False, t)[0]
+            impls[t.name] = lambda x, dy, p, t=t: _lib_wgrad(dy, x, k, p, t, 0)
+    for t in bound_tiles:  # the same kernel without its MMAs, and without its loads
+        if gconv_cuda.wgrad_tile_ok(c, k, k, t) and gconv_cuda.wgrad_wg_producer(t):
+            for mode, label in ((1, "nomma"), (2, "noload")):
+                impls[f"{t.name}_{label}"] = lambda x, dy, p, t=t, m=mode: _lib_wgrad(
+                    dy, x, k, p, t, m
+                )
     x0, dy0, p0 = sets[0]
     ref = impls["cudnn"](x0, dy0, p0).float()
     base, rows = None, []
@@ -465,6 +487,12 @@ def main() -> None:
         "--library-tiles",
         action="store_true",
         help="also time every wgmma wgrad tile of the library (gconv_cuda.WGMMA_WGRAD_TILES)",
+    )
+    ap.add_argument("--tile-names", nargs="*", help="only these library tiles (by name)")
+    ap.add_argument(
+        "--bounds",
+        action="store_true",
+        help="also time the offered producer-warp tiles without their MMAs and without their loads",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--emulate", action="store_true", help="the index logic on the CPU only")
@@ -506,6 +534,9 @@ def main() -> None:
     lib_tiles = ()
     if args.library_tiles:
         lib_tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
+    if args.tile_names:
+        lib_tiles = tuple(t for t in lib_tiles if t.name in args.tile_names)
+    bound_tiles = gconv_cuda.WGMMA_WGRAD_TILES[:2] if args.bounds else ()
     copy_bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     rows = []
@@ -514,7 +545,9 @@ def main() -> None:
         for k in args.kernels:
             for n in args.n:
                 for dname in args.dtypes:
-                    rows += _time_cell(k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles)
+                    rows += _time_cell(
+                        k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles, bound_tiles
+                    )
     if args.json:
         with open(args.json, "w") as f:
             doc = {"environment": environment(), "copy_Bps": copy_bw, "rows": rows}

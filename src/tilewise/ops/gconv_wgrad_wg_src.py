@@ -52,6 +52,9 @@ typedef unsigned long long u64;
 #define MBAR_OFF (NG * GROUP_BYTES)
 #define XJ ((HWD * NG + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
+#ifndef WG_PROBE  // the probe script's bounds (wrong answers): 1 no MMAs, 2 no loads
+#define WG_PROBE 0
+#endif
 
 """
     + DESC
@@ -193,7 +196,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 const u64 da = desc(gbase + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW, 128, DY_ROW);
                 const u64 db = desc(gbase + X_OFF + (cu % XR) * X_ROW, 128, 16);
 #pragma unroll
-                for (int kc = 0; kc < KC; ++kc) wgmma_ss(acc, da + 16 * kc, db + 16 * kc, 1);
+                for (int kc = 0; kc < KC && WG_PROBE != 1; ++kc)
+                    wgmma_ss(acc, da + 16 * kc, db + 16 * kc, 1);
             }}
             ++cu;
             if (++cy == rows) cy = 0;
@@ -236,7 +240,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
-            load_step();
+            if (WG_PROBE != 2) load_step();
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
                          :: "r"(full0 + 8 * st) : "memory");
         }}
