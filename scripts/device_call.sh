@@ -224,10 +224,11 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma (library tiles)"
       grep -vE "Warn|warn" "$R/wgrad-wg${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
-    wgrad-bounds-s33)  # session 33: the producer-warp wgmma wgrad tiles timed whole, without
-      # their MMAs and without their loads (WG_PROBE), beside cuDNN; WG_TILES picks library tiles
+    wgrad-bounds-s33)  # session 33: the producer-warp wgmma wgrad tiles timed whole and in
+      # WG_PROBE modes (WG_BOUNDS: bits 1 no MMAs, 2 no loads, 4 no atomics), a per-CTA timeline
+      # (WG_TIMELINE modes), beside cuDNN; WG_TILES picks library tiles
       timeout "${WG_LIMIT:-200}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
-        --bounds --variants --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} \
+        --bounds ${WG_BOUNDS:-1 2} --timeline ${WG_TIMELINE:-} --variants --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} \
         --dtypes ${WG_DTYPES:-fp16} --checks 0 ${WG_TILES:+--tile-names $WG_TILES} \
         --json "$R/wgrad-bounds${WG_TAG:-}-s33.json" >"$R/wgrad-bounds${WG_TAG:-}.log" 2>&1
       echo "rc $?: wgrad wgmma bounds"

@@ -28,6 +28,9 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -418,15 +421,74 @@ _mode = [0]
 def _lib_wgrad(dy, x, k: int, pad: int, tile, mode: int):
     """The library's wgmma wgrad with tile; ``mode`` (``WG_PROBE`` in the kernel, producer tiles
     only) 1 drops the MMAs and 2 the loads, so the timings bound the kernel (wrong answers)."""
+    _set_mode(mode)
+    return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile)[0]
+
+
+def _set_mode(mode: int) -> None:
     if mode != _mode[0]:
         gconv_cuda._SOURCE_WWG = (f"#define WG_PROBE {mode}\n" if mode else "") + _ORIGINAL_SOURCE
         gconv_cuda._kernel.cache_clear()
         _mode[0] = mode
-    return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile)[0]
+
+
+def _mode_label(mode: int) -> str:
+    return "+".join(n for b, n in ((1, "nomma"), (2, "noload"), (4, "nored")) if mode & b) or "full"
+
+
+def _timeline(data, k: int, tile, mode: int) -> None:
+    """One launch with ``WG_PROBE`` bit 8: each CTA's consumer and producer print globaltimer at
+    the start, after their loop and before the finish; summarised in microseconds from the
+    first start (the kernel's stdout caught through file descriptor 1)."""
+    x, dy, pad = data
+    _lib_wgrad(dy, x, k, pad, tile, mode)  # compile and warm up first (its printf too)
+    torch.cuda.synchronize()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile("w+") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            _lib_wgrad(dy, x, k, pad, tile, mode)
+            torch.cuda.synchronize()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        rows = [ln.split()[1:] for ln in f if ln.startswith("TL ")]
+    vals = torch.tensor([[float(v) for v in r] for r in rows], dtype=torch.float64)
+    if not len(vals):
+        print(f"timeline {tile.name} {_mode_label(mode)}: no output")
+        return
+    t0 = vals[:, 4].min()
+    us = (vals[:, 4:7] - t0) / 1e3
+    for role, name in ((0, "consumer"), (1, "producer")):
+        sel = us[vals[:, 2] == role]
+        busy = sel[vals[vals[:, 2] == role][:, 7] > 0]
+        q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+        print(
+            f"timeline {k}x{k} {tile.name} {_mode_label(mode)} {name} ({len(busy)} CTAs with "
+            f"units): start {_quantiles(busy[:, 0], q)} loop end {_quantiles(busy[:, 1], q)} "
+            f"done {_quantiles(busy[:, 2], q)} us (min/p10/p50/p90/max)"
+        )
+
+
+def _quantiles(v: torch.Tensor, q: torch.Tensor) -> str:
+    return "/".join(f"{x:.1f}" for x in torch.quantile(v, q).tolist()) if len(v) else "-"
 
 
 def _time_cell(
-    k, n, c, hw, dt, dname, variants, copy_bw, lib_tiles=(), bound_tiles=()
+    k,
+    n,
+    c,
+    hw,
+    dt,
+    dname,
+    variants,
+    copy_bw,
+    lib_tiles=(),
+    bound_tiles=(),
+    bound_modes=(),
+    timeline_modes=(),
 ) -> list[dict]:
     sets = [_data(n, c, hw, k, dt) for _ in range(3)]
     nbytes = sets[0][0].nbytes + sets[0][1].nbytes
@@ -434,20 +496,24 @@ def _time_cell(
     prob = GConvProblem(n, c, hw, hw, k, k, k // 2, k // 2, dtype=dname)
     impls = {
         "cudnn": lambda x, dy, p: torch.nn.grad.conv2d_weight(x, wshape, dy, padding=p, groups=g),
-        "tilewise": lambda x, dy, p: gconv_wgrad.wgrad(dy, x, prob, False, False)[0],
-    }
+        "tilewise": lambda x, dy, p: (
+            _set_mode(0) or gconv_wgrad.wgrad(dy, x, prob, False, False)[0]
+        ),
+    }  # the library's autotuned wgrad with the kernel as shipped
     for v in variants:
         if smem_bytes(k, k, hw, v) <= 227 * 1024:
             impls[v.name] = lambda x, dy, p, v=v: wgrad(dy, x, k, k, p, v)
     for t in lib_tiles:  # the library's wgmma wgrad (A from shared memory too), tile by tile
         if gconv_cuda.wgrad_tile_ok(c, k, k, t):
             impls[t.name] = lambda x, dy, p, t=t: _lib_wgrad(dy, x, k, p, t, 0)
-    for t in bound_tiles:  # the same kernel without its MMAs, and without its loads
+    for t in bound_tiles:  # the same kernel without its MMAs, its loads or its atomics
         if gconv_cuda.wgrad_tile_ok(c, k, k, t) and gconv_cuda.wgrad_wg_producer(t):
-            for mode, label in ((1, "nomma"), (2, "noload")):
-                impls[f"{t.name}_{label}"] = lambda x, dy, p, t=t, m=mode: _lib_wgrad(
+            for mode in bound_modes:
+                impls[f"{t.name}_{_mode_label(mode)}"] = lambda x, dy, p, t=t, m=mode: _lib_wgrad(
                     dy, x, k, p, t, m
                 )
+            for mode in timeline_modes:
+                _timeline(sets[0], k, t, mode)
     x0, dy0, p0 = sets[0]
     ref = impls["cudnn"](x0, dy0, p0).float()
     base, rows = None, []
@@ -491,8 +557,18 @@ def main() -> None:
     ap.add_argument("--tile-names", nargs="*", help="only these library tiles (by name)")
     ap.add_argument(
         "--bounds",
-        action="store_true",
-        help="also time the offered producer-warp tiles without their MMAs and without their loads",
+        type=int,
+        nargs="*",
+        default=[],
+        help="WG_PROBE modes to time the first two offered (producer-warp) tiles in: bits 1 no "
+        "MMAs, 2 no loads, 4 no atomics",
+    )
+    ap.add_argument(
+        "--timeline",
+        type=int,
+        nargs="*",
+        default=[],
+        help="WG_PROBE modes (bit 8 added) to print a per-CTA timeline summary in",
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--emulate", action="store_true", help="the index logic on the CPU only")
@@ -536,7 +612,8 @@ def main() -> None:
         lib_tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
     if args.tile_names:
         lib_tiles = tuple(t for t in lib_tiles if t.name in args.tile_names)
-    bound_tiles = gconv_cuda.WGMMA_WGRAD_TILES[:2] if args.bounds else ()
+    bound_tiles = gconv_cuda.WGMMA_WGRAD_TILES[:2] if args.bounds or args.timeline else ()
+    timeline_modes = [m | 8 for m in args.timeline]
     copy_bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     rows = []
@@ -546,8 +623,9 @@ def main() -> None:
             for n in args.n:
                 for dname in args.dtypes:
                     rows += _time_cell(
-                        k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles, bound_tiles
-                    )
+                        k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles,
+                        bound_tiles, args.bounds, timeline_modes,
+                    )  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             doc = {"environment": environment(), "copy_Bps": copy_bw, "rows": rows}

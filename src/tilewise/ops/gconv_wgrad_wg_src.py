@@ -52,8 +52,11 @@ typedef unsigned long long u64;
 #define MBAR_OFF (NG * GROUP_BYTES)
 #define XJ ((HWD * NG + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
-#ifndef WG_PROBE  // the probe script's bounds (wrong answers): 1 no MMAs, 2 no loads
-#define WG_PROBE 0
+#ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
+#define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer)
+#endif
+#if WG_PROBE & 8
+#define STAMP(v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v))
 #endif
 
 """
@@ -81,6 +84,10 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     // positions are unsigned: a ring slot is u % DYR (a constant: a multiply and a shift)
     const unsigned U = t1 > t0 ? (t1 - t0) * rows : 0, T = (U + TH - 1) / TH;
     const u32 sb = smem_u32(smem);
+#if WG_PROBE & 8
+    unsigned long long t_begin, t_loop, t_done;
+    STAMP(t_begin);
+#endif
     // zeros before the first position's window (and everywhere else, for simplicity)
     for (int i = tid; i < NG * GROUP_BYTES / 16; i += NT)
         *(v4u32*)(smem + 16 * i) = v4u32{{0u, 0u, 0u, 0u}};
@@ -196,7 +203,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 const u64 da = desc(gbase + ((cu + DYR - (WIN - 1)) % DYR) * DY_ROW, 128, DY_ROW);
                 const u64 db = desc(gbase + X_OFF + (cu % XR) * X_ROW, 128, 16);
 #pragma unroll
-                for (int kc = 0; kc < KC && WG_PROBE != 1; ++kc)
+                for (int kc = 0; kc < KC && !(WG_PROBE & 1); ++kc)
                     wgmma_ss(acc, da + 16 * kc, db + 16 * kc, 1);
             }}
             ++cu;
@@ -240,7 +247,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
-            if (WG_PROBE != 2) load_step();
+            if (!(WG_PROBE & 2)) load_step();
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
                          :: "r"(full0 + 8 * st) : "memory");
         }}
@@ -278,6 +285,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
 #endif
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#if WG_PROBE & 8
+    STAMP(t_loop);
+#endif
     // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
     // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
     const int o = c0 + 8 * g + (lane >> 2);
@@ -289,7 +299,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
 #pragma unroll
             for (int i = 0; i < S; ++i)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
+                for (int e = 0; e < 2 && !(WG_PROBE & 4); ++e)
                     red_add(dw + ((long long)(r * S + i) * C + o) * 8 + 2 * (lane & 3) + e,
                             acc[4 * i + 2 * h + e]);
     }}
@@ -299,6 +309,16 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     if (lane < 8) red_add(db + c0 + 8 * g + lane, dbs);
 #endif
     }}
+#if WG_PROBE & 8
+    __syncthreads();
+    STAMP(t_done);
+    if (tid == 0 || tid == 4 * NG * 32) {{
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        printf("TL %d %d %d %u %llu %llu %llu %u\n", blockIdx.x, blockIdx.y, tid ? 1 : 0, sm,
+               t_begin, t_loop, t_done, U);
+    }}
+#endif
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 }}
 """
