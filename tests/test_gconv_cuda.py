@@ -130,7 +130,7 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
         for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
-            end = _layout_value(src, "MBAR_OFF + WS * 16 * STAGES", tmp_path)
+            end = _layout_value(src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES", tmp_path)
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
@@ -176,12 +176,14 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
     rs = CudaTile(4, 64, 16, 8, 2, 1, wgmma=True)  # 125-127 registers at 7x7 (ptxas)
     assert gconv_cuda.wgrad_tile_ok(64, 7, 7, rs)
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(rs, th=5))
-    # a producer warp (warps 4 a group + 1): dy from shared memory, 2+ ring steps
+    # producer warps (warps 4 a group + 1 or 2): dy from shared memory, 2+ ring steps
     ws = CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True)
     assert gconv_cuda.wgrad_wg_producer(ws) and gconv_cuda.wgrad_tile_ok(64, 7, 7, ws)
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, stages=1))
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, wsmem=False))
-    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, warps=10))
+    two = dataclasses.replace(ws, warps=10)
+    assert gconv_cuda.wgrad_wg_producer(two) and gconv_cuda.wgrad_tile_ok(64, 7, 7, two)
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, warps=11))
     assert gconv_cuda.wgrad_wg_rings(4, 4, True) == (23, 16)
     # the rings: (stages + 1) x th rows, and the window's 7 more for dy
     assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)

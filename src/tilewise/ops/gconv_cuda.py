@@ -70,7 +70,7 @@ class CudaTile:
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
     Toeplitz B in shared memory; among wgrad tiles (sm_90a only, ``tma=0``), the warpgroup-MMA
     wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
-    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one more: a producer warp loads
+    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one or two more: producer warps load
     the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
     ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers)."""
 
@@ -905,6 +905,11 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 8, 5, 3, 6, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 2, 5, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 1, 6, wsmem=True, wgmma=True),
+    # two producer warps; 8 rows a step
+    CudaTile(4, 64, 16, 10, 2, 4, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 10, 2, 8, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 8, 6, 3, 4, wsmem=True, wgmma=True),
+    CudaTile(8, 64, 16, 9, 2, 2, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -947,9 +952,9 @@ SOURCE_DIGEST = hashlib.sha1(
 
 
 def wgrad_wg_producer(tile: CudaTile) -> bool:
-    """Whether a wgmma wgrad tile has a producer warp (``warps`` 4 a group plus one; dy read from
-    shared memory only): it loads the rows, the warpgroups meet it at mbarriers."""
-    return tile.wgmma and tile.warps % 4 == 1
+    """Whether a wgmma wgrad tile has producer warps (``warps`` 4 a group plus one or two; dy read
+    from shared memory only): they load the rows, the warpgroups meet them at mbarriers."""
+    return tile.wgmma and tile.warps % 4 in (1, 2)
 
 
 def wgrad_wg_registers_fit(s: int, tile: CudaTile) -> bool:
@@ -992,7 +997,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and wgrad_wg_registers_fit(s, tile)
             and tile.cb % 8 == 0
             and c % tile.cb == 0
-            and tile.warps - 4 * groups in ((0, 1) if tile.wsmem else (0,))
+            and tile.warps - 4 * groups in ((0, 1, 2) if tile.wsmem else (0,))
             and tile.tw % 16 == 0
             and 16 <= tile.tw <= 64
             and tile.th >= 1

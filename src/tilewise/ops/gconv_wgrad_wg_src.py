@@ -41,10 +41,11 @@ typedef unsigned long long u64;
 #define WIN 8
 #define KC (TW / 16)
 #define NT (WARPS * 32)
-// WS: a producer warp (the last) loads the rows and the warpgroups only compute, meeting it at
-// mbarriers (full: a step's rows landed; empty: a step's MMAs done), never at a CTA barrier
+// WS: producer warps (the last one or two) load the rows and the warpgroups only compute,
+// meeting them at mbarriers (full: a step's rows landed; empty: a step's MMAs done), never at a
+// CTA barrier
 #define WS (WARPS % 4)
-#define LN (WS ? 32 : NT)
+#define LN (WS ? 32 * WS : NT)
 #define DY_ROW (TW * 16)
 #define X_ROW (HWD * 16)
 #define X_OFF ((DYR + WIN - 1) * DY_ROW)
@@ -62,7 +63,11 @@ typedef unsigned long long u64;
 """
     + DESC
     + MBAR_WAIT
-    + r"""__device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
+    + r"""__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {{
+    asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
+                 :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}}
+__device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
 {WGMMA}
 }}
 __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db, int accumulate) {{
@@ -77,7 +82,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
 {{
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
-    const int lid = WS ? lane : tid;  // this thread's place among the threads that load
+    const int lid = WS ? tid & (LN - 1) : tid;  // its place among the threads that load
     const int c0 = blockIdx.y * CB;
     const int per = (n_tiles + gridDim.x - 1) / gridDim.x, t0 = blockIdx.x * per;
     const int t1 = min(n_tiles, t0 + per), rows = Ho + R - 1;
@@ -95,7 +100,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     const u32 full0 = sb + MBAR_OFF, empty0 = full0 + 8 * STAGES;
     if (tid == 0) {{
         for (int st = 0; st < STAGES; ++st) {{
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;\n" :: "r"(full0 + 8 * st));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
+                         :: "r"(full0 + 8 * st), "r"(LN));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(empty0 + 8 * st), "r"(NG * 128));
         }}
@@ -292,17 +298,20 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
     const int o = c0 + 8 * g + (lane >> 2);
     if (warp < 4 * NG) {{  // not the producer
+        // 4 in channels an atomic (red.v4, a quarter of the L2 operations of scalar ones: the
+        // kernel's tail, session 33): lane pairs swap halves, the even lane takes D row h = 0
+        // and the odd one h = 1, both in channels 4 (lane % 4 / 2) .. + 3
+        const int odd = lane & 1, r = WIN - 1 - 2 * w4 - odd;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {{
-        const int r = WIN - 1 - 2 * w4 - h;
-        if (r < R)
-#pragma unroll
-            for (int i = 0; i < S; ++i)
-#pragma unroll
-                for (int e = 0; e < 2 && !(WG_PROBE & 4); ++e)
-                    red_add(dw + ((long long)(r * S + i) * C + o) * 8 + 2 * (lane & 3) + e,
-                            acc[4 * i + 2 * h + e]);
-    }}
+        for (int i = 0; i < S; ++i) {{
+            const float a0 = acc[4 * i], a1 = acc[4 * i + 1], a2 = acc[4 * i + 2],
+                        a3 = acc[4 * i + 3];
+            const float s0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a2, 1);
+            const float s1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : a3, 1);
+            if (r < R && !(WG_PROBE & 4))
+                red_add4(dw + ((long long)(r * S + i) * C + o) * 8 + 4 * ((lane & 3) >> 1),
+                         odd ? s0 : a0, odd ? s1 : a1, odd ? a2 : s0, odd ? a3 : s1);
+        }}
 #if HAS_BIAS
     dbs += __shfl_xor_sync(0xffffffffu, dbs, 8);
     dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
