@@ -433,7 +433,8 @@ def _set_mode(mode: int) -> None:
 
 
 def _mode_label(mode: int) -> str:
-    return "+".join(n for b, n in ((1, "nomma"), (2, "noload"), (4, "nored")) if mode & b) or "full"
+    names = ((1, "nomma"), (2, "noload"), (4, "nored"), (16, "pf128"), (32, "pf256"))
+    return "+".join(n for b, n in names if mode & b) or "full"
 
 
 def _timeline(data, k: int, tile, mode: int) -> None:
@@ -560,8 +561,8 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="WG_PROBE modes to time the first two offered (producer-warp) tiles in: bits 1 no "
-        "MMAs, 2 no loads, 4 no atomics",
+        help="WG_PROBE modes to time the producer tiles named (else the first two offered) in: "
+        "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes",
     )
     ap.add_argument(
         "--timeline",
@@ -612,7 +613,10 @@ def main() -> None:
         lib_tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
     if args.tile_names:
         lib_tiles = tuple(t for t in lib_tiles if t.name in args.tile_names)
-    bound_tiles = gconv_cuda.WGMMA_WGRAD_TILES[:2] if args.bounds or args.timeline else ()
+    bound_tiles = ()
+    if args.bounds or args.timeline:  # the named producer tiles, else the first two offered
+        named = [t for t in lib_tiles if gconv_cuda.wgrad_wg_producer(t)] if args.tile_names else 0
+        bound_tiles = named or gconv_cuda.WGMMA_WGRAD_TILES[:2]
     timeline_modes = [m | 8 for m in args.timeline]
     copy_bw = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")

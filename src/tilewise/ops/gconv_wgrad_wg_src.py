@@ -54,8 +54,21 @@ typedef unsigned long long u64;
 #define XJ ((HWD * NG + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
 #ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
-#define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer)
+#define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer);
+#endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them
+#if WG_PROBE & 16
+#define PF ".L2::128B"
+#elif WG_PROBE & 32
+#define PF ".L2::256B"
+#else
+#define PF ""
 #endif
+// a row's 16-byte piece (0 bytes read: zeros); PF, a wider L2 fetch: a CTA reads 16 bytes a
+// group of a pixel, and the line's other bytes belong to the other channel blocks' CTAs
+__device__ __forceinline__ void cp_row16(u32 dst, const void* src, int bytes) {{
+    asm volatile("cp.async.cg.shared.global" PF " [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(bytes));
+}}
 #if WG_PROBE & 8
 #define STAMP(v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v))
 #endif
@@ -156,7 +169,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                     const u32 slot = (lu % XR) * X_ROW;
 #pragma unroll
                     for (int j = 0; j < XJ; ++j)
-                        if (xin[j]) cp_async16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
+                        if (xin[j]) cp_row16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
                 }}
                 // dy row ly, zeros from Ho on: the rows above the next unit's first
                 const bool in = ly < Ho;
@@ -166,9 +179,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
                 for (int j = 0; j < DJ; ++j)
                     if (din[j]) {{
                         const int bytes = in && dv[j] ? 16 : 0;
-                        cp_async16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
+                        cp_row16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
                         if (slot < WIN - 1)  // the copy past the ring's end
-                            cp_async16(ds[j] + (slot + DYR) * DY_ROW, src + dg[j], bytes);
+                            cp_row16(ds[j] + (slot + DYR) * DY_ROW, src + dg[j], bytes);
                     }}
                 ++lu;
                 if (++ly == rows) {{
