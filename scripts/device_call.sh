@@ -234,6 +234,10 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma bounds"
       grep -vE "Warn|warn" "$R/wgrad-bounds${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
+    wgrad-k57-s33)  # session 33's wgmma wgrad (red.v4, two producer warps) in the study
+      study "gconv-s33-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
+        --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \
+        --dtypes ${STUDY_DTYPES:-fp16} ;;
     wgrad-k57-s32)  # the wgmma wgrad tiles in the study: 5x5 and 7x7 wgrad at the three shapes
       study "gconv-s32-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
         --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \

@@ -871,8 +871,12 @@ EXPERIMENTAL_WGRAD_TILES = (
 #: 100-105 (``wgrad-wg3-s32``: 120.8 / 99.3); the library's wgrad before, 188 / ~90 (a TMA tap
 #: tile). The 32-column tiles are for 32-pixel images (the one without a producer was the
 #: autotuner's pick at C=128 32x32 7x7 in ``gconv-s32-wgrad-k57``). Rows loaded only 4 ahead
-#: left the shared-memory kernel without a producer at 3.9 us a step at 7x7.
+#: left the shared-memory kernel without a producer at 3.9 us a step at 7x7. Session 33
+#: (``wgrad-bounds2-s33``, ``wgrad-bounds3-s33``; the probe's events read ~20 us above the
+#: study's): two producer warps, 7x7 104.3-105.4 us against 106.4-107.4 with one, 5x5 84.2-85.0
+#: against 86.7-86.8.
 WGMMA_WGRAD_TILES = (
+    CudaTile(4, 64, 16, 10, 2, 4, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 2, 4, wsmem=True, wgmma=True),
     CudaTile(2, 64, 16, 9, 2, 8, wsmem=True, wgmma=True),
     CudaTile(4, 32, 16, 9, 2, 4, wsmem=True, wgmma=True),
@@ -898,15 +902,19 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(2, 64, 16, 8, 2, 3, wgmma=True),
     CudaTile(4, 64, 16, 8, 1, 3, wgmma=True),
     CudaTile(4, 64, 32, 17, 1, 4, wsmem=True, wgmma=True),
-    # session 33, once the producer tiles' MMAs ran asynchronously: one group a CTA with a
-    # producer (4 or 3 CTAs an SM), more ring steps
+    # session 33, once the producer tiles' MMAs ran asynchronously (probe events, 7x7 / 5x5 us,
+    # against 106.4-109.2 / 86.7-88.1 for the first one-producer tile): one group a CTA with a
+    # producer, 4 or 3 CTAs an SM (128-137 / 107-125); 5 ring steps (109.9-110.1 / 86.4-87.0);
+    # one CTA an SM with 6 (114.2 / 101.0); two producers and 2 rows a step (106.8 / 85.8); one
+    # group and two producers (184 / 158); 8 rows a step (126.8 / 103.1). Row loads that ask L2
+    # for 128 or 256 bytes (``.L2::128B``: 109.5-113.8 / 89.2-92.0) and 32-channel CTAs (64 bytes
+    # a pixel: 127.1 / 107.9) were slower too (``wgrad-bounds3-s33``)
     CudaTile(4, 64, 8, 5, 4, 4, wsmem=True, wgmma=True),
     CudaTile(2, 64, 8, 5, 4, 8, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 5, 3, 6, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 2, 5, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 1, 6, wsmem=True, wgmma=True),
-    # two producer warps; 8 rows a step
-    CudaTile(4, 64, 16, 10, 2, 4, wsmem=True, wgmma=True),
+    # two producer warps (the 4-row tile is offered); 8 rows a step
     CudaTile(2, 64, 16, 10, 2, 8, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 6, 3, 4, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 9, 2, 2, wsmem=True, wgmma=True),
