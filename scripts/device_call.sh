@@ -248,6 +248,10 @@ for step in "$@"; do
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" \
         tests/test_gconv_cuda.py "wgmma_wgrad or workspace_is_left_zero" ;;
+    tests-s33)  # session 33: the grouped-conv op tests with the red.v4 / two-producer wgmma wgrad
+      par_tests tests33 tests/test_gconv.py "full_size or opcheck or autotune" \
+        tests/test_gconv.py "not (full_size or opcheck or autotune)" \
+        tests/test_gconv_library.py "" tests/test_gconv_plan.py "" ;;
     tests-s32c)  # the producer-warp tiles offered: every wgrad candidate and the wgmma tests
       par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
