@@ -230,7 +230,7 @@ for step in "$@"; do
       timeout "${WG_LIMIT:-200}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
         --bounds ${WG_BOUNDS:-1 2} --timeline ${WG_TIMELINE:-} --variants --kernels ${WG_KERNELS:-7 5} --n ${WG_N:-128} \
         --dtypes ${WG_DTYPES:-fp16} --checks 0 ${WG_TILES:+--tile-names $WG_TILES} \
-        --json "$R/wgrad-bounds${WG_TAG:-}-s33.json" >"$R/wgrad-bounds${WG_TAG:-}.log" 2>&1
+        ${WG_SHAPES:+--shapes $WG_SHAPES} --json "$R/wgrad-bounds${WG_TAG:-}-s33.json" >"$R/wgrad-bounds${WG_TAG:-}.log" 2>&1
       echo "rc $?: wgrad wgmma bounds"
       grep -vE "Warn|warn" "$R/wgrad-bounds${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;

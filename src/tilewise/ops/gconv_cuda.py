@@ -916,6 +916,7 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 16, 9, 1, 6, wsmem=True, wgmma=True),
     # two producer warps (the 4-row tile is offered); 8 rows a step
     CudaTile(2, 64, 16, 10, 2, 8, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 32, 18, 1, 4, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 6, 3, 4, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 9, 2, 2, wsmem=True, wgmma=True),
 )
