@@ -130,7 +130,7 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
         for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
-            end = _layout_value(src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES", tmp_path)
+            end = _layout_value(src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES + TMA * 128", tmp_path)
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES

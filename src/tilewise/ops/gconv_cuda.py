@@ -513,7 +513,8 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     mbarriers). ``tap_rows``: the halo and the sums of that many kernel rows."""
     if tile.wgmma:
         producer = wgrad_wg_producer(tile)
-        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages, producer)
+        tma = tile.tma == 1
+        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages, producer, tma)
     r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
@@ -528,6 +529,9 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     if tile.cluster:  # the CTA's fp32 sums (dw, db), staged over the dead buffers at the end
         return max(loop, (r * s * tile.cb * 8 + tile.cb) * 4)
     return loop
+
+
+_WG_WGRAD = "tw_gconv_wgrad_wg"
 
 
 def source(
@@ -550,7 +554,7 @@ def source(
         template, entry = _SOURCE_WRP, "tw_gconv_wgrad_rp"
     extra = {}
     if entry == "tw_gconv_wgrad" and tile.wgmma:
-        template, entry = _SOURCE_WWG, "tw_gconv_wgrad_wg"
+        template, entry = _SOURCE_WWG, _WG_WGRAD
         dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile))
         ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
         rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
@@ -573,7 +577,7 @@ def source(
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
-        TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad") else 0,
+        TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad", _WG_WGRAD) else 0,
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
     )
@@ -919,6 +923,11 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 32, 18, 1, 4, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 6, 3, 4, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 9, 2, 2, wsmem=True, wgmma=True),
+    # rows by TMA (one thread issues a tensor copy per group and row)
+    CudaTile(4, 64, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 9, 2, 8, tma=1, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 9, 1, 8, tma=1, wsmem=True, wgmma=True),
+    CudaTile(4, 32, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -1000,7 +1009,9 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
-        plain = not (tile.rowpair or tile.cluster or tile.tma or tile.tap_rows)
+        plain = not (tile.rowpair or tile.cluster or tile.tap_rows)
+        # TMA: the rows by tensor copies from one producer warp's lane 0
+        plain = plain and (tile.tma == 0 or (tile.tma == 1 and tile.warps - 4 * groups == 1))
         return (
             plain
             and wgrad_wg_registers_fit(s, tile)
@@ -1165,7 +1176,9 @@ def bind_wgrad(
         grid_x = max(1, min(n_tiles, ctas))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     maps = []
-    if tile.tma:  # the input's halo and dy's tile: pointers 0 and 1
+    if tile.tma and tile.wgmma:  # a group's input row and dy row
+        maps = [(0, 8, tile.tw + s - 1, 1), (1, 8, tile.tw, 1)]
+    elif tile.tma:  # the input's halo and dy's tile: pointers 0 and 1
         maps = [(0, tile.cb, tile.tw + s - 1, tile.th + r - 1), (1, tile.cb, tile.tw, tile.th)]
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     signature = _WGRAD_SIGNATURE + ("tt" if tile.tma else "")

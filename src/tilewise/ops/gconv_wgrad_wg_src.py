@@ -47,7 +47,11 @@ typedef unsigned long long u64;
 #define WS (WARPS % 4)
 #define LN (WS ? 32 * WS : NT)
 #define DY_ROW (TW * 16)
-#define X_ROW (HWD * 16)
+// TMA (one producer warp, whose lane 0 issues a tensor copy per group and row): rows on 128-byte
+// boundaries, as the tensor copies' destinations must be
+#define X_BOX (HWD * 16)
+#define X_ALIGN (1 + 127 * TMA)
+#define X_ROW ((X_BOX + X_ALIGN - 1) / X_ALIGN * X_ALIGN)
 #define X_OFF ((DYR + WIN - 1) * DY_ROW)
 #define GROUP_BYTES (X_OFF + XR * X_ROW)
 #define MBAR_OFF (NG * GROUP_BYTES)
@@ -69,13 +73,20 @@ __device__ __forceinline__ void cp_row16(u32 dst, const void* src, int bytes) {{
     asm volatile("cp.async.cg.shared.global" PF " [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(bytes));
 }}
+#if TMA
+#define WG_MAPS , const __grid_constant__ TmaDesc tmap_x, const __grid_constant__ TmaDesc tmap_dy
+#else
+#define WG_MAPS
+#endif
 #if WG_PROBE & 8
 #define STAMP(v) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v))
 #endif
 
 """
     + DESC
+    + "#if !TMA  // the prefix has it with TMA\n"
     + MBAR_WAIT
+    + "#endif\n"
     + r"""__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
                  :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -91,9 +102,11 @@ __device__ __forceinline__ void wgmma_rs(float* d, const u32* a, u64 db, int acc
 // image t / tiles_w, columns (t % tiles_w) TW .. + TW - 1. A step computes TH positions; the
 // loads run STAGES steps ahead.
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
-tw_gconv_wgrad_wg(WGRAD_PARAMS)
+tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 {{
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    // on a 128-byte boundary (TMA; the allocation has 128 bytes of slack then)
+    unsigned char* const smem = smem_raw + (TMA ? (128 - smem_u32(smem_raw) % 128) % 128 : 0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
     const int lid = WS ? tid & (LN - 1) : tid;  // its place among the threads that load
     const int c0 = blockIdx.y * CB;
@@ -114,7 +127,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
     if (tid == 0) {{
         for (int st = 0; st < STAGES; ++st) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
-                         :: "r"(full0 + 8 * st), "r"(LN));
+                         :: "r"(full0 + 8 * st), "r"(TMA ? 1 : LN));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(empty0 + 8 * st), "r"(NG * 128));
         }}
@@ -191,6 +204,49 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
             }}
         }}
     }};
+#if TMA
+    // one thread: a step's rows by tensor copies onto full barrier ``mbar`` (zeros where a box
+    // leaves the tensor: the padding columns and dy's rows from Ho on), its bytes expected first
+    auto tma_step = [&](u32 mbar) {{
+        u32 bytes = 0;
+        unsigned u = lu;
+        int y = ly;
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb)
+            if (u < U) {{
+                const int xr = y - pad_h;
+                const int dup = u % DYR < WIN - 1;
+                bytes += NG * ((xr >= 0 && xr < Hi ? X_BOX : 0) + DY_ROW * (1 + dup));
+                ++u;
+                if (++y == rows) y = 0;
+            }}
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                     :: "r"(mbar), "r"(bytes) : "memory");
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            if (lu < U) {{
+                const int cx = (lt - ln * tiles_w) * TW, xr = ly - pad_h;
+                const int slot = lu % DYR;
+#pragma unroll
+                for (int gg = 0; gg < NG; ++gg) {{
+                    const u32 gb = sb + gg * GROUP_BYTES;
+                    if (xr >= 0 && xr < Hi)
+                        tma_load(gb + X_OFF + (lu % XR) * X_ROW, mbar, &tmap_x, c0 + 8 * gg,
+                                 cx - pad_w, xr, ln);
+                    tma_load(gb + slot * DY_ROW, mbar, &tmap_dy, c0 + 8 * gg, cx, ly, ln);
+                    if (slot < WIN - 1)  // the copy past the ring's end
+                        tma_load(gb + (slot + DYR) * DY_ROW, mbar, &tmap_dy, c0 + 8 * gg, cx,
+                                 ly, ln);
+                }}
+                ++lu;
+                if (++ly == rows) {{
+                    ly = 0;
+                    if (++lt < t1) ln = lt / tiles_w;
+                }}
+            }}
+        }}
+    }};
+#endif
     float acc[4 * S];
 #pragma unroll
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
@@ -266,9 +322,13 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS)
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
+#if TMA
+            if (lane == 0) tma_step(full0 + 8 * st);
+#else
             if (!(WG_PROBE & 2)) load_step();
             asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
                          :: "r"(full0 + 8 * st) : "memory");
+#endif
         }}
     }} else {{
         for (unsigned t = 0; t < T; ++t) {{
@@ -358,9 +418,14 @@ def rings(th: int, stages: int, producer: bool = False) -> tuple[int, int]:
     return live + WINDOW - 1, live
 
 
-def smem_bytes(s: int, tw: int, cb: int, th: int, stages: int, producer: bool = False) -> int:
+def smem_bytes(
+    s: int, tw: int, cb: int, th: int, stages: int, producer: bool = False, tma: bool = False
+) -> int:
     """Shared memory of a CTA: per group the dy ring (its first 7 rows twice) and the input
-    ring; with a producer warp, a full and an empty mbarrier a ring step."""
+    ring; with a producer warp, a full and an empty mbarrier a ring step; with TMA, input rows on
+    128-byte boundaries and 128 bytes of slack to align the whole."""
     dyr, xr = rings(th, stages, producer)
-    rings_bytes = cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * (tw + s - 1) * 16)
-    return rings_bytes + (16 * stages if producer else 0)
+    x_row = (tw + s - 1) * 16
+    x_row = -(-x_row // 128) * 128 if tma else x_row
+    rings_bytes = cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * x_row)
+    return rings_bytes + (16 * stages if producer else 0) + (128 if tma else 0)
