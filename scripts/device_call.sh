@@ -57,7 +57,7 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
   start=$(date +%s)
   while [ $# -ge 2 ]; do
     k=$((k + 1))
-    timeout 210 python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$1" ${2:+-k "$2"} \
+    timeout "${TEST_LIMIT:-210}" python -m pytest -m gpu -q -p no:cacheprovider --tb=short "$1" ${2:+-k "$2"} \
       >"$R/$name-$k.log" 2>&1 &
     pids+=($!)
     shift 2

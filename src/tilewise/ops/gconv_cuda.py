@@ -912,7 +912,9 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     # one CTA an SM with 6 (114.2 / 101.0); two producers and 2 rows a step (106.8 / 85.8); one
     # group and two producers (184 / 158); 8 rows a step (126.8 / 103.1). Row loads that ask L2
     # for 128 or 256 bytes (``.L2::128B``: 109.5-113.8 / 89.2-92.0) and 32-channel CTAs (64 bytes
-    # a pixel: 127.1 / 107.9) were slower too (``wgrad-bounds3-s33``)
+    # a pixel: 127.1 / 107.9; with two producers 122.0 / 103.4) were slower too
+    # (``wgrad-bounds{3,5}-s33``); C=16, whose CTAs read whole 32-byte pixels, loaded no faster
+    # (``wgrad-bounds4-s33``: without MMAs 111.1 us at N=512, the same bytes)
     CudaTile(4, 64, 8, 5, 4, 4, wsmem=True, wgmma=True),
     CudaTile(2, 64, 8, 5, 4, 8, wsmem=True, wgmma=True),
     CudaTile(4, 64, 8, 5, 3, 6, wsmem=True, wgmma=True),
@@ -920,14 +922,12 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 16, 9, 1, 6, wsmem=True, wgmma=True),
     # two producer warps (the 4-row tile is offered); 8 rows a step
     CudaTile(2, 64, 16, 10, 2, 8, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 32, 18, 1, 4, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 8, 6, 3, 4, wsmem=True, wgmma=True),
     CudaTile(8, 64, 16, 9, 2, 2, wsmem=True, wgmma=True),
-    # rows by TMA (one thread issues a tensor copy per group and row)
+    # rows by TMA: one thread issues a tensor copy (16 bytes x 70 pixels) per group and row;
+    # slower (call 9: 7x7 / 5x5 120.7-157.9 / 105.9-136.5 us, without MMAs 125.4-138.1 /
+    # 111.3-120.7, against 104.4 / 83.8 and 98.2 / 82.6 for the offered first tile; other TMA
+    # tiles were 2 rows a step, 8 ring steps at one CTA an SM, 32 columns)
     CudaTile(4, 64, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
-    CudaTile(2, 64, 16, 9, 2, 8, tma=1, wsmem=True, wgmma=True),
-    CudaTile(4, 64, 16, 9, 1, 8, tma=1, wsmem=True, wgmma=True),
-    CudaTile(4, 32, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
