@@ -68,11 +68,12 @@ class CudaTile:
     (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group
     times the warpgroups a group, ``wgmma_split``):
     the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
-    Toeplitz B in shared memory; among wgrad tiles (sm_90a only, ``tma=0``), the warpgroup-MMA
+    Toeplitz B in shared memory; among wgrad tiles (sm_90a only), the warpgroup-MMA
     wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
     32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one or two more: producer warps load
     the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
-    ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers)."""
+    ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers),
+    ``tma`` 1 (one producer warp, experimental) the rows arrive by tensor copies."""
 
     th: int = 8
     tw: int = 16
