@@ -433,7 +433,7 @@ def _set_mode(mode: int) -> None:
 
 
 def _mode_label(mode: int) -> str:
-    names = ((1, "nomma"), (2, "noload"), (4, "nored"), (16, "pf128"), (32, "pf256"))
+    names = ((1, "nomma"), (2, "noload"), (4, "nored"), (16, "pf128"), (32, "pf256"), (64, "il"))
     return "+".join(n for b, n in names if mode & b) or "full"
 
 
@@ -562,7 +562,8 @@ def main() -> None:
         nargs="*",
         default=[],
         help="WG_PROBE modes to time the producer tiles named (else the first two offered) in: "
-        "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes",
+        "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes, 64 "
+        "(with 1) rows landing with a pixel's groups side by side",
     )
     ap.add_argument(
         "--timeline",

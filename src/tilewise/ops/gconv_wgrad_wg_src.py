@@ -59,7 +59,8 @@ typedef unsigned long long u64;
 #define DJ ((TW * NG + LN - 1) / LN)
 #ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
 #define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer);
-#endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them
+#endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them;
+                    // 64 (with 1): rows land with a pixel's groups side by side
 #if WG_PROBE & 16
 #define PF ".L2::128B"
 #elif WG_PROBE & 32
@@ -145,12 +146,18 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         const int i = lid + j * LN;
         xin[j] = i < HWD * NG;
         xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
+#if WG_PROBE & 64  // the probe's load test: a pixel's groups side by side (no MMA reads them)
+        xs[j] = sb + X_OFF + i * 16;
+#endif
     }}
 #pragma unroll
     for (int j = 0; j < DJ; ++j) {{
         const int i = lid + j * LN;
         din[j] = i < TW * NG;
         ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+#if WG_PROBE & 64
+        ds[j] = sb + i * 16;
+#endif
     }}
     int ln = 0;  // the loading unit's image
     auto set_unit = [&](int t) {{
