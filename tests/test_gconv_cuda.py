@@ -89,7 +89,8 @@ def test_wide_pixels_take_the_5d_tensor_copies(tmp_path):
 
 def _layout_value(src: str, expr: str, tmp_path) -> int:
     """The value of the C expression ``expr`` over ``src``'s macros, by the C preprocessor
-    (skips the test where none is installed): integer arithmetic on positive values."""
+    (skips the test where none is installed): integer arithmetic on positive values and
+    ``==`` comparisons."""
     import shutil
     import subprocess
 
@@ -100,8 +101,8 @@ def _layout_value(src: str, expr: str, tmp_path) -> int:
     path.write_text(src + f"\ntw_layout_end = {expr};\n")
     out = subprocess.run([cpp, "-P", str(path)], capture_output=True, text=True)
     text = out.stdout.rsplit("tw_layout_end =", 1)[1].split(";")[0]
-    assert set(text) <= set("0123456789+-*/%() "), text
-    return eval(text.replace("/", "//"))
+    assert set(text) <= set("0123456789+-*/%()= "), text  # "==": comparisons are 0 or 1
+    return int(eval(text.replace("/", "//")))
 
 
 def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
@@ -130,7 +131,9 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
         for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
-            end = _layout_value(src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES + TMA * 128", tmp_path)
+            end = _layout_value(
+                src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES + (TMA == 1) * 128", tmp_path
+            )
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
     tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES

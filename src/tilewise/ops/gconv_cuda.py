@@ -514,8 +514,7 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     mbarriers). ``tap_rows``: the halo and the sums of that many kernel rows."""
     if tile.wgmma:
         producer = wgrad_wg_producer(tile)
-        tma = tile.tma == 1
-        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages, producer, tma)
+        return _wgrad_wg_smem(s, tile.tw, tile.cb, tile.th, tile.stages, producer, tile.tma)
     r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
@@ -556,7 +555,7 @@ def source(
     extra = {}
     if entry == "tw_gconv_wgrad" and tile.wgmma:
         template, entry = _SOURCE_WWG, _WG_WGRAD
-        dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile))
+        dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile), tile.tma == 2)
         ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
         rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
         extra = {"DYR": dyr, "XR": xr, "WGMMA": ss, "WGMMA_RS": rs, "A_SMEM": int(tile.wsmem)}
@@ -929,6 +928,11 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     # 111.3-120.7, against 104.4 / 83.8 and 98.2 / 82.6 for the offered first tile; other TMA
     # tiles were 2 rows a step, 8 ring steps at one CTA an SM, 32 columns)
     CudaTile(4, 64, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
+    # rows staged with a pixel's groups side by side, re-laid out by the warpgroups (tma=2)
+    CudaTile(2, 64, 16, 9, 2, 4, tma=2, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 10, 2, 4, tma=2, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 9, 2, 6, tma=2, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 9, 2, 2, tma=2, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -1011,8 +1015,14 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
         plain = not (tile.rowpair or tile.cluster or tile.tap_rows)
-        # TMA: the rows by tensor copies from one producer warp's lane 0
-        plain = plain and (tile.tma == 0 or (tile.tma == 1 and tile.warps - 4 * groups == 1))
+        # tma 1: the rows by tensor copies from one producer warp's lane 0; 2: by producer warps
+        # into a staging ring that the warpgroups re-lay out
+        producers = tile.warps - 4 * groups
+        plain = plain and (
+            tile.tma == 0
+            or (tile.tma == 1 and producers == 1)
+            or (tile.tma == 2 and producers in (1, 2))
+        )
         return (
             plain
             and wgrad_wg_registers_fit(s, tile)
@@ -1161,10 +1171,11 @@ def bind_wgrad(
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
     kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
-    if tile.tma and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
+    maps_in = tile.tma and not (tile.wgmma and tile.tma == 2)  # tensor maps as arguments
+    if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
-        tile = wgrad_twin(tile, c, r, s)
+        tile, maps_in = wgrad_twin(tile, c, r, s), False
         kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     # wgmma: units of whole images' rows, (image, column chunk)
@@ -1177,12 +1188,12 @@ def bind_wgrad(
         grid_x = max(1, min(n_tiles, ctas))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     maps = []
-    if tile.tma and tile.wgmma:  # a group's input row and dy row
+    if maps_in and tile.wgmma:  # a group's input row and dy row
         maps = [(0, 8, tile.tw + s - 1, 1), (1, 8, tile.tw, 1)]
-    elif tile.tma:  # the input's halo and dy's tile: pointers 0 and 1
+    elif maps_in:  # the input's halo and dy's tile: pointers 0 and 1
         maps = [(0, tile.cb, tile.tw + s - 1, tile.th + r - 1), (1, tile.cb, tile.tw, tile.th)]
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
-    signature = _WGRAD_SIGNATURE + ("tt" if tile.tma else "")
+    signature = _WGRAD_SIGNATURE + ("tt" if maps_in else "")
     smem = wgrad_smem_bytes(r, s, tile)
     bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)

@@ -50,11 +50,20 @@ typedef unsigned long long u64;
 // TMA (one producer warp, whose lane 0 issues a tensor copy per group and row): rows on 128-byte
 // boundaries, as the tensor copies' destinations must be
 #define X_BOX (HWD * 16)
-#define X_ALIGN (1 + 127 * TMA)
+#define X_ALIGN (1 + 127 * (TMA == 1))
 #define X_ROW ((X_BOX + X_ALIGN - 1) / X_ALIGN * X_ALIGN)
 #define X_OFF ((DYR + WIN - 1) * DY_ROW)
 #define GROUP_BYTES (X_OFF + XR * X_ROW)
-#define MBAR_OFF (NG * GROUP_BYTES)
+// RL (TMA 2): the producer lands each row with a pixel's groups side by side in a staging ring
+// of STAGES x TH rows (a 32-byte sector's halves adjacent: session 33, 20-25 us faster loads at
+// 7x7 than into the groups' separate rows) and each warpgroup copies its group's pieces into the
+// rows its MMAs read, whose rings then hold 2 steps (+7 for dy's window)
+#define RL (TMA == 2)
+#define SROWS (STAGES * TH)
+#define STG_X (NG * HWD * 16)
+#define STG_ROW (STG_X + NG * TW * 16)
+#define STG_OFF (NG * GROUP_BYTES)
+#define MBAR_OFF (STG_OFF + RL * SROWS * STG_ROW)
 #define XJ ((HWD * NG + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
 #ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
@@ -74,7 +83,7 @@ __device__ __forceinline__ void cp_row16(u32 dst, const void* src, int bytes) {{
     asm volatile("cp.async.cg.shared.global" PF " [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(bytes));
 }}
-#if TMA
+#if TMA == 1
 #define WG_MAPS , const __grid_constant__ TmaDesc tmap_x, const __grid_constant__ TmaDesc tmap_dy
 #else
 #define WG_MAPS
@@ -88,7 +97,17 @@ __device__ __forceinline__ void cp_row16(u32 dst, const void* src, int bytes) {{
     + "#if !TMA  // the prefix has it with TMA\n"
     + MBAR_WAIT
     + "#endif\n"
-    + r"""__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {{
+    + r"""__device__ __forceinline__ v4u32 ld_sh16(u32 a) {{
+    v4u32 v;
+    asm volatile("ld.shared.v4.u32 {{%0, %1, %2, %3}}, [%4];\n"
+                 : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "r"(a));
+    return v;
+}}
+__device__ __forceinline__ void st_sh16(u32 a, v4u32 v) {{
+    asm volatile("st.shared.v4.u32 [%0], {{%1, %2, %3, %4}};\n"
+                 :: "r"(a), "r"(v.a), "r"(v.b), "r"(v.c), "r"(v.d) : "memory");
+}}
+__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
                  :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }}
@@ -107,7 +126,8 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 {{
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // on a 128-byte boundary (TMA; the allocation has 128 bytes of slack then)
-    unsigned char* const smem = smem_raw + (TMA ? (128 - smem_u32(smem_raw) % 128) % 128 : 0);
+    unsigned char* const smem =
+        smem_raw + (TMA == 1 ? (128 - smem_u32(smem_raw) % 128) % 128 : 0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
     const int lid = WS ? tid & (LN - 1) : tid;  // its place among the threads that load
     const int c0 = blockIdx.y * CB;
@@ -128,7 +148,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     if (tid == 0) {{
         for (int st = 0; st < STAGES; ++st) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
-                         :: "r"(full0 + 8 * st), "r"(TMA ? 1 : LN));
+                         :: "r"(full0 + 8 * st), "r"(TMA == 1 ? 1 : LN));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(empty0 + 8 * st), "r"(NG * 128));
         }}
@@ -146,6 +166,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         const int i = lid + j * LN;
         xin[j] = i < HWD * NG;
         xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
+#if RL  // staging: pixel i / NG's group i % NG at piece i
+        xs[j] = sb + STG_OFF + i * 16;
+#endif
 #if WG_PROBE & 64  // the probe's load test: a pixel's groups side by side (no MMA reads them)
         xs[j] = sb + X_OFF + i * 16;
 #endif
@@ -155,6 +178,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         const int i = lid + j * LN;
         din[j] = i < TW * NG;
         ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+#if RL
+        ds[j] = sb + STG_OFF + STG_X + i * 16;
+#endif
 #if WG_PROBE & 64
         ds[j] = sb + i * 16;
 #endif
@@ -186,7 +212,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                 const int xr = ly - pad_h;
                 if (xr >= 0 && xr < Hi) {{
                     const u16* src = x + ((long long)ln * Hi + xr) * Wi * C;
-                    const u32 slot = (lu % XR) * X_ROW;
+                    const u32 slot = RL ? (lu % SROWS) * STG_ROW : (lu % XR) * X_ROW;
 #pragma unroll
                     for (int j = 0; j < XJ; ++j)
                         if (xin[j]) cp_row16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
@@ -199,9 +225,13 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                 for (int j = 0; j < DJ; ++j)
                     if (din[j]) {{
                         const int bytes = in && dv[j] ? 16 : 0;
+#if RL
+                        cp_row16(ds[j] + (lu % SROWS) * STG_ROW, src + dg[j], bytes);
+#else
                         cp_row16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
                         if (slot < WIN - 1)  // the copy past the ring's end
                             cp_row16(ds[j] + (slot + DYR) * DY_ROW, src + dg[j], bytes);
+#endif
                     }}
                 ++lu;
                 if (++ly == rows) {{
@@ -211,7 +241,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
             }}
         }}
     }};
-#if TMA
+#if TMA == 1
     // one thread: a step's rows by tensor copies onto full barrier ``mbar`` (zeros where a box
     // leaves the tensor: the padding columns and dy's rows from Ho on), its bytes expected first
     auto tma_step = [&](u32 mbar) {{
@@ -321,6 +351,36 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
             }}
 #endif
     }};
+#if RL
+    // this warpgroup's group of step t's rows, staging -> the rows its MMAs read (positions
+    // from cu on; cu and cy are not advanced here)
+    auto relayout_step = [&](unsigned t) {{
+        const int tg = tid & 127;
+        const u32 stg = sb + STG_OFF + 16 * g;
+        int y = cy;
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            const unsigned u = cu + rb;
+            if (u < U) {{
+                const u32 row = stg + (u % SROWS) * STG_ROW;
+                const int xr = y - pad_h;
+                if (xr >= 0 && xr < Hi) {{
+                    const u32 xd = gbase + X_OFF + (u % XR) * X_ROW;
+                    for (int p = tg; p < HWD; p += 128)
+                        st_sh16(xd + 16 * p, ld_sh16(row + 16 * NG * p));
+                }}
+                const int slot = u % DYR;
+                const u32 dd = gbase + slot * DY_ROW;
+                for (int p = tg; p < TW; p += 128) {{
+                    const v4u32 v = ld_sh16(row + STG_X + 16 * NG * p);
+                    st_sh16(dd + 16 * p, v);
+                    if (slot < WIN - 1) st_sh16(dd + DYR * DY_ROW + 16 * p, v);
+                }}
+            }}
+            if (++y == rows) y = 0;
+        }}
+    }};
+#endif
 #if WS
     // the role from lane 0 of the warp: provably uniform across it, so ptxas keeps the
     // warpgroups' MMAs asynchronous (with `warp == 4 * NG` it serialized them: C7520)
@@ -329,7 +389,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
-#if TMA
+#if TMA == 1
             if (lane == 0) tma_step(full0 + 8 * st);
 #else
             if (!(WG_PROBE & 2)) load_step();
@@ -340,6 +400,18 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     }} else {{
         for (unsigned t = 0; t < T; ++t) {{
             mbar_wait(full0 + 8 * (t % STAGES), (t / STAGES) & 1);
+#if RL
+            relayout_step(t);
+            // the staging step is read: free for the producer
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                         :: "r"(empty0 + 8 * (t % STAGES)) : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");  // this warpgroup
+            compute_step();
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // the step before is done: its rows may be rewritten at the next step
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#else
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             compute_step();
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -348,6 +420,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
             if (t > 0)
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                              :: "r"(empty0 + 8 * ((t - 1) % STAGES)) : "memory");
+#endif
         }}
     }}
 #else
@@ -417,22 +490,25 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 SOURCE_WWG = _TAP_SOURCE[: _TAP_SOURCE.index("// Persistent CTAs")] + _KERNEL
 
 
-def rings(th: int, stages: int, producer: bool = False) -> tuple[int, int]:
+def rings(th: int, stages: int, producer: bool = False, relayout: bool = False) -> tuple[int, int]:
     """(dy rows, input rows) a group's rings hold: the positions from the window of a step's
     first row to the last row loaded ahead, (stages + 1) x th + 7 and (stages + 1) x th; with a
-    producer warp, ``stages`` steps of th rows (+7 for dy)."""
-    live = (stages + (0 if producer else 1)) * th
+    producer warp, ``stages`` steps of th rows (+7 for dy); re-laid out from a staging ring
+    (``relayout``), the step computed and the one in flight, 2 th (+7)."""
+    live = 2 * th if relayout else (stages + (0 if producer else 1)) * th
     return live + WINDOW - 1, live
 
 
 def smem_bytes(
-    s: int, tw: int, cb: int, th: int, stages: int, producer: bool = False, tma: bool = False
+    s: int, tw: int, cb: int, th: int, stages: int, producer: bool = False, tma: int = 0
 ) -> int:
     """Shared memory of a CTA: per group the dy ring (its first 7 rows twice) and the input
-    ring; with a producer warp, a full and an empty mbarrier a ring step; with TMA, input rows on
-    128-byte boundaries and 128 bytes of slack to align the whole."""
-    dyr, xr = rings(th, stages, producer)
+    ring; with a producer warp, a full and an empty mbarrier a ring step; ``tma`` 1, input rows
+    on 128-byte boundaries and 128 bytes of slack to align the whole; 2 (re-layout), the staging
+    ring of stages x th rows of all groups."""
+    dyr, xr = rings(th, stages, producer, tma == 2)
     x_row = (tw + s - 1) * 16
-    x_row = -(-x_row // 128) * 128 if tma else x_row
+    x_row = -(-x_row // 128) * 128 if tma == 1 else x_row
     rings_bytes = cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * x_row)
-    return rings_bytes + (16 * stages if producer else 0) + (128 if tma else 0)
+    staging = stages * th * cb // 8 * (tw + s - 1 + tw) * 16 if tma == 2 else 0
+    return rings_bytes + staging + (16 * stages if producer else 0) + (128 if tma == 1 else 0)
