@@ -928,11 +928,13 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     # 111.3-120.7, against 104.4 / 83.8 and 98.2 / 82.6 for the offered first tile; other TMA
     # tiles were 2 rows a step, 8 ring steps at one CTA an SM, 32 columns)
     CudaTile(4, 64, 16, 9, 2, 4, tma=1, wsmem=True, wgmma=True),
-    # rows staged with a pixel's groups side by side, re-laid out by the warpgroups (tma=2)
-    CudaTile(2, 64, 16, 9, 2, 4, tma=2, wsmem=True, wgmma=True),
-    CudaTile(2, 64, 16, 10, 2, 4, tma=2, wsmem=True, wgmma=True),
-    CudaTile(2, 64, 16, 9, 2, 6, tma=2, wsmem=True, wgmma=True),
+    # rows staged with a pixel's groups side by side, re-laid out by the warpgroups (tma=2):
+    # correct (call 13), its loads faster (without MMAs 7x7 / 5x5 86.7-90.1 / 73.1-75.8 us
+    # against 99.4 / 84.2) but the whole slower (109.7-115.6 / 87.6-93.2 against 104.6 / 84.8):
+    # the copy costs the warpgroups more than the loads gain (also tried: 2 rows a step with 4 or
+    # 6 staging steps, one producer)
     CudaTile(4, 64, 16, 9, 2, 2, tma=2, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 10, 2, 4, tma=2, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5

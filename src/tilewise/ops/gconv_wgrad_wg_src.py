@@ -22,7 +22,10 @@ one (WARPS = 4 NG + 1) the last warp loads each step's rows into a ring of STAGE
 full mbarrier per step; the warpgroups keep one step's MMAs in flight and hand a step back
 through its empty mbarrier, and never meet at a CTA barrier in the loop. ``{A_SMEM}``: the MMA
 reads A from shared memory by descriptor; 0: through ``ldmatrix.trans`` into registers (all TH
-rows' before the step's one fence; session 31's prototype read this way).
+rows' before the step's one fence; session 31's prototype read this way). ``{TMA}`` (producer
+tiles, experimental, session 33): 1, lane 0 of the producer warp loads the rows by tensor copies;
+2, the producers land rows with a pixel's groups side by side in a staging ring and each
+warpgroup copies its group into the rows its MMAs read. Both were slower than ``cp.async`` rows.
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT
