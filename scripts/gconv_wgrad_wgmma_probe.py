@@ -563,7 +563,8 @@ def main() -> None:
         default=[],
         help="WG_PROBE modes to time the producer tiles named (else the first two offered) in: "
         "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes, 64 "
-        "(with 1) rows landing with a pixel's groups side by side",
+        "(with 1) rows landing with a pixel's groups side by side (bit 2 does not stop tma=1 "
+        "tiles' tensor copies)",
     )
     ap.add_argument(
         "--timeline",

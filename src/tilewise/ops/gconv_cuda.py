@@ -73,7 +73,8 @@ class CudaTile:
     32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one or two more: producer warps load
     the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
     ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers),
-    ``tma`` 1 (one producer warp, experimental) the rows arrive by tensor copies."""
+    ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
+    with a pixel's groups side by side and re-laid out by the warpgroups."""
 
     th: int = 8
     tw: int = 16

@@ -18,14 +18,15 @@ input row X = u's row and its 16-column k-step:
 MMA work: 64 x 8 S per 16 pixels of an input row, R / 8 of it useful (7x7: 7/8). Without a
 producer warp every MMA of a step is waited for at the next step's start (the rings hold
 (STAGES + 1) x TH rows and the window's 7), and all threads load between two CTA barriers. With
-one (WARPS = 4 NG + 1) the last warp loads each step's rows into a ring of STAGES steps behind a
-full mbarrier per step; the warpgroups keep one step's MMAs in flight and hand a step back
-through its empty mbarrier, and never meet at a CTA barrier in the loop. ``{A_SMEM}``: the MMA
-reads A from shared memory by descriptor; 0: through ``ldmatrix.trans`` into registers (all TH
-rows' before the step's one fence; session 31's prototype read this way). ``{TMA}`` (producer
-tiles, experimental, session 33): 1, lane 0 of the producer warp loads the rows by tensor copies;
-2, the producers land rows with a pixel's groups side by side in a staging ring and each
-warpgroup copies its group into the rows its MMAs read. Both were slower than ``cp.async`` rows.
+one or two (WARPS = 4 NG + 1 or 2) the last warps load each step's rows into a ring of STAGES
+steps behind a full mbarrier per step; the warpgroups keep one step's MMAs in flight and hand a
+step back through its empty mbarrier, and never meet at a CTA barrier in the loop.
+``{A_SMEM}``: the MMA reads A from shared memory by descriptor; 0: through ``ldmatrix.trans``
+into registers (all TH rows' before the step's one fence; session 31's prototype read this way).
+``{TMA}`` (producer tiles, experimental, session 33): 1, lane 0 of the producer warp loads the
+rows by tensor copies; 2, the producers land rows with a pixel's groups side by side in a
+staging ring and each warpgroup copies its group into the rows its MMAs read. Both were slower
+than ``cp.async`` rows.
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT
@@ -67,6 +68,9 @@ typedef unsigned long long u64;
 #define STG_ROW (STG_X + NG * TW * 16)
 #define STG_OFF (NG * GROUP_BYTES)
 #define MBAR_OFF (STG_OFF + RL * SROWS * STG_ROW)
+#if (RL && !WS) || WS > 2  // the re-layout needs producer warps; lid assumes 1 or 2 of them
+#error "unsupported wgmma wgrad tile"
+#endif
 #define XJ ((HWD * NG + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
 #ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
@@ -412,8 +416,10 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
             asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");  // this warpgroup
             compute_step();
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            // the step before is done: its rows may be rewritten at the next step
+            // the step before is done in this warp; once every warp of the group has said so
+            // (wgmma groups are per warp), its rows may be rewritten at the next step
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");
 #else
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             compute_step();
