@@ -187,6 +187,13 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
     two = dataclasses.replace(ws, warps=10)
     assert gconv_cuda.wgrad_wg_producer(two) and gconv_cuda.wgrad_tile_ok(64, 7, 7, two)
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, warps=11))
+    # tma 1 (tensor copies from one producer warp's lane 0), tma 2 (staged, re-laid out by the
+    # warpgroups: one or two producer warps)
+    for tma, warps, legal in ((1, 9, True), (1, 10, False), (1, 8, False), (2, 9, True),
+                              (2, 10, True), (2, 8, False), (3, 9, False)):  # fmt: skip
+        tile = dataclasses.replace(ws, tma=tma, warps=warps, stages=2, min_ctas=2)
+        assert gconv_cuda.wgrad_tile_ok(64, 7, 7, tile) == legal, (tma, warps)
+    assert gconv_cuda.wgrad_wg_rings(4, 4, True, True) == (15, 8)  # 2 steps, dy's window
     assert gconv_cuda.wgrad_wg_rings(4, 4, True) == (23, 16)
     # the rings: (stages + 1) x th rows, and the window's 7 more for dy
     assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)
