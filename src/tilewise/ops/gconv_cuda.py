@@ -1031,7 +1031,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and wgrad_wg_registers_fit(s, tile)
             and tile.cb % 8 == 0
             and c % tile.cb == 0
-            and tile.warps - 4 * groups in ((0, 1, 2) if tile.wsmem else (0,))
+            and producers in ((0, 1, 2) if tile.wsmem else (0,))
             and tile.tw % 16 == 0
             and 16 <= tile.tw <= 64
             and tile.th >= 1

@@ -172,24 +172,24 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     for (int j = 0; j < XJ; ++j) {{
         const int i = lid + j * LN;
         xin[j] = i < HWD * NG;
-        xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
-#if RL  // staging: pixel i / NG's group i % NG at piece i
-        xs[j] = sb + STG_OFF + i * 16;
-#endif
 #if WG_PROBE & 64  // the probe's load test: a pixel's groups side by side (no MMA reads them)
         xs[j] = sb + X_OFF + i * 16;
+#elif RL  // staging: pixel i / NG's group i % NG at piece i
+        xs[j] = sb + STG_OFF + i * 16;
+#else
+        xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
 #endif
     }}
 #pragma unroll
     for (int j = 0; j < DJ; ++j) {{
         const int i = lid + j * LN;
         din[j] = i < TW * NG;
-        ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
-#if RL
-        ds[j] = sb + STG_OFF + STG_X + i * 16;
-#endif
 #if WG_PROBE & 64
         ds[j] = sb + i * 16;
+#elif RL
+        ds[j] = sb + STG_OFF + STG_X + i * 16;
+#else
+        ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
 #endif
     }}
     int ln = 0;  // the loading unit's image
@@ -359,9 +359,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #endif
     }};
 #if RL
-    // this warpgroup's group of step t's rows, staging -> the rows its MMAs read (positions
+    // this warpgroup's group of the step's rows, staging -> the rows its MMAs read (positions
     // from cu on; cu and cy are not advanced here)
-    auto relayout_step = [&](unsigned t) {{
+    auto relayout_step = [&]() {{
         const int tg = tid & 127;
         const u32 stg = sb + STG_OFF + 16 * g;
         int y = cy;
@@ -408,7 +408,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         for (unsigned t = 0; t < T; ++t) {{
             mbar_wait(full0 + 8 * (t % STAGES), (t / STAGES) & 1);
 #if RL
-            relayout_step(t);
+            relayout_step();
             // the staging step is read: free for the producer
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                          :: "r"(empty0 + 8 * (t % STAGES)) : "memory");
