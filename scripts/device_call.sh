@@ -234,6 +234,12 @@ for step in "$@"; do
       echo "rc $?: wgrad wgmma bounds"
       grep -vE "Warn|warn" "$R/wgrad-bounds${WG_TAG:-}.log" | cut -c1-160 | tail -n 40
       pack ;;
+    wgrad-check)  # session 34: the wgmma wgrad GPU tests on the tiles named by WG_CHECK (substrings)
+      timeout "${WG_LIMIT:-200}" python scripts/check_wgmma_wgrad_tiles.py ${WG_CHECK:-_tma3} \
+        --dtypes ${WG_DTYPES:-fp16 bf16} >"$R/wgrad-check.log" 2>&1
+      echo "rc $?: wgrad tile check"
+      tail -n 12 "$R/wgrad-check.log" | cut -c1-300
+      pack ;;
     wgrad-k57-s33)  # session 33's wgmma wgrad (red.v4, two producer warps) in the study
       study "gconv-s33-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
         --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \

@@ -132,7 +132,7 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
             src, entry = gconv_cuda.source(r, s, tile, False, 1, False, "tw_gconv_wgrad")
             assert entry == "tw_gconv_wgrad_wg"
             end = _layout_value(
-                src, "MBAR_OFF + (WS + 1) / 2 * 16 * STAGES + (TMA == 1) * 128", tmp_path
+                src, "MBAR_OFF + (WS + 1) / 2 * 16 * NSLOT + (TMA == 1) * 128", tmp_path
             )
             assert gconv_cuda.wgrad_smem_bytes(r, s, tile) == end, (r, s, tile.name)
             checked += 1
@@ -187,13 +187,17 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
     two = dataclasses.replace(ws, warps=10)
     assert gconv_cuda.wgrad_wg_producer(two) and gconv_cuda.wgrad_tile_ok(64, 7, 7, two)
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(ws, warps=11))
-    # tma 1 (tensor copies from one producer warp's lane 0), tma 2 (staged, re-laid out by the
-    # warpgroups: one or two producer warps)
+    # tma 1 (tensor copies from one producer warp's lane 0), tma 2 and 3 (staged, re-laid out by
+    # the warpgroups or by the producer threads: one or two producer warps)
     for tma, warps, legal in ((1, 9, True), (1, 10, False), (1, 8, False), (2, 9, True),
-                              (2, 10, True), (2, 8, False), (3, 9, False)):  # fmt: skip
+                              (2, 10, True), (2, 8, False), (3, 9, True), (3, 10, True),
+                              (3, 8, False), (4, 9, False)):  # fmt: skip
         tile = dataclasses.replace(ws, tma=tma, warps=warps, stages=2, min_ctas=2)
         assert gconv_cuda.wgrad_tile_ok(64, 7, 7, tile) == legal, (tma, warps)
-    assert gconv_cuda.wgrad_wg_rings(4, 4, True, True) == (15, 8)  # 2 steps, dy's window
+    assert gconv_cuda.wgrad_wg_rings(4, 4, True, 2) == (15, 8)  # 2 steps, dy's window
+    # tma 3 (re-laid out by the producer threads): RELAYOUT_RING_STEPS steps, whatever stages
+    assert gconv_cuda.wgrad_wg_rings(4, 2, True, 3) == (19, 12)
+    assert gconv_cuda.wgrad_wg_rings(2, 6, True, 3) == (13, 6)
     assert gconv_cuda.wgrad_wg_rings(4, 4, True) == (23, 16)
     # the rings: (stages + 1) x th rows, and the window's 7 more for dy
     assert gconv_cuda.wgrad_wg_rings(4, 1) == (15, 8)

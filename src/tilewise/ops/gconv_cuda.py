@@ -40,6 +40,7 @@ from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
 from tilewise.ops.gconv_wgmma_src import SOURCE_WG as _SOURCE_WG
 from tilewise.ops.gconv_wgmma_src import wgmma_asm as _wgmma_asm
+from tilewise.ops.gconv_wgrad_wg_src import RELAYOUT_RING_STEPS
 from tilewise.ops.gconv_wgrad_wg_src import SOURCE_WWG as _SOURCE_WWG
 from tilewise.ops.gconv_wgrad_wg_src import WINDOW as _WG_WINDOW
 from tilewise.ops.gconv_wgrad_wg_src import rings as wgrad_wg_rings
@@ -556,10 +557,11 @@ def source(
     extra = {}
     if entry == "tw_gconv_wgrad" and tile.wgmma:
         template, entry = _SOURCE_WWG, _WG_WGRAD
-        dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile), tile.tma == 2)
+        dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile), tile.tma)
         ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
         rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
         extra = {"DYR": dyr, "XR": xr, "WGMMA": ss, "WGMMA_RS": rs, "A_SMEM": int(tile.wsmem)}
+        extra["MR"] = RELAYOUT_RING_STEPS
     rows = tile.tap_rows if entry == "tw_gconv_wgrad" and tile.tap_rows else r
     src = template.format(
         **extra,
@@ -936,6 +938,13 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     # 6 staging steps, one producer)
     CudaTile(4, 64, 16, 9, 2, 2, tma=2, wsmem=True, wgmma=True),
     CudaTile(2, 64, 16, 10, 2, 4, tma=2, wsmem=True, wgmma=True),
+    # session 34: staged the same way, each producer thread re-laying out its own pieces into
+    # MMA rings of RELAYOUT_RING_STEPS steps (tma=3), off the warpgroups' path
+    CudaTile(4, 64, 16, 10, 2, 2, tma=3, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 10, 2, 4, tma=3, wsmem=True, wgmma=True),
+    CudaTile(2, 64, 16, 10, 2, 6, tma=3, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 10, 1, 4, tma=3, wsmem=True, wgmma=True),
+    CudaTile(4, 64, 16, 9, 2, 2, tma=3, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
@@ -1024,7 +1033,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         plain = plain and (
             tile.tma == 0
             or (tile.tma == 1 and producers == 1)
-            or (tile.tma == 2 and producers in (1, 2))
+            or (tile.tma in (2, 3) and producers in (1, 2))
         )
         return (
             plain
@@ -1174,7 +1183,7 @@ def bind_wgrad(
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
     kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
-    maps_in = tile.tma and not (tile.wgmma and tile.tma == 2)  # tensor maps as arguments
+    maps_in = tile.tma and not (tile.wgmma and tile.tma in (2, 3))  # tensor maps as arguments
     if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")

@@ -63,12 +63,20 @@ typedef unsigned long long u64;
 // 7x7 than into the groups' separate rows) and each warpgroup copies its group's pieces into the
 // rows its MMAs read, whose rings then hold 2 steps (+7 for dy's window)
 #define RL (TMA == 2)
+// PRL (TMA 3): the same staging ring of STAGES steps, but each producer thread copies the pieces
+// it loaded itself (its own cp.async.wait_group, no barrier) into MMA rings of MR steps, off the
+// warpgroups' path
+#define PRL (TMA == 3)
+#define STAGED (RL + PRL)  // arithmetic: the layout test evaluates these
+#define MR {MR}
+// ring steps behind a full and an empty mbarrier each
+#define NSLOT (PRL * MR + (1 - PRL) * STAGES)
 #define SROWS (STAGES * TH)
 #define STG_X (NG * HWD * 16)
 #define STG_ROW (STG_X + NG * TW * 16)
 #define STG_OFF (NG * GROUP_BYTES)
-#define MBAR_OFF (STG_OFF + RL * SROWS * STG_ROW)
-#if (RL && !WS) || WS > 2  // the re-layout needs producer warps; lid assumes 1 or 2 of them
+#define MBAR_OFF (STG_OFF + STAGED * SROWS * STG_ROW)
+#if (STAGED && !WS) || WS > 2  // the re-layout needs producer warps; lid assumes 1 or 2 of them
 #error "unsupported wgmma wgrad tile"
 #endif
 #define XJ ((HWD * NG + LN - 1) / LN)
@@ -151,9 +159,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     for (int i = tid; i < NG * GROUP_BYTES / 16; i += NT)
         *(v4u32*)(smem + 16 * i) = v4u32{{0u, 0u, 0u, 0u}};
 #if WS
-    const u32 full0 = sb + MBAR_OFF, empty0 = full0 + 8 * STAGES;
+    const u32 full0 = sb + MBAR_OFF, empty0 = full0 + 8 * NSLOT;
     if (tid == 0) {{
-        for (int st = 0; st < STAGES; ++st) {{
+        for (int st = 0; st < NSLOT; ++st) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(full0 + 8 * st), "r"(TMA == 1 ? 1 : LN));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
@@ -174,7 +182,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         xin[j] = i < HWD * NG;
 #if WG_PROBE & 64  // the probe's load test: a pixel's groups side by side (no MMA reads them)
         xs[j] = sb + X_OFF + i * 16;
-#elif RL  // staging: pixel i / NG's group i % NG at piece i
+#elif STAGED  // staging: pixel i / NG's group i % NG at piece i
         xs[j] = sb + STG_OFF + i * 16;
 #else
         xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
@@ -186,7 +194,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         din[j] = i < TW * NG;
 #if WG_PROBE & 64
         ds[j] = sb + i * 16;
-#elif RL
+#elif STAGED
         ds[j] = sb + STG_OFF + STG_X + i * 16;
 #else
         ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
@@ -219,7 +227,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                 const int xr = ly - pad_h;
                 if (xr >= 0 && xr < Hi) {{
                     const u16* src = x + ((long long)ln * Hi + xr) * Wi * C;
-                    const u32 slot = RL ? (lu % SROWS) * STG_ROW : (lu % XR) * X_ROW;
+                    const u32 slot = STAGED ? (lu % SROWS) * STG_ROW : (lu % XR) * X_ROW;
 #pragma unroll
                     for (int j = 0; j < XJ; ++j)
                         if (xin[j]) cp_row16(xs[j] + slot, src + xg[j], xv[j] ? 16 : 0);
@@ -232,7 +240,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                 for (int j = 0; j < DJ; ++j)
                     if (din[j]) {{
                         const int bytes = in && dv[j] ? 16 : 0;
-#if RL
+#if STAGED
                         cp_row16(ds[j] + (lu % SROWS) * STG_ROW, src + dg[j], bytes);
 #else
                         cp_row16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
@@ -388,11 +396,70 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         }}
     }};
 #endif
+#if PRL
+    // this producer thread's own pieces of the next step to re-lay out (positions from ru on),
+    // staging -> the MMA rings (group i % NG, pixel i / NG), once its own cp.async have landed
+    unsigned ru = 0;
+    int ry = 0;
+    auto own_relayout_step = [&]() {{
+#pragma unroll
+        for (int rb = 0; rb < TH; ++rb) {{
+            if (ru < U) {{
+                const u32 stg = (ru % SROWS) * STG_ROW;
+                const int xr = ry - pad_h;
+                if (xr >= 0 && xr < Hi) {{
+                    const u32 xd = sb + X_OFF + (ru % XR) * X_ROW;
+#pragma unroll
+                    for (int j = 0; j < XJ; ++j) {{
+                        const int i = lid + j * LN;
+                        if (xin[j])
+                            st_sh16(xd + (i % NG) * GROUP_BYTES + (i / NG) * 16,
+                                    ld_sh16(xs[j] + stg));
+                    }}
+                }}
+                const int slot = ru % DYR;
+#pragma unroll
+                for (int j = 0; j < DJ; ++j) {{
+                    const int i = lid + j * LN;
+                    if (din[j]) {{
+                        const v4u32 v = ld_sh16(ds[j] + stg);
+                        const u32 dd = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+                        st_sh16(dd + slot * DY_ROW, v);
+                        if (slot < WIN - 1) st_sh16(dd + (slot + DYR) * DY_ROW, v);
+                    }}
+                }}
+                ++ru;
+                if (++ry == rows) ry = 0;
+            }}
+        }}
+    }};
+#endif
 #if WS
     // the role from lane 0 of the warp: provably uniform across it, so ptxas keeps the
     // warpgroups' MMAs asynchronous (with `warp == 4 * NG` it serialized them: C7520)
     const int role = __shfl_sync(0xffffffffu, tid / 128, 0);
     if (role == NG) {{  // the producer warp: step t's rows into ring steps t % STAGES
+#if PRL
+        // loads STAGES - 1 steps ahead into the staging ring; step t re-laid out into MMA ring
+        // step t % MR once this thread's own copies of it have landed
+#pragma unroll 1
+        for (int t = 0; t < STAGES - 1; ++t) {{
+            if (!(WG_PROBE & 2)) load_step();
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }}
+        for (unsigned t = 0; t < T; ++t) {{
+            if (!(WG_PROBE & 2)) load_step();
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1) : "memory");
+            const unsigned st = t % MR;
+            if (t >= MR) mbar_wait(empty0 + 8 * st, (t / MR - 1) & 1);
+            if (!(WG_PROBE & 2)) own_relayout_step();
+            // the stores, for the MMAs' reads (async proxy), before the full barrier's release
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                         :: "r"(full0 + 8 * st) : "memory");
+        }}
+#else
         for (unsigned t = 0; t < T; ++t) {{
             const unsigned st = t % STAGES;
             if (t >= STAGES) mbar_wait(empty0 + 8 * st, (t / STAGES - 1) & 1);
@@ -404,9 +471,10 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                          :: "r"(full0 + 8 * st) : "memory");
 #endif
         }}
+#endif
     }} else {{
         for (unsigned t = 0; t < T; ++t) {{
-            mbar_wait(full0 + 8 * (t % STAGES), (t / STAGES) & 1);
+            mbar_wait(full0 + 8 * (t % NSLOT), (t / NSLOT) & 1);
 #if RL
             relayout_step();
             // the staging step is read: free for the producer
@@ -428,7 +496,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
             asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
             if (t > 0)
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
-                             :: "r"(empty0 + 8 * ((t - 1) % STAGES)) : "memory");
+                             :: "r"(empty0 + 8 * ((t - 1) % NSLOT)) : "memory");
 #endif
         }}
     }}
@@ -499,12 +567,19 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 SOURCE_WWG = _TAP_SOURCE[: _TAP_SOURCE.index("// Persistent CTAs")] + _KERNEL
 
 
-def rings(th: int, stages: int, producer: bool = False, relayout: bool = False) -> tuple[int, int]:
+#: MMA ring steps of the producer re-layout tiles (``tma`` 3): the step computed, the one in
+#: flight and the one being written
+RELAYOUT_RING_STEPS = 3
+
+
+def rings(th: int, stages: int, producer: bool = False, tma: int = 0) -> tuple[int, int]:
     """(dy rows, input rows) a group's rings hold: the positions from the window of a step's
     first row to the last row loaded ahead, (stages + 1) x th + 7 and (stages + 1) x th; with a
-    producer warp, ``stages`` steps of th rows (+7 for dy); re-laid out from a staging ring
-    (``relayout``), the step computed and the one in flight, 2 th (+7)."""
-    live = 2 * th if relayout else (stages + (0 if producer else 1)) * th
+    producer warp, ``stages`` steps of th rows (+7 for dy); re-laid out from a staging ring by
+    the warpgroups (``tma`` 2), the step computed and the one in flight, 2 th (+7); by the
+    producers (``tma`` 3), ``RELAYOUT_RING_STEPS`` steps."""
+    steps = {2: 2, 3: RELAYOUT_RING_STEPS}.get(tma, stages + (0 if producer else 1))
+    live = steps * th
     return live + WINDOW - 1, live
 
 
@@ -513,11 +588,12 @@ def smem_bytes(
 ) -> int:
     """Shared memory of a CTA: per group the dy ring (its first 7 rows twice) and the input
     ring; with a producer warp, a full and an empty mbarrier a ring step; ``tma`` 1, input rows
-    on 128-byte boundaries and 128 bytes of slack to align the whole; 2 (re-layout), the staging
-    ring of stages x th rows of all groups."""
-    dyr, xr = rings(th, stages, producer, tma == 2)
+    on 128-byte boundaries and 128 bytes of slack to align the whole; 2 and 3 (re-layout), the
+    staging ring of stages x th rows of all groups."""
+    dyr, xr = rings(th, stages, producer, tma)
     x_row = (tw + s - 1) * 16
     x_row = -(-x_row // 128) * 128 if tma == 1 else x_row
     rings_bytes = cb // 8 * ((dyr + WINDOW - 1) * tw * 16 + xr * x_row)
-    staging = stages * th * cb // 8 * (tw + s - 1 + tw) * 16 if tma == 2 else 0
-    return rings_bytes + staging + (16 * stages if producer else 0) + (128 if tma == 1 else 0)
+    staging = stages * th * cb // 8 * (tw + s - 1 + tw) * 16 if tma in (2, 3) else 0
+    slots = RELAYOUT_RING_STEPS if tma == 3 else stages
+    return rings_bytes + staging + (16 * slots if producer else 0) + (128 if tma == 1 else 0)
