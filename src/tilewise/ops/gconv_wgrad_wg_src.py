@@ -79,7 +79,23 @@ typedef unsigned long long u64;
 #if (STAGED && !WS) || WS > 2  // the re-layout needs producer warps; lid assumes 1 or 2 of them
 #error "unsupported wgmma wgrad tile"
 #endif
-#define XJ ((HWD * NG + LN - 1) / LN)
+// a thread's pieces: piece i is pixel PX(i) of group GR(i); staged, 8 consecutive pieces are 8
+// pixels of one group (a quarter warp's 16-byte accesses to 128 contiguous bytes of a group's
+// row, and in the staging ring to 8 distinct bank quads through the swizzle below)
+#if STAGED
+#define PX(i) (8 * (((i) >> 3) / NG) + ((i) & 7))
+#define GR(i) (((i) >> 3) % NG)
+#define XPIECES ((HWD + 7) / 8 * 8 * NG)
+#else
+#define PX(i) ((i) / NG)
+#define GR(i) ((i) % NG)
+#define XPIECES (HWD * NG)
+#endif
+// staging: pixel p's group g at piece NG p + (g ^ SWZ(p)), a sector's two 16-byte halves still
+// side by side (the XOR keeps aligned pairs together)
+#define SWZ(p) (((p) * NG / 8) % NG)
+#define STG_PIECE(p, gg) (NG * (p) + ((gg) ^ SWZ(p)))
+#define XJ ((XPIECES + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
 #ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
 #define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer);
@@ -179,13 +195,13 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #pragma unroll
     for (int j = 0; j < XJ; ++j) {{
         const int i = lid + j * LN;
-        xin[j] = i < HWD * NG;
+        xin[j] = i < XPIECES && PX(i) < HWD;
 #if WG_PROBE & 64  // the probe's load test: a pixel's groups side by side (no MMA reads them)
         xs[j] = sb + X_OFF + i * 16;
-#elif STAGED  // staging: pixel i / NG's group i % NG at piece i
-        xs[j] = sb + STG_OFF + i * 16;
+#elif STAGED
+        xs[j] = sb + STG_OFF + STG_PIECE(PX(i), GR(i)) * 16;
 #else
-        xs[j] = sb + (i % NG) * GROUP_BYTES + X_OFF + (i / NG) * 16;
+        xs[j] = sb + GR(i) * GROUP_BYTES + X_OFF + PX(i) * 16;
 #endif
     }}
 #pragma unroll
@@ -195,9 +211,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #if WG_PROBE & 64
         ds[j] = sb + i * 16;
 #elif STAGED
-        ds[j] = sb + STG_OFF + STG_X + i * 16;
+        ds[j] = sb + STG_OFF + STG_X + STG_PIECE(PX(i), GR(i)) * 16;
 #else
-        ds[j] = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+        ds[j] = sb + GR(i) * GROUP_BYTES + PX(i) * 16;
 #endif
     }}
     int ln = 0;  // the loading unit's image
@@ -206,15 +222,15 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         const int cx = (t - ln * tiles_w) * TW;
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {{
-            const int i = lid + j * LN, col = cx + i / NG - pad_w;
+            const int i = lid + j * LN, col = cx + PX(i) - pad_w;
             xv[j] = xin[j] && col >= 0 && col < Wi;
-            xg[j] = xv[j] ? col * C + c0 + 8 * (i % NG) : 0;
+            xg[j] = xv[j] ? col * C + c0 + 8 * GR(i) : 0;
         }}
 #pragma unroll
         for (int j = 0; j < DJ; ++j) {{
-            const int i = lid + j * LN, col = cx + i / NG;
+            const int i = lid + j * LN, col = cx + PX(i);
             dv[j] = din[j] && col < Wo;
-            dg[j] = dv[j] ? col * C + c0 + 8 * (i % NG) : 0;
+            dg[j] = dv[j] ? col * C + c0 + 8 * GR(i) : 0;
         }}
     }};
     if (U > 0) set_unit(t0);
@@ -371,7 +387,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     // from cu on; cu and cy are not advanced here)
     auto relayout_step = [&]() {{
         const int tg = tid & 127;
-        const u32 stg = sb + STG_OFF + 16 * g;
+        const u32 stg = sb + STG_OFF;
         int y = cy;
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb) {{
@@ -382,12 +398,12 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                 if (xr >= 0 && xr < Hi) {{
                     const u32 xd = gbase + X_OFF + (u % XR) * X_ROW;
                     for (int p = tg; p < HWD; p += 128)
-                        st_sh16(xd + 16 * p, ld_sh16(row + 16 * NG * p));
+                        st_sh16(xd + 16 * p, ld_sh16(row + 16 * STG_PIECE(p, g)));
                 }}
                 const int slot = u % DYR;
                 const u32 dd = gbase + slot * DY_ROW;
                 for (int p = tg; p < TW; p += 128) {{
-                    const v4u32 v = ld_sh16(row + STG_X + 16 * NG * p);
+                    const v4u32 v = ld_sh16(row + STG_X + 16 * STG_PIECE(p, g));
                     st_sh16(dd + 16 * p, v);
                     if (slot < WIN - 1) st_sh16(dd + DYR * DY_ROW + 16 * p, v);
                 }}
@@ -398,7 +414,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #endif
 #if PRL
     // this producer thread's own pieces of the next step to re-lay out (positions from ru on),
-    // staging -> the MMA rings (group i % NG, pixel i / NG), once its own cp.async have landed
+    // staging -> the MMA rings (group GR(i), pixel PX(i)), once its own cp.async have landed
     unsigned ru = 0;
     int ry = 0;
     auto own_relayout_step = [&]() {{
@@ -413,7 +429,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                     for (int j = 0; j < XJ; ++j) {{
                         const int i = lid + j * LN;
                         if (xin[j])
-                            st_sh16(xd + (i % NG) * GROUP_BYTES + (i / NG) * 16,
+                            st_sh16(xd + GR(i) * GROUP_BYTES + PX(i) * 16,
                                     ld_sh16(xs[j] + stg));
                     }}
                 }}
@@ -423,7 +439,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                     const int i = lid + j * LN;
                     if (din[j]) {{
                         const v4u32 v = ld_sh16(ds[j] + stg);
-                        const u32 dd = sb + (i % NG) * GROUP_BYTES + (i / NG) * 16;
+                        const u32 dd = sb + GR(i) * GROUP_BYTES + PX(i) * 16;
                         st_sh16(dd + slot * DY_ROW, v);
                         if (slot < WIN - 1) st_sh16(dd + (slot + DYR) * DY_ROW, v);
                     }}
