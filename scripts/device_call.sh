@@ -258,6 +258,14 @@ for step in "$@"; do
       par_tests tests33 tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" \
         tests/test_gconv_library.py "" tests/test_gconv_plan.py "" ;;
+    tests-s34)  # session 34 (staged tiles' swizzle; offered tiles' source re-written by macros):
+      # every wgrad candidate, every wgmma wgrad tile on odd shapes (fp16), the op tests
+      par_tests tests34 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and float16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
+        tests/test_gconv.py "full_size or opcheck or autotune" \
+        tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
     tests-s32c)  # the producer-warp tiles offered: every wgrad candidate and the wgmma tests
       par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \

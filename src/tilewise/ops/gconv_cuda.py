@@ -75,7 +75,8 @@ class CudaTile:
     the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
     ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers),
     ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
-    with a pixel's groups side by side and re-laid out by the warpgroups."""
+    with a pixel's groups side by side and re-laid out by the warpgroups; 3: staged the same
+    way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``."""
 
     th: int = 8
     tw: int = 16

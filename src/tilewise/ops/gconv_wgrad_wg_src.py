@@ -25,8 +25,10 @@ step back through its empty mbarrier, and never meet at a CTA barrier in the loo
 into registers (all TH rows' before the step's one fence; session 31's prototype read this way).
 ``{TMA}`` (producer tiles, experimental, session 33): 1, lane 0 of the producer warp loads the
 rows by tensor copies; 2, the producers land rows with a pixel's groups side by side in a
-staging ring and each warpgroup copies its group into the rows its MMAs read. Both were slower
-than ``cp.async`` rows.
+staging ring and each warpgroup copies its group into the rows its MMAs read; 3 (session 34),
+the same staging, each producer thread copying the pieces it loaded itself once they land. All
+three were slower than ``cp.async`` rows straight into the groups' rows: the staging halves the
+L2 sectors the loads fetch, but the copy's shared-memory traffic takes what the loads save.
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT
