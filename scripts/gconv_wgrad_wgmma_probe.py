@@ -433,7 +433,16 @@ def _set_mode(mode: int) -> None:
 
 
 def _mode_label(mode: int) -> str:
-    names = ((1, "nomma"), (2, "noload"), (4, "nored"), (16, "pf128"), (32, "pf256"), (64, "il"))
+    names = (
+        (1, "nomma"),
+        (2, "noload"),
+        (4, "nored"),
+        (16, "pf128"),
+        (32, "pf256"),
+        (64, "il"),
+        (128, "gb"),
+        (256, "nodup"),
+    )
     return "+".join(n for b, n in names if mode & b) or "full"
 
 
@@ -563,8 +572,9 @@ def main() -> None:
         default=[],
         help="WG_PROBE modes to time the producer tiles named (else the first two offered) in: "
         "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes, 64 "
-        "(with 1) rows landing with a pixel's groups side by side (bit 2 does not stop tma=1 "
-        "tiles' tensor copies)",
+        "(with 1) rows landing with a pixel's groups side by side, 128 lanes taking 8 pixels of "
+        "one group, 256 no dy copies past the ring's end (bit 2 does not stop tma=1 tiles' "
+        "tensor copies)",
     )
     ap.add_argument(
         "--timeline",

@@ -81,10 +81,17 @@ typedef unsigned long long u64;
 #if (STAGED && !WS) || WS > 2  // the re-layout needs producer warps; lid assumes 1 or 2 of them
 #error "unsupported wgmma wgrad tile"
 #endif
-// a thread's pieces: piece i is pixel PX(i) of group GR(i); staged, 8 consecutive pieces are 8
-// pixels of one group (a quarter warp's 16-byte accesses to 128 contiguous bytes of a group's
-// row, and in the staging ring to 8 distinct bank quads through the swizzle below)
-#if STAGED
+#ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
+#define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer);
+#endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them;
+                    // 64 (with 1): rows land with a pixel's groups side by side; 128: lanes
+                    // take 8 pixels of one group (the staged tiles' order) in the plain loads;
+                    // 256: dy rows are not copied past the ring's end
+// a thread's pieces: piece i is pixel PX(i) of group GR(i); staged (or probe bit 128), 8
+// consecutive pieces are 8 pixels of one group (a quarter warp's 16-byte accesses to 128
+// contiguous bytes of a group's row, and in the staging ring to 8 distinct bank quads through
+// the swizzle below)
+#if STAGED || (WG_PROBE & 128)
 #define PX(i) (8 * (((i) >> 3) / NG) + ((i) & 7))
 #define GR(i) (((i) >> 3) % NG)
 #define XPIECES ((HWD + 7) / 8 * 8 * NG)
@@ -99,10 +106,6 @@ typedef unsigned long long u64;
 #define STG_PIECE(p, gg) (NG * (p) + ((gg) ^ SWZ(p)))
 #define XJ ((XPIECES + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
-#ifndef WG_PROBE  // the probe script's bounds (bits; wrong answers): 1 no MMAs, 2 no loads, 4
-#define WG_PROBE 0  // no atomics into the workspace; 8 a timeline (printf per CTA, globaltimer);
-#endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them;
-                    // 64 (with 1): rows land with a pixel's groups side by side
 #if WG_PROBE & 16
 #define PF ".L2::128B"
 #elif WG_PROBE & 32
@@ -262,7 +265,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                         cp_row16(ds[j] + (lu % SROWS) * STG_ROW, src + dg[j], bytes);
 #else
                         cp_row16(ds[j] + slot * DY_ROW, src + dg[j], bytes);
-                        if (slot < WIN - 1)  // the copy past the ring's end
+                        if (slot < WIN - 1 && !(WG_PROBE & 256))  // the copy past the ring's end
                             cp_row16(ds[j] + (slot + DYR) * DY_ROW, src + dg[j], bytes);
 #endif
                     }}
