@@ -442,6 +442,7 @@ def _mode_label(mode: int) -> str:
         (64, "il"),
         (128, "gb"),
         (256, "nodup"),
+        (512, "unpaired"),
     )
     return "+".join(n for b, n in names if mode & b) or "full"
 
