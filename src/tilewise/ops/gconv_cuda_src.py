@@ -351,54 +351,48 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
 __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __restrict__ db,
                                              u16* __restrict__ dw_out, void* __restrict__ db_out,
                                              unsigned* __restrict__ counters, int C, int c0,
-                                             int tid, volatile unsigned* flag, int pair = 0) {{
+                                             int tid, volatile unsigned* flag) {{
     __threadfence();  // this thread's atomics are visible before the CTA is counted
     __syncthreads();
-    // pair: columns y and y + 1 both added to blocks c0 and c0 + CB (the wgmma wgrad's paired
-    // CTAs), counted together at y's counter; the last of them writes both blocks
-    unsigned* const counter = counters + blockIdx.z * gridDim.y + (blockIdx.y & ~pair);
-    if (tid == 0) *flag = atomicAdd(counter, 1u) == (gridDim.x << pair) - 1;
+    unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
+    if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!*flag) return;
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call)
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
-    for (int blk = 0; blk <= pair; ++blk) {{
-        const int cc = c0 + blk * CB;
-        constexpr int FB = 8, NW = CB * 8 * TAPS;
-        const int tap0 = blockIdx.z * TAPS;
-        for (int base = 0; base < NW; base += FB * WARPS * 32) {{
-            float v[FB];
+    constexpr int FB = 8, NW = CB * 8 * TAPS;
+    const int tap0 = blockIdx.z * TAPS;
+    for (int base = 0; base < NW; base += FB * WARPS * 32) {{
+        float v[FB];
 #pragma unroll
-            for (int j = 0; j < FB; ++j) {{
-                const int i = base + j * WARPS * 32 + tid;
-                v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + cc * 8 +
-                                      FIN_OI(i))
-                              : 0.f;
-            }}
+        for (int j = 0; j < FB; ++j) {{
+            const int i = base + j * WARPS * 32 + tid;
+            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i))
+                          : 0.f;
+        }}
 #pragma unroll
-            for (int j = 0; j < FB; ++j) {{
-                const int i = base + j * WARPS * 32 + tid;  // FIN_OI(i) = (co - cc) * 8 + ci
-                if (i < NW) {{
-                    dw_out[DW_OUT(cc * 8 + FIN_OI(i), tap0 + FIN_TAP(i))] = to_u16(v[j]);
-                    st_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + cc * 8 + FIN_OI(i), 0.f);
-                }}
+        for (int j = 0; j < FB; ++j) {{
+            const int i = base + j * WARPS * 32 + tid;  // FIN_OI(i) = (co - c0) * 8 + ci
+            if (i < NW) {{
+                dw_out[DW_OUT(c0 * 8 + FIN_OI(i), tap0 + FIN_TAP(i))] = to_u16(v[j]);
+                st_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i), 0.f);
             }}
         }}
-#if HAS_BIAS
-        if (blockIdx.z == 0)
-        for (int i = tid; i < CB; i += WARPS * 32) {{
-            const float v = ld_cg(db + cc + i);
-#if DB_HALF
-            ((u16*)db_out)[cc + i] = to_u16(v);
-#else
-            ((float*)db_out)[cc + i] = v;
-#endif
-            st_cg(db + cc + i, 0.f);
-        }}
-#endif
     }}
+#if HAS_BIAS
+    if (blockIdx.z == 0)
+    for (int i = tid; i < CB; i += WARPS * 32) {{
+        const float v = ld_cg(db + c0 + i);
+#if DB_HALF
+        ((u16*)db_out)[c0 + i] = to_u16(v);
+#else
+        ((float*)db_out)[c0 + i] = v;
+#endif
+        st_cg(db + c0 + i, 0.f);
+    }}
+#endif
     if (tid == 0) *counter = 0u;
 }}
 

@@ -104,12 +104,6 @@ typedef unsigned long long u64;
 // side by side (the XOR keeps aligned pairs together)
 #define SWZ(p) (((p) * NG / 8) % NG)
 #define STG_PIECE(p, gg) (NG * (p) + ((gg) ^ SWZ(p)))
-// PAIRED: CTAs y and y ^ 1 (gridDim.y even) swap channel blocks every unit, so each reads both
-// 32-byte sectors of a 64-byte half of a pixel's line in turn (session 34, call 6: the CTAs of
-// even blocks, whose sector comes first, ended 20-40% later than the odd ones, and the kernel
-// waits for them); each flushes its sums at every unit's end. Kernels of 5+ rows (the ones the
-// tiles are offered for; at 3x3 ptxas took 96 registers instead of 63). Probe bit 512: off
-#define PAIRED (A_SMEM && TMA != 1 && R >= 5 && !(WG_PROBE & 512))
 #define XJ ((XPIECES + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
 #if WG_PROBE & 16
@@ -172,18 +166,9 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         smem_raw + (TMA == 1 ? (128 - smem_u32(smem_raw) % 128) % 128 : 0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = warp >> 2, w4 = warp & 3;
     const int lid = WS ? tid & (LN - 1) : tid;  // its place among the threads that load
-#if PAIRED
-    const int pair = gridDim.y % 2 == 0;
-#else
-    const int pair = 0;
-#endif
-    // the channel block of unit t
-    auto unit_c0 = [&](int t) {{ return (blockIdx.y ^ (pair & t)) * CB; }};
+    const int c0 = blockIdx.y * CB;
     const int per = (n_tiles + gridDim.x - 1) / gridDim.x, t0 = blockIdx.x * per;
-    // paired, a unit's positions padded to whole steps (no MMAs: their input rows are past Hi),
-    // so a step never spans two units' channel blocks
-    const int t1 = min(n_tiles, t0 + per);
-    const int rows = pair ? (Ho + R - 1 + TH - 1) / TH * TH : Ho + R - 1;
+    const int t1 = min(n_tiles, t0 + per), rows = Ho + R - 1;
     // positions are unsigned: a ring slot is u % DYR (a constant: a multiply and a shift)
     const unsigned U = t1 > t0 ? (t1 - t0) * rows : 0, T = (U + TH - 1) / TH;
     const u32 sb = smem_u32(smem);
@@ -239,7 +224,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     int ln = 0;  // the loading unit's image
     auto set_unit = [&](int t) {{
         ln = t / tiles_w;
-        const int cx = (t - ln * tiles_w) * TW, c0 = unit_c0(t);
+        const int cx = (t - ln * tiles_w) * TW;
 #pragma unroll
         for (int j = 0; j < XJ; ++j) {{
             const int i = lid + j * LN, col = cx + PX(i) - pad_w;
@@ -313,7 +298,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb) {{
             if (lu < U) {{
-                const int cx = (lt - ln * tiles_w) * TW, xr = ly - pad_h, c0 = unit_c0(lt);
+                const int cx = (lt - ln * tiles_w) * TW, xr = ly - pad_h;
                 const int slot = lu % DYR;
 #pragma unroll
                 for (int gg = 0; gg < NG; ++gg) {{
@@ -338,36 +323,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     float acc[4 * S];
 #pragma unroll
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
-    float dbs = 0.f;  // bias gradient of channel cc0 + 8 g + tid % 8 over this thread's pixels
-    int ct = t0, cc0 = unit_c0(t0);  // the computing unit and its channel block
-    // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
-    // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e. The sums of block
-    // cc0 into the workspace (all MMAs done), and zeroed
-    auto flush = [&]() {{
-        const int o = cc0 + 8 * g + (lane >> 2);
-        // 4 in channels an atomic (red.v4, a quarter of the L2 operations of scalar ones: the
-        // kernel's tail, session 33): lane pairs swap halves, the even lane takes D row h = 0
-        // and the odd one h = 1, both in channels 4 (lane % 4 / 2) .. + 3
-        const int odd = lane & 1, r = WIN - 1 - 2 * w4 - odd;
-#pragma unroll
-        for (int i = 0; i < S; ++i) {{
-            const float a0 = acc[4 * i], a1 = acc[4 * i + 1], a2 = acc[4 * i + 2],
-                        a3 = acc[4 * i + 3];
-            const float s0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a2, 1);
-            const float s1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : a3, 1);
-            if (r < R && !(WG_PROBE & 4))
-                red_add4(dw + ((long long)(r * S + i) * C + o) * 8 + 4 * ((lane & 3) >> 1),
-                         odd ? s0 : a0, odd ? s1 : a1, odd ? a2 : s0, odd ? a3 : s1);
-        }}
-#pragma unroll
-        for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
-#if HAS_BIAS
-        dbs += __shfl_xor_sync(0xffffffffu, dbs, 8);
-        dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
-        if (lane < 8) red_add(db + cc0 + 8 * g + lane, dbs);
-        dbs = 0.f;
-#endif
-    }};
+    float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
     const u32 gbase = sb + g * GROUP_BYTES;
     const int a_blk = 2 * w4 + ((lane >> 3) & 1), a_px = (lane & 7) + 8 * (lane >> 4);
     const u32 a_lane = gbase + a_blk * DY_ROW + a_px * 16;  // + the window's first slot
@@ -375,13 +331,6 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     int cy = 0;  // the next position to compute and its padded row
     // a step's bias sums and MMAs (TH positions from cu on), not yet committed
     auto compute_step = [&]() {{
-#if PAIRED
-        if (pair && cy == 0 && cu > 0 && cu < U) {{  // a new unit: the other channel block
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            flush();
-            cc0 = unit_c0(++ct);
-        }}
-#endif
 #if HAS_BIAS
 #pragma unroll
         for (int rb = 0; rb < TH; ++rb)
@@ -596,7 +545,30 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #if WG_PROBE & 8
     STAMP(t_loop);
 #endif
-    if (warp < 4 * NG) flush();  // not the producer
+    // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
+    // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
+    const int o = c0 + 8 * g + (lane >> 2);
+    if (warp < 4 * NG) {{  // not the producer
+        // 4 in channels an atomic (red.v4, a quarter of the L2 operations of scalar ones: the
+        // kernel's tail, session 33): lane pairs swap halves, the even lane takes D row h = 0
+        // and the odd one h = 1, both in channels 4 (lane % 4 / 2) .. + 3
+        const int odd = lane & 1, r = WIN - 1 - 2 * w4 - odd;
+#pragma unroll
+        for (int i = 0; i < S; ++i) {{
+            const float a0 = acc[4 * i], a1 = acc[4 * i + 1], a2 = acc[4 * i + 2],
+                        a3 = acc[4 * i + 3];
+            const float s0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a2, 1);
+            const float s1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : a3, 1);
+            if (r < R && !(WG_PROBE & 4))
+                red_add4(dw + ((long long)(r * S + i) * C + o) * 8 + 4 * ((lane & 3) >> 1),
+                         odd ? s0 : a0, odd ? s1 : a1, odd ? a2 : s0, odd ? a3 : s1);
+        }}
+#if HAS_BIAS
+    dbs += __shfl_xor_sync(0xffffffffu, dbs, 8);
+    dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
+    if (lane < 8) red_add(db + c0 + 8 * g + lane, dbs);
+#endif
+    }}
 #if WG_PROBE & 8
     __syncthreads();
     STAMP(t_done);
@@ -607,9 +579,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                t_begin, t_loop, t_done, U);
     }}
 #endif
-    // paired: the last CTA of the pair's columns writes both blocks out
-    finish_wgrad(dw, db, dw_out, db_out, counters, C, (blockIdx.y & ~pair) * CB, tid,
-                 (volatile unsigned*)smem, pair);
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 }}
 """
 )
