@@ -86,7 +86,7 @@ typedef unsigned long long u64;
 #endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them;
                     // 64 (with 1): rows land with a pixel's groups side by side; 128: lanes
                     // take 8 pixels of one group (the staged tiles' order) in the plain loads;
-                    // 256: dy rows are not copied past the ring's end
+                    // 256: dy rows are not copied past the ring's end; 512: loads via L1
 // a thread's pieces: piece i is pixel PX(i) of group GR(i); staged (or probe bit 128), 8
 // consecutive pieces are 8 pixels of one group (a quarter warp's 16-byte accesses to 128
 // contiguous bytes of a group's row, and in the staging ring to 8 distinct bank quads through
@@ -106,6 +106,14 @@ typedef unsigned long long u64;
 #define STG_PIECE(p, gg) (NG * (p) + ((gg) ^ SWZ(p)))
 #define XJ ((XPIECES + LN - 1) / LN)
 #define DJ ((TW * NG + LN - 1) / LN)
+// 512: through L1 (.ca), so the second 16-byte half of a sector another lane asks for in the
+// same instruction may come from L1 instead of L2 again (the plain layout: ncu counted half of
+// the L2 sectors excessive)
+#if WG_PROBE & 512
+#define CPA "cp.async.ca"
+#else
+#define CPA "cp.async.cg"
+#endif
 #if WG_PROBE & 16
 #define PF ".L2::128B"
 #elif WG_PROBE & 32
@@ -116,7 +124,7 @@ typedef unsigned long long u64;
 // a row's 16-byte piece (0 bytes read: zeros); PF, a wider L2 fetch: a CTA reads 16 bytes a
 // group of a pixel, and the line's other bytes belong to the other channel blocks' CTAs
 __device__ __forceinline__ void cp_row16(u32 dst, const void* src, int bytes) {{
-    asm volatile("cp.async.cg.shared.global" PF " [%0], [%1], 16, %2;\n"
+    asm volatile(CPA ".shared.global" PF " [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(bytes));
 }}
 #if TMA == 1
