@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import test_gconv_cuda as suite  # noqa: E402
 
 from tilewise.ops import gconv_cuda  # noqa: E402
+from tilewise.runtime import alloc  # noqa: E402
 
 
 def main() -> None:
@@ -29,20 +30,21 @@ def main() -> None:
     if not tiles:
         raise SystemExit(f"no wgmma wgrad tile matches {args.names}")
     print("tiles:", " ".join(t.name for t in tiles))
-    # the tests read both lists at call time
-    gconv_cuda.WGMMA_WGRAD_TILES, gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES = tiles, ()
     seed = int.from_bytes(os.urandom(4), "little")
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    for name in args.dtypes:
-        torch.manual_seed(seed)
-        ran = suite._check_wgrad_tiles(
-            dts[name],
-            seed,
-            lambda c, r, s: [t for t in tiles if gconv_cuda.wgrad_tile_ok(c, r, s, t)],
-        )
-        print(f"odd shapes {name}: {ran} (shape, tile) pairs passed, seed {seed}")
-        suite.test_wgmma_wgrad_over_many_units_per_cta(dts[name], seed)
-        print(f"several units a CTA {name}: passed")
+    with alloc.poison_outputs():  # as the tests' autouse fixture: outputs start as NaN
+        for name in args.dtypes:
+            torch.manual_seed(seed)
+            ran = suite._check_wgrad_tiles(
+                dts[name],
+                seed,
+                lambda c, r, s: [t for t in tiles if gconv_cuda.wgrad_tile_ok(c, r, s, t)],
+            )
+            assert ran > 0, "no odd shape took these tiles"
+            print(f"odd shapes {name}: {ran} (shape, tile) pairs passed, seed {seed}")
+            ran = suite.check_wgmma_wgrad_many_units(dts[name], seed, tiles)
+            assert ran > 0, "no many-unit shape took these tiles"
+            print(f"several units a CTA {name}: {ran} (shape, tile) pairs passed")
 
 
 if __name__ == "__main__":

@@ -194,6 +194,11 @@ def test_wgmma_wgrad_tiles_rules_and_offering():
                               (3, 8, False), (4, 9, False)):  # fmt: skip
         tile = dataclasses.replace(ws, tma=tma, warps=warps, stages=2, min_ctas=2)
         assert gconv_cuda.wgrad_tile_ok(64, 7, 7, tile) == legal, (tma, warps)
+    # staged (tma 2, 3): whole groups a power of two (the staging swizzle); 3 groups are not
+    for tma in (2, 3):
+        three = CudaTile(4, 64, 24, 14, 1, 2, tma=tma, wsmem=True, wgmma=True)
+        assert not gconv_cuda.wgrad_tile_ok(48, 7, 7, three), tma
+        assert gconv_cuda.wgrad_tile_ok(48, 7, 7, dataclasses.replace(three, tma=0, warps=12))
     assert gconv_cuda.wgrad_wg_rings(4, 4, True, 2) == (15, 8)  # 2 steps, dy's window
     # tma 3 (re-laid out by the producer threads): RELAYOUT_RING_STEPS steps, whatever stages
     assert gconv_cuda.wgrad_wg_rings(4, 2, True, 3) == (19, 12)
@@ -843,6 +848,13 @@ def test_wgmma_wgrad_over_many_units_per_cta(dtype, rng_seed):
     R - 1 (the odd-shape test has padding R), wide images; the workspace is left zero."""
     if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
         pytest.skip("needs compute capability 9.0 with TMA")
+    tiles = gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES
+    assert check_wgmma_wgrad_many_units(dtype, rng_seed, tiles) >= 16
+
+
+def check_wgmma_wgrad_many_units(dtype, rng_seed, tiles) -> int:
+    """The body of the test above over ``tiles`` (also run by
+    ``scripts/check_wgmma_wgrad_tiles.py``); returns how many (shape, tile) pairs ran."""
     shapes = (  # (n, c, h, w, r, s, pad_h, pad_w): up to ~4 units a CTA on 132 SMs
         (300, 32, 7, 70, 7, 7, 3, 3),
         (260, 16, 5, 33, 5, 5, 0, 4),
@@ -852,7 +864,7 @@ def test_wgmma_wgrad_over_many_units_per_cta(dtype, rng_seed):
     ran = 0
     for n, c, h, w, r, s, ph, pw in shapes:
         x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
-        for tile in gconv_cuda.WGMMA_WGRAD_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
+        for tile in tiles:
             if not gconv_cuda.wgrad_tile_ok(c, r, s, tile):
                 continue
             tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} pad({ph}, {pw}) {tile.name} {dtype}"
@@ -864,7 +876,7 @@ def test_wgmma_wgrad_over_many_units_per_cta(dtype, rng_seed):
             assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
             assert workspace.all_zero(), tag
             ran += 1
-    assert ran >= 16
+    return ran
 
 
 @pytest.mark.gpu

@@ -1034,7 +1034,8 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         plain = plain and (
             tile.tma == 0
             or (tile.tma == 1 and producers == 1)
-            or (tile.tma in (2, 3) and producers in (1, 2))
+            # the staging swizzle (g ^ SWZ(p)) stays within the groups only for 1, 2, 4, 8
+            or (tile.tma in (2, 3) and producers in (1, 2) and groups & (groups - 1) == 0)
         )
         return (
             plain

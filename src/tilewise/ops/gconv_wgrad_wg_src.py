@@ -467,7 +467,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     // the role from lane 0 of the warp: provably uniform across it, so ptxas keeps the
     // warpgroups' MMAs asynchronous (with `warp == 4 * NG` it serialized them: C7520)
     const int role = __shfl_sync(0xffffffffu, tid / 128, 0);
-    if (role == NG) {{  // the producer warp: step t's rows into ring steps t % STAGES
+    if (role == NG) {{  // the producer warps: step t's rows into ring step t % NSLOT
 #if PRL
         // loads STAGES - 1 steps ahead into the staging ring; step t re-laid out into MMA ring
         // step t % MR once this thread's own copies of it have landed
