@@ -946,6 +946,12 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(2, 64, 16, 10, 2, 6, tma=3, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 10, 1, 4, tma=3, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 2, 2, tma=3, wsmem=True, wgmma=True),
+    # session 34: 16-column chunks for 16-pixel-wide images (C=256 16x16: a 32-column chunk
+    # spends half its MMAs and row loads on padding), two producers; 8 rows or 32 channels
+    CudaTile(4, 16, 16, 10, 2, 4, wsmem=True, wgmma=True),
+    CudaTile(8, 16, 16, 10, 2, 4, wsmem=True, wgmma=True),
+    CudaTile(4, 16, 32, 18, 1, 4, wsmem=True, wgmma=True),
+    CudaTile(8, 32, 16, 10, 2, 4, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
