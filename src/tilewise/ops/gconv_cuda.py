@@ -890,6 +890,10 @@ WGMMA_WGRAD_TILES = (
     CudaTile(4, 32, 16, 9, 2, 4, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 8, 2, 3, wsmem=True, wgmma=True),
     CudaTile(4, 32, 16, 8, 4, 1, wsmem=True, wgmma=True),
+    # session 34 (probe, N=256 fp16 7x7): C=256 16x16 115.1 us against the autotuner's pick's
+    # 124.4 (16 columns, 32 channels: one CTA an SM); C=128 32x32 123.4 against 128.4 (8 rows)
+    CudaTile(4, 16, 32, 18, 1, 4, wsmem=True, wgmma=True),
+    CudaTile(8, 32, 16, 10, 2, 4, wsmem=True, wgmma=True),
 )
 #: wgmma wgrad tiles tested but not offered (session 32, C=64 64x64 N=128 fp16, 7x7 / 5x5 us,
 #: ``wgrad-wg3-s32`` and ``wgrad-wg4-s32``): dy in registers, 4 rows a step (122.6-124.2 /
@@ -947,11 +951,11 @@ EXPERIMENTAL_WGMMA_WGRAD_TILES = (
     CudaTile(4, 64, 16, 10, 1, 4, tma=3, wsmem=True, wgmma=True),
     CudaTile(4, 64, 16, 9, 2, 2, tma=3, wsmem=True, wgmma=True),
     # session 34: 16-column chunks for 16-pixel-wide images (C=256 16x16: a 32-column chunk
-    # spends half its MMAs and row loads on padding), two producers; 8 rows or 32 channels
+    # spends half its MMAs and row loads on padding) with 16 channels, two producers, 4 or 8
+    # rows a step (call 11, N=256 fp16, 7x7 / 5x5 us: 146.0-156.0 / 118.4-121.5 against the
+    # offered 32-channel 16-column tile's 115.1 / 92.6 and the library's pick's 124.4 / 65.4)
     CudaTile(4, 16, 16, 10, 2, 4, wsmem=True, wgmma=True),
     CudaTile(8, 16, 16, 10, 2, 4, wsmem=True, wgmma=True),
-    CudaTile(4, 16, 32, 18, 1, 4, wsmem=True, wgmma=True),
-    CudaTile(8, 32, 16, 10, 2, 4, wsmem=True, wgmma=True),
 )
 #: kernel rows from which the wgmma wgrad tiles are offered: M = 8 kernel rows wastes (8 - R) / 8
 WGMMA_WGRAD_MIN_ROWS = 5
