@@ -240,6 +240,11 @@ for step in "$@"; do
       echo "rc $?: wgrad tile check"
       tail -n 12 "$R/wgrad-check.log" | cut -c1-300
       pack ;;
+    wgrad-k57-s34)  # session 34: two more wgmma wgrad tiles offered (16 columns x 32 channels;
+      # 32 columns, 8 rows a step): the study's 5x5/7x7 wgrad cells
+      study "gconv-s34-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
+        --channels ${STUDY_CHANNELS:-128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \
+        --dtypes ${STUDY_DTYPES:-fp16} ;;
     wgrad-k57-s33)  # session 33's wgmma wgrad (red.v4, two producer warps) in the study
       study "gconv-s33-wgrad-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-200}" --kernels 5 7 \
         --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \
