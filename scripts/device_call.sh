@@ -271,6 +271,12 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
+    tests-s34b)  # tests-s34 less the odd-shape run over every wgmma wgrad tile (wgrad-check runs
+      # the tiles that changed): every wgrad candidate and the op tests
+      par_tests tests34b tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
+        tests/test_gconv.py "full_size or opcheck or autotune" \
+        tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
     tests-s32c)  # the producer-warp tiles offered: every wgrad candidate and the wgmma tests
       par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
