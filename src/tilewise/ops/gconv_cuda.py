@@ -407,8 +407,14 @@ def source(
         dyr, xr = wgrad_wg_rings(tile.th, tile.stages, wgrad_wg_producer(tile), tile.tma)
         ss = _wgmma_asm(bf16, 8 * s, trans_b=True, a_desc=True)
         rs = _wgmma_asm(bf16, 8 * s, trans_b=True)
-        extra = {"DYR": dyr, "XR": xr, "WGMMA": ss, "WGMMA_RS": rs, "A_SMEM": int(tile.wsmem)}
-        extra["MR"] = RELAYOUT_RING_STEPS
+        extra = {
+            "DYR": dyr,
+            "XR": xr,
+            "MR": RELAYOUT_RING_STEPS,
+            "WGMMA": ss,
+            "WGMMA_RS": rs,
+            "A_SMEM": int(tile.wsmem),
+        }
     rows = tile.tap_rows if entry == "tw_gconv_wgrad" and tile.tap_rows else r
     src = template.format(
         **extra,
