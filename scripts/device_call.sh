@@ -271,6 +271,19 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
+    nvrtc-s35)  # session 35: the NVRTC binary cache on by default (sm_90a kernels cached too):
+      # its GPU tests, the second-run study, then the op tests twice in fresh processes; the
+      # second pass must add no binary (every kernel loaded from disk)
+      gpu_tests 120 tests/test_nvrtc_cache.py
+      timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \
+        >"$R/second-run.log" 2>&1
+      echo "rc $?: second_run"
+      tail -n 6 "$R/second-run.log"
+      for pass in 1 2; do
+        par_tests "nvrtc$pass" tests/test_gconv.py "full_size or opcheck or autotune" \
+          tests/test_gconv.py "not (full_size or opcheck or autotune)"
+        echo "pass $pass: $(ls .tw-cache/nvrtc 2>/dev/null | wc -l) binaries on disk"
+      done ;;
     tests-s34b)  # tests-s34 less the odd-shape run over every wgmma wgrad tile (wgrad-check runs
       # the tiles that changed): every wgrad candidate and the op tests
       par_tests tests34b tests/test_gconv_cuda.py "every_wgrad_tile and float16" \

@@ -20,9 +20,10 @@ def fakes(monkeypatch, tmp_path):
     """(compiles, loads) lists; the cache under a fresh directory; compute capability 9.0."""
     compiles, loads = [], []
 
-    def compile_fn(source, entry):
+    def compile_fn(source, entry, compute_capability=None):
         compiles.append((source, entry))
-        return b"CUBIN\n\x00" + source.encode(), entry  # a newline and a NUL inside, as cubins
+        arch = (compute_capability or "own").encode()
+        return b"CUBIN\n\x00" + arch + source.encode(), entry  # a newline and a NUL, as cubins
 
     def load_fn(binary, names):
         loads.append(binary)
@@ -45,7 +46,7 @@ def test_a_compiled_binary_is_loaded_next_time(fakes, tmp_path):
     first = nvrtc_cache.compile_kernel("src A", "k")
     second = nvrtc_cache.compile_kernel("src A", "k")  # as a new process would: from disk
     assert len(compiles) == 1 and len(loads) == 2
-    assert first.binary == second.binary == b"CUBIN\n\x00src A"
+    assert first.binary == second.binary == b"CUBIN\n\x00ownsrc A"
     assert len(list((tmp_path / "nvrtc").glob("k-*.bin"))) == 1
 
 
@@ -67,19 +68,38 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(fakes, damage):
     path = nvrtc_cache.binary_path("src A", "k", (9, 0))
     path.write_bytes(damage)
     kernel = nvrtc_cache.compile_kernel("src A", "k")
-    assert len(compiles) == 2 and kernel.binary == b"CUBIN\n\x00src A"
-    assert path.read_bytes() == b"k\nCUBIN\n\x00src A"  # whole again
+    assert len(compiles) == 2 and kernel.binary == b"CUBIN\n\x00ownsrc A"
+    assert path.read_bytes() == b"k\nCUBIN\n\x00ownsrc A"  # whole again
+
+
+def test_a_named_target_is_cached_under_its_own_key(fakes):
+    """Kernels compiled for an architecture other than the device's own (``sm_90a`` for the
+    warpgroup MMAs) are cached too, apart from the same source built for the device."""
+    compiles, _, _ = fakes
+    own = nvrtc_cache.compile_kernel("src A", "k")
+    first = nvrtc_cache.compile_kernel("src A", "k", compute_capability="90a")
+    second = nvrtc_cache.compile_kernel("src A", "k", compute_capability="90a")
+    assert len(compiles) == 2
+    assert own.binary.endswith(b"ownsrc A") and first.binary == second.binary
+    assert second.binary.endswith(b"90asrc A")
+    plain = nvrtc_cache.binary_path("src A", "k", (9, 0))
+    assert nvrtc_cache.binary_path("src A", "k", (9, 0), "90a") != plain
+    assert nvrtc_cache.binary_path("src A", "k", (9, 0), None) == plain
 
 
 def test_switched_off_it_compiles_through_pytorch(fakes, monkeypatch):
     compiles, _, _ = fakes
     through = []
-    monkeypatch.setattr(
-        torch.cuda, "_compile_kernel", lambda s, e: through.append(e) or "k", raising=False
-    )
+
+    def pytorch_compile(source, entry, compute_capability=None):
+        through.append((entry, compute_capability))
+        return "k"
+
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", pytorch_compile, raising=False)
     monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")
     assert nvrtc_cache.compile_kernel("src A", "k") == "k"
-    assert through == ["k"] and not compiles
+    assert nvrtc_cache.compile_kernel("src A", "k", compute_capability="90a") == "k"
+    assert through == [("k", None), ("k", "90a")] and not compiles
 
 
 def test_compile_errors_still_raise(fakes, monkeypatch):
@@ -120,8 +140,11 @@ def test_helpers_of_another_signature_fall_back_to_pytorch(fakes, monkeypatch):
     assert not nvrtc_cache.enabled()  # off for the rest of the process: no double compiles
 
 
-def test_off_by_default(monkeypatch):
+def test_on_by_default_and_off_with_zero(monkeypatch):
+    monkeypatch.setattr(nvrtc_cache, "_broken", False)
     monkeypatch.delenv("TILEWISE_NVRTC_CACHE", raising=False)
+    assert nvrtc_cache.enabled()
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")
     assert not nvrtc_cache.enabled()
 
 
@@ -163,3 +186,60 @@ def test_a_real_kernel_is_loaded_from_disk_and_runs(monkeypatch, tmp_path):
         kernel(grid=(4, 1, 1), block=(256, 1, 1), args=[x, 1000])
     torch.cuda.synchronize()
     torch.testing.assert_close(x.cpu(), torch.arange(1000, dtype=torch.float32) + 2)
+
+
+@pytest.mark.gpu
+def test_grouped_conv_kernels_run_from_disk(monkeypatch, tmp_path):
+    """The grouped conv's NVRTC kernels (the warpgroup-MMA ones, built for sm_90a, included where
+    the GPU takes them): compiled once into the cache, then, with the in-process kernels
+    forgotten and compiling made impossible, loaded from disk; both runs give the same answers,
+    and those match PyTorch's."""
+    from tilewise.ops import gconv_cuda
+
+    monkeypatch.setenv("TILEWISE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "1")
+    monkeypatch.setattr(nvrtc_cache, "_broken", False)
+    x = torch.randn(3, 64, 19, 23, device="cuda", dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 8, 7, 7, device="cuda", dtype=torch.float16) / 20
+    ref = torch.nn.functional.conv2d(x, w, padding=3, groups=8)
+    tiles = gconv_cuda.candidates(64, 7, 7, tma=True, wgmma=gconv_cuda.wgmma_usable(x))
+    wg_tiles = gconv_cuda.wgrad_candidates(64, 7, 7)
+    wg_tiles = [t for t in wg_tiles if t.wgmma][:1] + [gconv_cuda.WGRAD_TILES[0]]
+    assert tiles
+
+    def run() -> list[torch.Tensor]:
+        outs = []
+        for tile in tiles:
+            out = torch.full_like(x, float("nan"))
+            outs.append(gconv_cuda.fprop(x, w, None, out, 3, 3, tile))
+        for tile in wg_tiles:
+            outs.append(gconv_cuda.wgrad(x, x, 7, 7, 3, 3, False, tile)[0])
+        torch.cuda.synchronize()
+        return outs
+
+    gconv_cuda._kernel.cache_clear()
+    try:
+        first = run()
+        assert list((tmp_path / "nvrtc").glob("*.bin")), "nothing written to the cache"
+
+        def no_compile(*args, **kwargs):
+            raise AssertionError("compiled although the binary is on disk")
+
+        real_load = nvrtc_cache._helpers()[1]
+        monkeypatch.setattr(nvrtc_cache, "_helpers", lambda: (no_compile, real_load))
+        monkeypatch.setattr(torch.cuda, "_compile_kernel", no_compile)
+        gconv_cuda._kernel.cache_clear()
+        second = run()
+        assert nvrtc_cache.enabled()
+    finally:
+        gconv_cuda._kernel.cache_clear()
+    names = [t.name for t in tiles] + [f"wgrad {t.name}" for t in wg_tiles]
+    if gconv_cuda.wgmma_usable(x):
+        assert any(t.wgmma for t in tiles), "no warpgroup-MMA tile among the candidates"
+    for name, a, b in zip(names, first, second, strict=True):
+        if name.startswith("wgrad"):  # fp32 atomics: the order of the sums may differ
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=name)
+        else:
+            assert torch.equal(a, b), name
+            torch.testing.assert_close(a, ref, atol=2e-2, rtol=2e-2, msg=name)

@@ -4,16 +4,14 @@ compiling it again.
 ``torch.cuda._compile_kernel`` compiles every kernel variant in every process: the grouped conv's
 autotuner compiles each candidate tile per kernel size, dtype and pass, and a program whose
 choices are all in the autotune cache still compiled the chosen kernels on each start (~19 ms
-per variant by session 3's measure, so ~2 s for a model of 30 grouped convs x 3 passes; not yet
-measured with this cache). Here the NVRTC output (a
-cubin for the device's architecture) is written under ``$TILEWISE_CACHE_DIR/nvrtc/``, named by
-a digest of everything that shapes it: the source, the entry point, the GPU's compute
-capability, and the torch, CUDA and file-format versions. ``TILEWISE_NVRTC_CACHE=1`` turns it
-on; it is off by default until a GPU run has checked it (written in session 19 after the
-device budget was spent). Anything unexpected (a torch without the private helpers used here, an
-unreadable or corrupt file) falls back to compiling, as before: the cache can cost a compile,
-never a wrong kernel, since a file is only ever found under the digest of the source it was
-built from.
+per variant by session 3's measure, more for the warpgroup-MMA kernels). Here the NVRTC output
+(a cubin) is written under ``$TILEWISE_CACHE_DIR/nvrtc/``, named by a digest of everything that
+shapes it: the source, the entry point, the target (the GPU's compute capability, or the
+architecture a kernel asks for, e.g. "90a"), and the torch, CUDA and file-format versions. On by
+default; ``TILEWISE_NVRTC_CACHE=0`` turns it off. Anything unexpected (a torch without the
+private helpers used here, an unreadable or corrupt file) falls back to compiling, as before: the
+cache can cost a compile, never a wrong kernel, since a file is only ever found under the digest
+of the source it was built from.
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ _broken = False
 
 
 def enabled() -> bool:
-    """Whether binaries are kept on disk (``TILEWISE_NVRTC_CACHE=1``, and the helpers work)."""
-    return os.environ.get(ENV_NVRTC_CACHE, "0") == "1" and not _broken
+    """Whether binaries are kept on disk (unless ``TILEWISE_NVRTC_CACHE=0``; the helpers work)."""
+    return os.environ.get(ENV_NVRTC_CACHE, "1") != "0" and not _broken
 
 
 def _helpers() -> tuple[Any, Any] | None:
@@ -55,12 +53,15 @@ def _helpers() -> tuple[Any, Any] | None:
     return (compile_fn, load_fn) if compile_fn and load_fn else None
 
 
-def binary_path(source: str, entry: str, capability: tuple[int, int]) -> Path:
-    """Where the binary of ``entry`` in ``source`` for a GPU of ``capability`` is kept."""
-    key = json.dumps(
-        [FORMAT, source, entry, list(capability), torch.__version__, torch.version.cuda]
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:40]
+def binary_path(
+    source: str, entry: str, capability: tuple[int, int], target: str | None = None
+) -> Path:
+    """Where the binary of ``entry`` in ``source`` for a GPU of ``capability`` is kept
+    (``target``: the architecture compiled for, where not the GPU's own)."""
+    fields = [FORMAT, source, entry, list(capability), torch.__version__, torch.version.cuda]
+    if target is not None:  # appended: the keys (and files) of own-architecture kernels stay
+        fields.append(target)
+    digest = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:40]
     return cache_dir() / "nvrtc" / f"{entry}-{digest}.bin"
 
 
@@ -69,41 +70,40 @@ def compile_kernel(source: str, entry: str, compute_capability: str | None = Non
     from or written to the disk cache. ``compute_capability`` (e.g. "90a" for Hopper's
     architecture-specific instructions): the target, where not the device's own. Compile errors
     raise as from PyTorch."""
-    if compute_capability is not None:  # the private helpers' other arguments: not cached
-        return torch.cuda._compile_kernel(source, entry, compute_capability=compute_capability)
+    target = {} if compute_capability is None else {"compute_capability": compute_capability}
     helpers = _helpers() if enabled() else None
     if helpers is None:
-        return torch.cuda._compile_kernel(source, entry)
+        return torch.cuda._compile_kernel(source, entry, **target)
     compile_fn, load_fn = helpers
     try:
         capability = torch.cuda.get_device_capability(torch.cuda.current_device())
-        path = binary_path(source, entry, capability)
+        path = binary_path(source, entry, capability, compute_capability)
     except (RuntimeError, OSError) as exc:  # e.g. no home directory for the default cache dir
         _log_once(f"tilewise nvrtc cache: no cache directory ({exc}); compiling")
-        return torch.cuda._compile_kernel(source, entry)
+        return torch.cuda._compile_kernel(source, entry, **target)
     kernel = _load(path, load_fn)
     if kernel is not None:
         return kernel
     try:
-        binary, name = compile_fn(source, entry)
+        binary, name = compile_fn(source, entry, **target)
     except RuntimeError:  # the kernel's own compile errors, as PyTorch raises them
         raise
     except Exception as exc:  # a private helper of another signature: PyTorch's public path
-        return _give_up(exc, source, entry)
+        return _give_up(exc, source, entry, target)
     try:
         kernel = load_fn(binary, [name])[name]
     except (TypeError, KeyError, IndexError) as exc:  # likewise (a CUDA error would raise)
-        return _give_up(exc, source, entry)
+        return _give_up(exc, source, entry, target)
     _store(path, name, binary)
     return kernel
 
 
-def _give_up(exc: Exception, source: str, entry: str) -> Any:
+def _give_up(exc: Exception, source: str, entry: str, target: dict[str, str]) -> Any:
     """Turn the cache off for this process (the helpers take other arguments) and compile."""
     global _broken
     _broken = True
     _log_once(f"tilewise nvrtc cache: off ({type(exc).__name__}: {exc})")
-    return torch.cuda._compile_kernel(source, entry)
+    return torch.cuda._compile_kernel(source, entry, **target)
 
 
 def _load(path: Path, load_fn) -> Any | None:
