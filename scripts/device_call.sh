@@ -271,6 +271,19 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
+    second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
+      # NVRTC cache, PyTorch's own)
+      timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \
+        >"$R/second-run.log" 2>&1
+      echo "rc $?: second_run"
+      tail -n 7 "$R/second-run.log"
+      pack ;;
+    cliff-s35)  # session 35: the fprop tiles' time with Inf in the input (exact recompute path)
+      timeout "${CLIFF_LIMIT:-200}" python scripts/nonfinite_cliff_probe.py ${CLIFF_ARGS:-} \
+        >"$R/nonfinite-cliff.log" 2>&1
+      echo "rc $?: nonfinite cliff"
+      grep -vE "Warn|warn" "$R/nonfinite-cliff.log" | cut -c1-200 | tail -n 80
+      pack ;;
     nvrtc-s35)  # session 35: the NVRTC binary cache on by default (sm_90a kernels cached too):
       # its GPU tests, the second-run study, then the op tests twice in fresh processes; the
       # second pass must add no binary (every kernel loaded from disk)
