@@ -271,6 +271,17 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
+    exact-s35)  # session 35: the exact recompute of tiles with non-finite outputs by per-tap
+      # MMAs (row-pair and wgmma kernels): their GPU tests, then the Inf timing probe
+      par_tests exact35 tests/test_gconv_cuda.py "nonfinite_blocks" \
+        tests/test_gconv_cuda.py "wgmma_tiles_over_many_tiles_with_non_finite or wgmma_tiles_on_edge" \
+        tests/test_gconv_cuda.py "every_tile_fprop_and_dgrad and float16" \
+        tests/test_gconv_cuda.py "(every_tile_fprop_and_dgrad and bfloat16) or wide_kernel_row_pair or tma_pipeline"
+      timeout "${CLIFF_LIMIT:-200}" python scripts/nonfinite_cliff_probe.py ${CLIFF_ARGS:-} \
+        >"$R/nonfinite-cliff.log" 2>&1
+      echo "rc $?: nonfinite cliff"
+      grep -vE "Warn|warn" "$R/nonfinite-cliff.log" | cut -c1-200 | tail -n 80
+      pack ;;
     second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
       # NVRTC cache, PyTorch's own)
       timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \

@@ -744,32 +744,38 @@ def test_nan_stays_in_its_group():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_nonfinite_blocks_match_pytorch_values_too(dtype, rng_seed):
-    """Blocks holding Inf/NaN take the row-pair kernel's exact recompute (its zero weights would
-    otherwise meet them): NaN/Inf where PyTorch has them, and the block's finite outputs, with
-    bias, by the three-way rule; fprop and dgrad."""
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_nonfinite_blocks_match_pytorch_values_too(k, dtype, rng_seed):
+    """Blocks holding Inf/NaN take the row-pair and wgmma kernels' exact recompute (per-tap MMAs
+    since session 35: their zero weights would otherwise meet them): NaN/Inf where PyTorch has
+    them, and the block's finite outputs, with bias, by the three-way rule; fprop and dgrad,
+    every tile of a k x k kernel; a weight of exactly zero meets an Inf too (NaN, as in PyTorch)."""
     n, c, h, w = 2, 64, 13, 17
     x = torch.randn(n, c, h, w, device="cuda")
     x[0, 3, 5, 5] = float("inf")
     x[1, 20, 0, 7] = float("-inf")
     x[1, 41, 12, 16] = float("nan")
-    wt = torch.randn(c, 8, 3, 3, device="cuda") / 24**0.5
+    x[0, 60, 9, 2] = float("inf")
+    wt = torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5
+    wt[56:64, 4, 0, 1] = 0.0  # in channel 60's weights: its Inf times an exact zero
     b = torch.randn(c, device="cuda")
-    g = c // 8
-    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=1, groups=g)
-    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), x.double(), padding=1, groups=g)
+    g, p = c // 8, k // 2
+    ref = F.conv2d(x.double(), wt.double(), b.double(), padding=p, groups=g)
+    dref = torch.nn.grad.conv2d_input(x.shape, wt.double(), x.double(), padding=p, groups=g)
     # PyTorch's own half-precision witness comes from the input with the non-finite values
     # zeroed: its fp16/bf16 conv returned non-finite values at 152 outputs whose fp64 reference
     # is finite (H100, session 7), which made their bound NaN. Every output the fp64 reference
     # has finite sees only finite inputs, so zeroing the rest leaves its same-dtype value.
     xf = x.nan_to_num(0.0, 0.0, 0.0).to(dtype)
-    same = F.conv2d(xf, wt.to(dtype), b.to(dtype), padding=1, groups=g)
-    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), xf, padding=1, groups=g)
-    for tile in _tiles(c, 3, 3):
+    same = F.conv2d(xf, wt.to(dtype), b.to(dtype), padding=p, groups=g)
+    dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), xf, padding=p, groups=g)
+    tiles = _tiles(c, k, k)
+    assert any(t.rowpair for t in tiles)
+    for tile in tiles:
         out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
-        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, 1, 1, tile)
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, p, p, tile)
         dx = _cl(torch.full(x.shape, 7.0, device="cuda", dtype=dtype))
-        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), None, dx, 1, 1, tile, True)
+        gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), None, dx, p, p, tile, True)
         for got, tw_same, r, what in ((out, same, ref, "fprop"), (dx, dsame, dref, "dgrad")):
             assert torch.equal(got.isnan(), r.isnan()), f"{what} NaN {tile.name}"
             assert torch.equal(got.isinf(), r.isinf()), f"{what} Inf {tile.name}"

@@ -816,6 +816,12 @@ __device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, in
     return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
 #endif
 }}
+// weights (o, c) and (o, c + 1) at (r, s), packed: the exact path's B fragment word
+__device__ __forceinline__ u32 wpair(const u16* __restrict__ w, int gc, int o, int c, int r,
+                                     int s, int ws0, int ws1, int ws2, int ws3) {{
+    return (u32)wval(w, gc, o, c, r, s, ws0, ws1, ws2, ws3) |
+           ((u32)wval(w, gc, o, c + 1, r, s, ws0, ws1, ws2, ws3) << 16);
+}}
 
 #if TMA
 // the halo rows of tile t, one bulk tensor copy (zero-filled off the image by the TMA unit),
@@ -855,6 +861,60 @@ __device__ __forceinline__ void tma_store(u32 src, const TmaDesc* map, int t, in
 #else
 #define RP_PARAMS FPROP_PARAMS
 #endif
+
+// A warp's block whose outputs are not all finite (8 pixels, column block ``cb``, x TH rows x
+// group ``g``'s 8 channels), recomputed exactly from the halo at ``hs``: each output sums only
+// its own window (PyTorch's NaN/Inf pattern). Per-tap MMAs, two taps a k-step (an odd last tap
+// pairs zeros with zeros): no zero weight meets an input outside the window.
+__device__ __forceinline__ void exact_block(u32 hs, unsigned char* stg,
+                                            const u16* __restrict__ w,
+                                            const float* __restrict__ bias, int gc, int cb,
+                                            int g, int ws0, int ws1, int ws2, int ws3) {{
+    // the thread index read here (opaque), so nothing this path derives from it is hoisted
+    // into the main loop's registers
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    const int lane = tid & 31, mq = lane >> 3, mpx = cb * 8 + (lane & 7);
+    const int co = lane >> 2, ci = 2 * (lane & 3);
+#pragma unroll 1
+    for (int q = 0; q < QP; ++q) {{
+        float d[4] = {{0.f, 0.f, 0.f, 0.f}};
+        const int mrow = 2 * q + (mq & 1);  // A rows 0-7: output row 2q; 8-15: 2q + 1
+#pragma unroll 1
+        for (int t = 0; t < R * S; t += 2) {{
+            const int tb = t + 1 < R * S ? t + 1 : t, tl = (mq >> 1) ? tb : t;
+            const int hp = (mrow + tl / S) * HWD + mpx + tl % S;
+            u32 a0, a1, a2, a3;
+#if TMA
+            ldsm_x4(a0, a1, a2, a3, hs + hoff(hp, g));
+#else
+            ldsm_x4(a0, a1, a2, a3, hs + hp * PIX + g * 16);
+#endif
+            const u32 b0 = wpair(w, gc, co, ci, t / S, t % S, ws0, ws1, ws2, ws3);
+            u32 b1 = wpair(w, gc, co, ci, tb / S, tb % S, ws0, ws1, ws2, ws3);
+            if (tb == t) a2 = a3 = b1 = 0u;
+            mma16816(d, a0, a1, a2, a3, b0, b1);
+        }}
+        // D rows lane / 4 (+ 8): pixel cb * 8 + lane / 4 of row 2q (2q + 1); cols: out
+        // channels ci, ci + 1
+        const int px = cb * 8 + (lane >> 2);
+#if HAS_BIAS
+        const float bv0 = bias[gc + ci], bv1 = bias[gc + ci + 1];
+#else
+        const float bv0 = 0.f, bv1 = 0.f;
+#endif
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const u32 v = pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1);
+            const int row = 2 * q + h;
+#if TMA == 2
+            *(u32*)(stg + hoff(row * TW + px, g) + ci * 2) = v;
+#else
+            *(u32*)(stg + ((row * TW + px) * (PIX / 2) + g * 8 + ci) * 2) = v;
+#endif
+        }}
+    }}
+}}
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, {MIN_CTAS})
 tw_gconv_fprop_rp(RP_PARAMS)
@@ -1050,34 +1110,9 @@ tw_gconv_fprop_rp(RP_PARAMS)
                     asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(at), "r"(tv) : "memory");
                 }}
             if (__any_sync(0xffffffffu, (flag & 0x80008000u) != 0u)) {{
-                // exact: each output sums only its own window (PyTorch's NaN/Inf pattern),
-                // over this warp's fast-path stores
-                __syncwarp();
-                const unsigned char* hs = sm + buf * HALO_RP;
-                for (int i = lane; i < TH * 64; i += 32) {{
-                    const int oo = i & 7, px = cb * 8 + ((i >> 3) & 7), row = i >> 6;
-                    float sum = 0.f;
-                    for (int r = 0; r < R; ++r)
-                        for (int s = 0; s < S; ++s) {{
-                            const int hp = (row + r) * HWD + px + s;
-#if TMA
-                            const u16* hv = (const u16*)(hs + hoff(hp, g));
-#else
-                            const u16* hv = (const u16*)(hs + hp * PIX + g * 16);
-#endif
-                            for (int c = 0; c < 8; ++c)
-                                sum += to_f32(wval(w, gc, oo, c, r, s, ws0, ws1, ws2, ws3)) *
-                                       to_f32(hv[c]);
-                        }}
-#if HAS_BIAS
-                    sum += bias[gc + oo];
-#endif
-#if TMA == 2
-                    *(u16*)((unsigned char*)stg + hoff(row * TW + px, g) + oo * 2) = to_u16(sum);
-#else
-                    stg[(row * TW + px) * (PIX / 2) + g * 8 + oo] = to_u16(sum);
-#endif
-                }}
+                __syncwarp();  // over this warp's fast-path stores
+                exact_block(sbase + buf * HALO_RP, (unsigned char*)stg, w, bias, gc, cb, g, ws0,
+                            ws1, ws2, ws3);
             }}
         }}
 #if TMA == 2
