@@ -282,6 +282,13 @@ for step in "$@"; do
       echo "rc $?: nonfinite cliff"
       grep -vE "Warn|warn" "$R/nonfinite-cliff.log" | cut -c1-200 | tail -n 80
       pack ;;
+    exact-s35b)  # the rest of exact-s35's tests (its fourth process ran out of time in the
+      # wide-kernel row-pair test)
+      par_tests exact35b tests/test_gconv_cuda.py "wide_kernel_row_pair and float16" \
+        tests/test_gconv_cuda.py "wide_kernel_row_pair and bfloat16" ;;
+    k357-s35)  # the fprop/dgrad study cells at C=64 N=128 fp16 after the exact-path change
+      study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \
+        --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;
     second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
       # NVRTC cache, PyTorch's own)
       timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \
