@@ -1073,6 +1073,51 @@ def test_compiled_kernels_are_cached(monkeypatch):
     gconv_cuda._kernel.cache_clear()
 
 
+def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypatch, caplog):
+    """A wgmma tile needs tensor maps, which only the lean launcher passes, and has no non-TMA
+    twin: without the launcher (a choice cached by a process that had it) the first candidate
+    without TMA runs instead, said once, rather than the call raising. CPU: compiles faked."""
+    compiled = []
+
+    class FakeKernel:
+        func = None
+
+        def set_shared_memory_config(self, nbytes):
+            pass
+
+        def __call__(self, **launch):
+            pass
+
+    def fake_compile(src, name, compute_capability=None):
+        compiled.append((name, compute_capability))
+        return FakeKernel()
+
+    gconv_cuda._kernel.cache_clear()
+    gconv_cuda._log_once.cache_clear()
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
+    x = _cl(torch.randn(2, 64, 8, 8))
+    w = torch.randn(64, 8, 3, 3)
+    tile = next(t for t in gconv_cuda.WGMMA_TILES if gconv_cuda.tile_ok(64, 3, 3, t))
+    plain = gconv_cuda.candidates(64, 3, 3, tma=False)[0]
+    try:
+        with caplog.at_level("WARNING", logger=gconv_cuda.log.name):
+            for _ in range(2):
+                gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, tile)
+    finally:
+        gconv_cuda._kernel.cache_clear()
+    assert compiled[0] == ("tw_gconv_fprop_wg", "90a")  # compiled, then found unlaunchable
+    assert [name for name, _ in compiled[1:]] == [
+        gconv_cuda.source(3, 3, plain, False, 0, False, "tw_gconv_fprop")[1]
+    ]
+    said = [r.message for r in caplog.records if "needs the lean launcher" in r.message]
+    assert len(said) == 1 and plain.name in said[0]
+
+
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

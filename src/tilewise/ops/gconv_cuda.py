@@ -595,8 +595,14 @@ def bind_fprop(
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     no_launcher = tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None
-    if tile.wgmma and no_launcher:  # its tensor maps need the lean launcher; no twin exists
-        raise ValueError(f"argument 'tile' {tile.name}: needs the lean launcher (tensor maps)")
+    if tile.wgmma and no_launcher:  # its tensor maps need the lean launcher; no twin exists,
+        # so the first candidate without TMA (a choice cached by a process that had the launcher)
+        plain = candidates(c, r, s, tma=False)
+        if not plain:
+            raise ValueError(f"argument 'tile' {tile.name}: needs the lean launcher (tensor maps)")
+        _log_once(f"tilewise gconv_cuda: {tile.name} needs the lean launcher; {plain[0].name} runs")
+        tile, no_launcher = plain[0], False
+        kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     if no_launcher:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
