@@ -1,7 +1,8 @@
 """How much slower the grouped conv's NVRTC fprop tiles run when inputs hold Inf (device probe).
 
-A tile whose outputs are not all finite is recomputed exactly, output by output (the MMAs'
-zero-padded operands would turn 0 * Inf into NaN where PyTorch has none). Mixed-precision
+A tile whose outputs are not all finite is recomputed exactly (the MMAs' zero weights would
+turn 0 * Inf into NaN where PyTorch has none): output by output until session 35, by per-tap
+MMAs since. Mixed-precision
 training meets this on purpose: ``GradScaler`` starts at a scale that overflows, so the first
 backward passes see dy full of Inf. Times every candidate tile (and cuDNN) on finite inputs, one
 Inf, 1% Inf and all Inf, CUDA events, median.
@@ -24,7 +25,7 @@ def kernel_rows(k: int, cases: dict[str, torch.Tensor], max_tiles: int) -> None:
     c = base.shape[1]
     w = torch.randn(c, 8, k, k, device="cuda", dtype=torch.float16) / (8 * k * k) ** 0.5
     pad = k // 2
-    tma = gconv_cuda._tma.supported(0)
+    tma = gconv_cuda._tma.supported(torch.cuda.current_device())
     tiles = gconv_cuda.candidates(c, k, k, tma, wgmma=gconv_cuda.wgmma_usable(base))
     tiles = tiles[:max_tiles] if max_tiles else tiles
     out = torch.empty_like(base)

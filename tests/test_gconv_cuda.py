@@ -771,6 +771,7 @@ def test_nonfinite_blocks_match_pytorch_values_too(k, dtype, rng_seed):
     dsame = torch.nn.grad.conv2d_input(x.shape, wt.to(dtype), xf, padding=p, groups=g)
     tiles = _tiles(c, k, k)
     assert any(t.rowpair for t in tiles)
+    assert any(t.wgmma for t in tiles) or not _wgmma()
     for tile in tiles:
         out = _cl(torch.full(same.shape, 7.0, device="cuda", dtype=dtype))
         gconv_cuda.fprop(_cl(x.to(dtype)), wt.to(dtype), b.to(dtype), out, p, p, tile)
@@ -1086,7 +1087,9 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
             pass
 
         def __call__(self, **launch):
-            pass
+            launches.append(launch)
+
+    launches = []
 
     def fake_compile(src, name, compute_capability=None):
         compiled.append((name, compute_capability))
@@ -1116,6 +1119,10 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
     ]
     said = [r.message for r in caplog.records if "needs the lean launcher" in r.message]
     assert len(said) == 1 and plain.name in said[0]
+    assert len(launches) == 2  # by PyTorch's launcher, with the plain tile's block and memory
+    for launch in launches:
+        assert launch["block"][0] == plain.warps * 32
+        assert launch["shared_mem"] == gconv_cuda.smem_bytes(3, 3, plain)
 
 
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error
