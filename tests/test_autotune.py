@@ -271,6 +271,26 @@ def test_cache_cli_ships_choices(tuner, monkeypatch, tmp_path_factory, capsys):
         cli.main(["cache", "import", str(elsewhere / "missing.json")])
 
 
+def test_cache_cli_info_and_clear_binaries(tuner, tmp_path, capsys):
+    """``tilewise cache info`` counts the choices and the NVRTC binaries; ``clear-binaries``
+    removes the binaries only; export and import still need a path."""
+    from tilewise import cli
+    from tilewise.runtime import nvrtc_cache
+
+    autotune.choose_config("op", Prob(3), CANDS, run, device=DEV)
+    (tmp_path / "nvrtc").mkdir(exist_ok=True)
+    for name in ("a", "b"):
+        (tmp_path / "nvrtc" / f"k-{name}.bin").write_bytes(b"k\n" + b"x" * 1000)
+    assert cli.main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert "autotune choices: 1" in out and "NVRTC binaries: 2" in out
+    assert cli.main(["cache", "clear-binaries"]) == 0
+    assert "removed 2 NVRTC binaries" in capsys.readouterr().out
+    assert nvrtc_cache.binaries() == [] and autotune.cache_path().exists()
+    with pytest.raises(SystemExit, match="needs a PATH"):
+        cli.main(["cache", "export"])
+
+
 def test_a_corrupt_or_unwritable_cache_is_tolerated(tuner, monkeypatch, tmp_path):
     tuner.path.write_text("{not json")
     assert autotune.choose_config("op", Prob(1), CANDS, run, device=DEV) == Cfg(32)

@@ -140,6 +140,66 @@ def test_helpers_of_another_signature_fall_back_to_pytorch(fakes, monkeypatch):
     assert not nvrtc_cache.enabled()  # off for the rest of the process: no double compiles
 
 
+def test_helpers_rejecting_a_target_fall_back_to_pytorch_with_it(fakes, monkeypatch):
+    """A private compile helper that takes no target: PyTorch's public path compiles for the
+    named target, and the cache is off for the rest of the process."""
+    through = []
+
+    def pytorch_compile(source, entry, compute_capability=None):
+        through.append((entry, compute_capability))
+        return "k"
+
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", pytorch_compile, raising=False)
+    monkeypatch.setattr(
+        nvrtc_cache, "_helpers", lambda: (lambda s, e: (b"CUBIN", e), lambda b, n: {n[0]: "x"})
+    )
+    assert nvrtc_cache.compile_kernel("src A", "k", compute_capability="90a") == "k"
+    assert through == [("k", "90a")] and not nvrtc_cache.enabled()
+
+
+def _binary(tmp_path, name: str, size: int, age: float):
+    path = tmp_path / "nvrtc" / f"{name}.bin"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    stamp = 1_000_000 - age
+    __import__("os").utime(path, (stamp, stamp))
+    return path
+
+
+def test_trim_removes_the_least_recently_used_down_to_three_quarters(fakes, tmp_path):
+    old, mid, new = (_binary(tmp_path, n, 100, a) for n, a in (("a", 30), ("b", 20), ("c", 10)))
+    assert nvrtc_cache.total_bytes() == 300
+    assert nvrtc_cache.trim(300) == 0  # at the cap: nothing goes
+    assert nvrtc_cache.trim(250) == 2  # down to 187 bytes: the two oldest go
+    assert not old.exists() and not mid.exists() and new.exists()
+
+
+def test_a_store_trims_and_a_load_keeps_its_file(fakes, tmp_path, monkeypatch):
+    """Past ``TILEWISE_NVRTC_CACHE_MB`` a store removes the least recently used binaries; a load
+    marks its file used, so a kernel still in use outlives one that is not."""
+    compiles, _, _ = fakes
+    nvrtc_cache.compile_kernel("src A", "k")
+    nvrtc_cache.compile_kernel("src B", "k")
+    path_a = nvrtc_cache.binary_path("src A", "k", (9, 0))
+    path_b = nvrtc_cache.binary_path("src B", "k", (9, 0))
+    for path in (path_a, path_b):
+        __import__("os").utime(path, (1000, 1000))
+    nvrtc_cache.compile_kernel("src A", "k")  # loaded: A is the most recently used now
+    assert len(compiles) == 2 and path_a.stat().st_mtime > 1000
+    size = path_a.stat().st_size
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE_MB", str(2.9 * size / 2**20))
+    nvrtc_cache.compile_kernel("src C", "k")  # 3 files over a cap of 2.9: down to <= 2.175
+    path_c = nvrtc_cache.binary_path("src C", "k", (9, 0))
+    assert path_a.exists() and not path_b.exists() and path_c.exists()
+    assert nvrtc_cache.binaries() == sorted([path_a, path_c])
+
+
+def test_clear_removes_every_binary(fakes):
+    nvrtc_cache.compile_kernel("src A", "k")
+    nvrtc_cache.compile_kernel("src B", "k")
+    assert nvrtc_cache.clear() == 2 and nvrtc_cache.binaries() == []
+
+
 def test_on_by_default_and_off_with_zero(monkeypatch):
     monkeypatch.setattr(nvrtc_cache, "_broken", False)
     monkeypatch.delenv("TILEWISE_NVRTC_CACHE", raising=False)

@@ -553,10 +553,26 @@ def _frac(x: float | None) -> str:
 def _cmd_cache(args: argparse.Namespace) -> int:
     """``tilewise cache export PATH`` / ``tilewise cache import PATH``: ship kernel-config choices
     (the autotune cache, keyed by device, problem, dtype and versions) to another machine, so its
-    first run times nothing it already knows."""
-    from tilewise.runtime import autotune
+    first run times nothing it already knows. ``tilewise cache info``: where the caches are and
+    what they hold; ``tilewise cache clear-binaries``: remove the compiled NVRTC kernels (they
+    are compiled again when next used)."""
+    from tilewise.runtime import autotune, nvrtc_cache
 
-    if args.action == "export":
+    if args.action in ("export", "import") and args.path is None:
+        raise SystemExit(f"tilewise cache {args.action}: needs a PATH")
+    if args.action == "info":
+        entries = autotune._read(autotune.cache_path())
+        files, size = nvrtc_cache.binaries(), nvrtc_cache.total_bytes()
+        print(f"autotune choices: {len(entries)} in {autotune.cache_path()}")
+        print(
+            f"NVRTC binaries: {len(files)}, {size / 2**20:.1f} MiB in {nvrtc_cache.binaries_dir()}"
+            f" (kept: {'yes' if nvrtc_cache.enabled() else 'no'};"
+            f" cap {nvrtc_cache.max_bytes() / 2**20:.0f} MiB)"
+        )
+    elif args.action == "clear-binaries":
+        count = nvrtc_cache.clear()
+        print(f"removed {count} NVRTC binaries from {nvrtc_cache.binaries_dir()}")
+    elif args.action == "export":
         count = autotune.export_cache(args.path)
         print(f"exported {count} choices from {autotune.cache_path()} to {args.path}")
     else:
@@ -617,9 +633,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=reports.cmd_merge)
     alias = add_mlp_args(sub.add_parser("mlp-bench", help="same as `tilewise bench mlp`"))
     alias.set_defaults(func=run_mlp_command)
-    cache = sub.add_parser("cache", help="export or import the kernel-config (autotune) cache")
-    cache.add_argument("action", choices=["export", "import"])
-    cache.add_argument("path", type=Path, help="the shipped cache file")
+    cache = sub.add_parser(
+        "cache", help="export or import the kernel-config (autotune) cache; info; clear-binaries"
+    )
+    cache.add_argument("action", choices=["export", "import", "info", "clear-binaries"])
+    cache.add_argument("path", type=Path, nargs="?", help="the shipped cache file (export, import)")
     cache.set_defaults(func=_cmd_cache)
     tour = sub.add_parser("tour", help="ceilings + tilewise vs eager vs torch.compile")
     tour.add_argument("--out", type=Path, default=None, help="also write JSON/PNG here")

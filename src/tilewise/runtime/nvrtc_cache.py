@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 ENV_NVRTC_CACHE = "TILEWISE_NVRTC_CACHE"
 #: bumped when the file layout changes (files of another format are then never looked up)
 FORMAT = 1
+#: the binaries kept at most (``TILEWISE_NVRTC_CACHE_MB`` overrides): past it, a store removes
+#: the least recently used ones (a load marks its file used) down to three quarters of it. Every
+#: source edit, tile or torch version adds files that nothing reads again; a model's grouped convs
+#: autotuned once write ~140 binaries (session 35: ``benchmarks/second_run.py``)
+MAX_MB = 512
+ENV_MAX_MB = "TILEWISE_NVRTC_CACHE_MB"
 
 
 #: set when PyTorch's private helpers turned out to take other arguments: compile as before
@@ -53,6 +59,78 @@ def _helpers() -> tuple[Any, Any] | None:
     return (compile_fn, load_fn) if compile_fn and load_fn else None
 
 
+def binaries_dir() -> Path:
+    """Where the binaries are kept: ``$TILEWISE_CACHE_DIR/nvrtc``."""
+    return cache_dir() / "nvrtc"
+
+
+def binaries() -> list[Path]:
+    """The binaries on disk now (none if the directory is missing)."""
+    try:
+        return sorted(binaries_dir().glob("*.bin"))
+    except OSError:
+        return []
+
+
+def total_bytes() -> int:
+    """The binaries' total size on disk."""
+    total = 0
+    for path in binaries():
+        try:
+            total += path.stat().st_size
+        except OSError:  # removed meanwhile
+            pass
+    return total
+
+
+def clear() -> int:
+    """Remove every binary (later compiles write them again); returns how many were removed."""
+    removed = 0
+    for path in binaries():
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def max_bytes() -> int:
+    """The cap on the binaries' total size (``TILEWISE_NVRTC_CACHE_MB``, else ``MAX_MB``)."""
+    try:
+        mb = float(os.environ.get(ENV_MAX_MB, MAX_MB))
+    except ValueError:
+        mb = MAX_MB
+    return int(max(mb, 0) * (1 << 20))
+
+
+def trim(limit: int | None = None) -> int:
+    """Remove the least recently used binaries while their total exceeds ``limit`` (default
+    ``max_bytes()``), down to three quarters of it; returns how many were removed."""
+    limit = max_bytes() if limit is None else limit
+    sized = []
+    for path in binaries():
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        sized.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in sized)
+    if total <= limit:
+        return 0
+    removed = 0
+    for _, size, path in sorted(sized, key=lambda entry: entry[0]):
+        if total <= limit * 3 // 4:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        removed += 1
+    return removed
+
+
 def binary_path(
     source: str, entry: str, capability: tuple[int, int], target: str | None = None
 ) -> Path:
@@ -62,7 +140,7 @@ def binary_path(
     if target is not None:  # appended: the keys (and files) of own-architecture kernels stay
         fields.append(target)
     digest = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:40]
-    return cache_dir() / "nvrtc" / f"{entry}-{digest}.bin"
+    return binaries_dir() / f"{entry}-{digest}.bin"
 
 
 def compile_kernel(source: str, entry: str, compute_capability: str | None = None) -> Any:
@@ -117,10 +195,15 @@ def _load(path: Path, load_fn) -> Any | None:
         if not sep or not binary:
             raise ValueError("truncated file")
         text = name.decode()
-        return load_fn(binary, [text])[text]
+        kernel = load_fn(binary, [text])[text]
     except Exception as exc:  # a damaged file: compile again (and overwrite it)
         _log_once(f"tilewise nvrtc cache: {path.name} unusable ({type(exc).__name__}); compiling")
         return None
+    try:  # used now: the last to go when the directory is trimmed
+        os.utime(path)
+    except OSError:
+        pass
+    return kernel
 
 
 def _store(path: Path, name: str, binary: bytes) -> None:
@@ -138,6 +221,8 @@ def _store(path: Path, name: str, binary: bytes) -> None:
             raise
     except OSError as exc:
         _log_once(f"tilewise nvrtc cache: not written under {path.parent} ({exc})")
+        return
+    trim()
 
 
 @functools.cache
