@@ -4,6 +4,7 @@ source template and the tile rules are checked on the CPU too."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -1028,57 +1029,10 @@ def test_rowpair_wgrad_loop_algebra(n, c, h, w, r, s, ph, pw, th, tw):
     torch.testing.assert_close(got, want)
 
 
-def test_compiled_kernels_are_cached(monkeypatch):
-    """One NVRTC compile per variant: an uncached compile cost ~19 ms per launch on the H100
-    host (a decorator left on the wrong function once made every launch recompile)."""
-    compiles = []
-
-    class FakeKernel:
-        func = None
-
-        def set_shared_memory_config(self, nbytes):
-            pass
-
-        def __call__(self, **launch):
-            pass
-
-    def fake_compile(src, name):
-        compiles.append((name, src))
-        return FakeKernel()
-
-    gconv_cuda._kernel.cache_clear()
-    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")  # this test counts compiles (no disk cache)
-    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
-    x = _cl(torch.randn(2, 64, 8, 8))
-    w = torch.randn(64, 8, 3, 3)
-    rowpair = CudaTile(rowpair=True)
-    for _ in range(3):
-        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1)
-        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, dgrad=True)
-        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, rowpair)
-        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
-        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True, gconv_cuda.EXPERIMENTAL_WGRAD_TILES[0])
-    assert sorted(name for name, _ in compiles) == [
-        "tw_gconv_fprop",
-        "tw_gconv_fprop",
-        "tw_gconv_fprop_rp",
-        "tw_gconv_wgrad",
-        "tw_gconv_wgrad_rp",
-    ]
-    for name, src in compiles:  # each entry compiled from the source that defines it
-        assert f"{name}(" in src
-        assert ("tw_gconv_wgrad(" in src) == (name in ("tw_gconv_fprop", "tw_gconv_wgrad"))
-    gconv_cuda._kernel.cache_clear()
-
-
-def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypatch, caplog):
-    """A wgmma tile needs tensor maps, which only the lean launcher passes, and has no non-TMA
-    twin: without the launcher (a choice cached by a process that had it) the first candidate
-    without TMA runs instead, said once, rather than the call raising. CPU: compiles faked."""
-    compiled = []
+def _fake_nvrtc(monkeypatch) -> tuple[list, list]:
+    """NVRTC compiles and launches faked on the CPU, the disk cache off and the in-process
+    kernels forgotten: returns (compiles as (entry, source, target), launches' keyword args)."""
+    compiles, launches = [], []
 
     class FakeKernel:
         func = None
@@ -1089,19 +1043,51 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
         def __call__(self, **launch):
             launches.append(launch)
 
-    launches = []
-
     def fake_compile(src, name, compute_capability=None):
-        compiled.append((name, compute_capability))
+        compiles.append((name, src, compute_capability))
         return FakeKernel()
 
     gconv_cuda._kernel.cache_clear()
-    gconv_cuda._log_once.cache_clear()
-    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")  # compiles are counted (no disk cache)
     monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
+    return compiles, launches
+
+
+def test_compiled_kernels_are_cached(monkeypatch):
+    """One NVRTC compile per variant: an uncached compile cost ~19 ms per launch on the H100
+    host (a decorator left on the wrong function once made every launch recompile)."""
+    compiles, _ = _fake_nvrtc(monkeypatch)
+    x = _cl(torch.randn(2, 64, 8, 8))
+    w = torch.randn(64, 8, 3, 3)
+    rowpair = CudaTile(rowpair=True)
+    for _ in range(3):
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1)
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, dgrad=True)
+        gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, rowpair)
+        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True)
+        gconv_cuda.wgrad(x, x, 3, 3, 1, 1, True, gconv_cuda.EXPERIMENTAL_WGRAD_TILES[0])
+    assert sorted(name for name, _, _ in compiles) == [
+        "tw_gconv_fprop",
+        "tw_gconv_fprop",
+        "tw_gconv_fprop_rp",
+        "tw_gconv_wgrad",
+        "tw_gconv_wgrad_rp",
+    ]
+    for name, src, _ in compiles:  # each entry compiled from the source that defines it
+        assert f"{name}(" in src
+        assert ("tw_gconv_wgrad(" in src) == (name in ("tw_gconv_fprop", "tw_gconv_wgrad"))
+    gconv_cuda._kernel.cache_clear()
+
+
+def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypatch, caplog):
+    """A wgmma tile needs tensor maps, which only the lean launcher passes, and has no non-TMA
+    twin: without the launcher (a choice cached by a process that had it) the first candidate
+    without TMA runs instead, said once, rather than the call raising. CPU: compiles faked."""
+    compiles, launches = _fake_nvrtc(monkeypatch)
+    gconv_cuda._log_once.cache_clear()
     monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     x = _cl(torch.randn(2, 64, 8, 8))
     w = torch.randn(64, 8, 3, 3)
@@ -1113,6 +1099,7 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
                 gconv_cuda.fprop(x, w, None, _cl(torch.empty_like(x)), 1, 1, tile)
     finally:
         gconv_cuda._kernel.cache_clear()
+    compiled = [(name, target) for name, _, target in compiles]
     assert compiled[0] == ("tw_gconv_fprop_wg", "90a")  # compiled, then found unlaunchable
     assert [name for name, _ in compiled[1:]] == [
         gconv_cuda.source(3, 3, plain, False, 0, False, "tw_gconv_fprop")[1]

@@ -4,6 +4,8 @@ source or GPU compiles afresh, damaged files are rebuilt, and the switch turns i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -162,7 +164,7 @@ def _binary(tmp_path, name: str, size: int, age: float):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"x" * size)
     stamp = 1_000_000 - age
-    __import__("os").utime(path, (stamp, stamp))
+    os.utime(path, (stamp, stamp))
     return path
 
 
@@ -183,7 +185,7 @@ def test_a_store_trims_and_a_load_keeps_its_file(fakes, tmp_path, monkeypatch):
     path_a = nvrtc_cache.binary_path("src A", "k", (9, 0))
     path_b = nvrtc_cache.binary_path("src B", "k", (9, 0))
     for path in (path_a, path_b):
-        __import__("os").utime(path, (1000, 1000))
+        os.utime(path, (1000, 1000))
     nvrtc_cache.compile_kernel("src A", "k")  # loaded: A is the most recently used now
     assert len(compiles) == 2 and path_a.stat().st_mtime > 1000
     size = path_a.stat().st_size

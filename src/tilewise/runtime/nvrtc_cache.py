@@ -72,15 +72,21 @@ def binaries() -> list[Path]:
         return []
 
 
-def total_bytes() -> int:
-    """The binaries' total size on disk."""
-    total = 0
+def _sized() -> list[tuple[float, int, Path]]:
+    """(mtime, size, path) of each binary on disk (one removed meanwhile is skipped)."""
+    entries = []
     for path in binaries():
         try:
-            total += path.stat().st_size
-        except OSError:  # removed meanwhile
-            pass
-    return total
+            st = path.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime, st.st_size, path))
+    return entries
+
+
+def total_bytes() -> int:
+    """The binaries' total size on disk."""
+    return sum(size for _, size, _ in _sized())
 
 
 def clear() -> int:
@@ -108,13 +114,7 @@ def trim(limit: int | None = None) -> int:
     """Remove the least recently used binaries while their total exceeds ``limit`` (default
     ``max_bytes()``), down to three quarters of it; returns how many were removed."""
     limit = max_bytes() if limit is None else limit
-    sized = []
-    for path in binaries():
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        sized.append((st.st_mtime, st.st_size, path))
+    sized = _sized()
     total = sum(size for _, size, _ in sized)
     if total <= limit:
         return 0
