@@ -286,6 +286,13 @@ for step in "$@"; do
       # wide-kernel row-pair test)
       par_tests exact35b tests/test_gconv_cuda.py "wide_kernel_row_pair and float16" \
         tests/test_gconv_cuda.py "wide_kernel_row_pair and bfloat16" ;;
+    roll-s36)  # session 36: the rolling-row wgmma tiles' tests, then timed beside the candidates
+      gpu_tests "${TEST_LIMIT:-200}" tests/test_gconv_cuda.py -k "test_roll_tiles" -x
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --roll --kernels ${KS:-7 5 3} \
+        --n 128 --dtypes fp16 --json "$R/wide-probe-roll.json" >"$R/wide-probe-roll.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|cudnn|cudawr|cudawg|cudarp" "$R/wide-probe-roll.log" | cut -c1-150
+      pack ;;
     k357-s35)  # the fprop/dgrad study cells at C=64 N=128 fp16 after the exact-path change
       study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \
         --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;

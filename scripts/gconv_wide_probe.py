@@ -7,6 +7,7 @@ first (a relative error).
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
         [--extra "32,8,32,4,2,2,rowpair=True,tma=2" ...]   (CudaTile arguments: tiles to time
         beside the candidates, where legal) [--experimental]   (and the EXPERIMENTAL_WGMMA_TILES)
+        [--roll]   (and the ROLL_TILES) [--only SUBSTRING]   (only tiles whose name has it)
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ SIDES = {64: 64, 128: 32, 256: 16}
 
 
 def _rows(
-    k: int, n: int, dname: str, dt: torch.dtype, copy_bw: float, extra: list[CudaTile], c: int = 64
+    k: int,
+    n: int,
+    dname: str,
+    dt: torch.dtype,
+    copy_bw: float,
+    extra: list[CudaTile],
+    c: int = 64,
+    only: str | None = None,
 ) -> list[dict]:
     hw, pad = SIDES[c], k // 2
     sets = []
@@ -43,6 +51,7 @@ def _rows(
     tiles = [t for t in pool if t.rowpair or t.wgmma]
     fitted = (gconv_cuda._fitted(t, c) for t in extra)
     tiles += [t for t in fitted if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
+    tiles = [t for t in tiles if only is None or only in t.name]
     rows, g = [], c // 8
     for dgrad in (False, True):
         impls = {
@@ -89,9 +98,12 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--extra", nargs="*", default=[], help="CudaTile arguments, one tile each")
     ap.add_argument("--experimental", action="store_true", help="the EXPERIMENTAL_WGMMA_TILES too")
+    ap.add_argument("--roll", action="store_true", help="the ROLL_TILES too")
+    ap.add_argument("--only", default=None, help="time only tiles whose name contains this")
     args = ap.parse_args()
     extra = [eval(f"CudaTile({spec})") for spec in args.extra]  # a developer's arguments
     extra += list(gconv_cuda.EXPERIMENTAL_WGMMA_TILES) if args.experimental else []
+    extra += list(gconv_cuda.ROLL_TILES) if args.roll else []
     torch.backends.cudnn.benchmark = True
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
@@ -101,7 +113,7 @@ def main() -> None:
         for k in args.kernels:
             for n in args.n:
                 for dname in args.dtypes:
-                    rows += _rows(k, n, dname, dts[dname], copy_bw, extra, c)
+                    rows += _rows(k, n, dname, dts[dname], copy_bw, extra, c, args.only)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)

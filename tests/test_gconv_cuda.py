@@ -36,10 +36,14 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES
                 + gconv_cuda.WGMMA_TILES
                 + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
+                + gconv_cuda.ROLL_TILES
             ):
                 src, entry = gconv_cuda.source(r, s, tile, True, True, True, "tw_gconv_fprop")
                 assert src.count("{") == src.count("}") and f"{entry}(" in src
-                if tile.wgmma:  # its own template: TMA always, the MMA's element type
+                if tile.roll:  # its own template: N = 8 R, the MMA's element type
+                    assert entry == "tw_gconv_fprop_roll" and f".m64n{8 * r}k16" in src
+                    assert ".f32.bf16.bf16" in src
+                elif tile.wgmma:  # its own template: TMA always, the MMA's element type
                     assert entry == "tw_gconv_fprop_wg" and ".f32.bf16.bf16" in src
                 else:
                     assert f"#define TMA {int(tile.tma)}" in src
@@ -307,6 +311,7 @@ EXTRA_TILES = (
     CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
     *gconv_cuda.EXPERIMENTAL_FPROP_TILES,  # session 29's weights-in-shared-memory tiles
     *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,  # session 31's 2-CTA and split-warpgroup wgmma tiles
+    *gconv_cuda.ROLL_TILES,  # session 36's rolling-row wgmma tiles
 )
 
 
@@ -446,6 +451,23 @@ def test_wgmma_tiles_on_edge_shapes(case, dtype, rng_seed):
         pytest.skip("no sm_90 (wgmma) GPU")
     tiles = [t for t in _tiles(case[1], case[4], case[5]) if t.wgmma]
     assert tiles, case
+    _check_tiles(case, dtype, rng_seed, tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES + WGMMA_EDGE_CASES, ids=_case_id)
+def test_roll_tiles(case, dtype, rng_seed):
+    """The rolling-row wgmma tiles alone (session 36) on the odd shapes and the edge shapes,
+    fprop and dgrad, three-way against fp64: the quick check of a change to that kernel (the
+    every-tile test runs them too)."""
+    if not _wgmma():
+        pytest.skip("no sm_90 (wgmma) GPU")
+    c, r, s = case[1], case[4], case[5]
+    tiles = [gconv_cuda._fitted(t, c) for t in gconv_cuda.ROLL_TILES]
+    tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
+    if not tiles:
+        pytest.skip(f"no rolling-row tile takes C={c} {r}x{s}")
     _check_tiles(case, dtype, rng_seed, tiles)
 
 

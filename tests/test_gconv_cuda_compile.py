@@ -174,6 +174,7 @@ def test_wgmma_tiles_compile_without_spills_or_serialized_mmas(rs, tmp_path):
     path = tmp_path / "k.cu"
     tiles = [t for t in gconv_cuda.candidates(64, r, s, True, True, True) if t.wgmma]
     tiles += [t for t in gconv_cuda.EXPERIMENTAL_WGMMA_TILES if gconv_cuda.tile_ok(64, r, s, t)]
+    tiles += [t for t in gconv_cuda.ROLL_TILES if gconv_cuda.tile_ok(64, r, s, t)]
     for tile in tiles:
         for bf16, bias, dgrad in ((False, True, False), (True, False, True)):
             src, _ = gconv_cuda.source(r, s, tile, bf16, bias, dgrad, "tw_gconv_fprop")

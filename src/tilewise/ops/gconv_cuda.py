@@ -37,6 +37,7 @@ from tilewise.ops.gconv_config import dw_format
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
+from tilewise.ops.gconv_roll_src import SOURCE_ROLL as _SOURCE_ROLL
 from tilewise.ops.gconv_tiles import CLUSTER_WGRAD_TILES as CLUSTER_WGRAD_TILES
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_FPROP_TILES as EXPERIMENTAL_FPROP_TILES
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_WGMMA_TILES as EXPERIMENTAL_WGMMA_TILES
@@ -44,6 +45,7 @@ from tilewise.ops.gconv_tiles import (
     EXPERIMENTAL_WGMMA_WGRAD_TILES as EXPERIMENTAL_WGMMA_WGRAD_TILES,
 )
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_WGRAD_TILES as EXPERIMENTAL_WGRAD_TILES
+from tilewise.ops.gconv_tiles import ROLL_TILES as ROLL_TILES
 from tilewise.ops.gconv_tiles import ROW_WGRAD_TILES as ROW_WGRAD_TILES
 from tilewise.ops.gconv_tiles import TALL_TILES as TALL_TILES
 from tilewise.ops.gconv_tiles import TILES as TILES
@@ -95,6 +97,10 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
+    if tile.roll:  # see gconv_roll_src: B (2R - 1 kernel-row blocks), the slots, the mbarriers
+        b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
+        slot = cdiv(ROLL_SLOT_ROWS * (tile.tw + s - 1) * tile.cb * 2, 1024) * 1024
+        return 1024 + b + tile.stages * slot + 16 * tile.stages
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -185,6 +191,17 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
 
 
+#: input rows one TMA copy brings into a slot of the rolling-row kernel's ring (its RB)
+ROLL_SLOT_ROWS = 2
+
+
+def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
+    """Whether a ``roll`` warpgroup's accumulators (4 R registers), A fragments (4 a k-step) and
+    ~30 more fit ``register_cap`` (ptxas, session 36: 70-72 at 7x7, a spill at a 72 cap; 46
+    at 3x3; the CPU suite compiles every tile and fails on a spill)."""
+    return 4 * r + 4 * ((s + 1) // 2) + 30 <= register_cap(tile)
+
+
 def wide_tiles_offered() -> bool:
     """Whether the ``WIDE_KERNEL_TILES`` are offered (unless ``TILEWISE_GCONV_WIDE_TILES=0``)."""
     return os.environ.get(ENV_WIDE_TILES) != "0"
@@ -196,6 +213,20 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
+    if tile.roll:  # as the kernel is written (gconv_roll_src) and smem_bytes counts it
+        return (
+            tile.wgmma
+            and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
+            and tile.tma == 1
+            and tile.tw == 64
+            and tile.cb in (8, 16, 32)
+            and tile.warps == 4 * (tile.cb // 8) + 1
+            and tile.stages >= 2
+            and 1 <= r <= 8
+            and tile.tw + s - 1 <= 256
+            and tile.min_ctas * (smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
+            and roll_registers_fit(r, s, tile)
+        )
     if tile.wgmma:  # as the kernel is written (gconv_wgmma_src) and smem_bytes counts it
         return (
             not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
@@ -241,6 +272,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
+    elif tile.roll:  # a warpgroup a group and the producer warp
+        warps = 4 * (cb // 8) + 1
     elif tile.wgmma:  # its warpgroups a group
         warps = wgmma_split(tile) * 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
@@ -391,6 +424,13 @@ def source(
     (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
     wgrad writes dw in a channels_last weight's layout."""
     template = _SOURCE
+    if entry == "tw_gconv_fprop" and tile.roll:
+        src = _SOURCE_ROLL.format(
+            R=r, S=s, TH=tile.th, CB=tile.cb, RB=ROLL_SLOT_ROWS, D=tile.stages,
+            MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
+            WGMMA=_wgmma_asm(bf16, 8 * r),
+        )  # fmt: skip
+        return src, "tw_gconv_fprop_roll"
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), MIN_CTAS=tile.min_ctas,
@@ -614,7 +654,9 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.tma:  # the wgmma kernel loads whole input row pairs
+    if tile.roll:  # slots of ROLL_SLOT_ROWS input rows
+        maps.append((0, tile.cb, tile.tw + s - 1, ROLL_SLOT_ROWS))
+    elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
         if tile.tma == 2:

@@ -34,7 +34,12 @@ class CudaTile:
     ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers),
     ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
     with a pixel's groups side by side and re-laid out by the warpgroups; 3: staged the same
-    way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``."""
+    way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``.
+    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=1``, ``tw=64``): the rolling-row warpgroup-MMA
+    kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
+    every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
+    warpgroup a group plus one producer warp (``warps`` = 4 cb / 8 + 1), ``stages`` slots of
+    ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
@@ -48,10 +53,12 @@ class CudaTile:
     tap_rows: int = 0
     wsmem: bool = False
     wgmma: bool = False
+    roll: bool = False
 
     @property
     def name(self) -> str:
         kind = "cudawg" if self.wgmma else "cudarp" if self.rowpair else "cuda"
+        kind = "cudawr" if self.roll else kind
         shape = f"t{self.th}x{self.tw}c{self.cb}w{self.warps}m{self.min_ctas}s{self.stages}"
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
@@ -178,6 +185,18 @@ WGMMA_TILES = (
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
+)
+
+#: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of
+#: ``th`` output rows, 16 or 32 channels (a warpgroup a group and a producer warp), ``stages``
+#: slots of two input rows. Not yet measured on a GPU: timed by ``scripts/gconv_wide_probe.py
+#: --roll``.
+ROLL_TILES = (
+    CudaTile(32, 64, 16, 9, 2, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(16, 64, 16, 9, 3, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(64, 64, 16, 9, 2, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 17, 1, 6, tma=1, wgmma=True, roll=True),
+    CudaTile(16, 64, 16, 9, 4, 3, tma=1, wgmma=True, roll=True),
 )
 
 

@@ -1,0 +1,255 @@
+"""CUDA C++ source of the grouped conv's rolling-row warpgroup-MMA fprop/dgrad kernel
+(``CudaTile.roll``, Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A
+``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{RB}``, ``{D}``, ``{MIN_CTAS}``,
+``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``; literal braces doubled).
+
+Each input row is read once and meets every kernel row in one set of MMAs, so the weights carry
+no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i of a band and
+64 pixels, one warpgroup per group of 8 channels:
+- M = 64 output pixels: A[x][(s, c)] = in[i][x + s][c], in registers by ``ldmatrix.x4`` (two
+  kernel columns a k-step; an odd last column's partner is zero in A, so no zero weight meets an
+  input and NaN/Inf land where PyTorch puts them);
+- N = 8 R = kernel rows r x 8 out channels: B = the weights, K-major in shared memory;
+- the accumulator's block b holds output row o with o = b (mod R) for the whole band: input row
+  i adds kernel row r to output row i - r, so block b takes kernel row (i - b) mod R. B's kernel
+  rows are stored reversed and twice (2R - 1 blocks), so each phase i mod R is a window of them:
+  one descriptor offset, no register moves. After input row i, output row i - R + 1 is complete
+  in block (i + 1) mod R: stored (bias added) and zeroed. The row loop is unrolled by R so the
+  block is a constant.
+MMA work: 16 ceil(S / 2) R multiply-adds an output, 448 at 7x7 (392 useful; the Toeplitz
+kernel's 560), 240 at 5x5 (200; 320), 96 at 3x3 (72; 144).
+Input rows arrive by TMA, RB rows a slot, in a ring of D slots filled by a producer warp
+(``full``/``empty`` mbarriers); a CTA is persistent over bands of TH output rows x 64 pixels.
+"""
+
+from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
+from tilewise.ops.gconv_wgmma_src import DESC
+
+SOURCE_ROLL = (
+    r"""
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define R {R}
+#define S {S}
+#define TH {TH}
+#define TW 64
+#define CB {CB}
+#define RB {RB}
+#define D {D}
+#define IS_BF16 {IS_BF16}
+#define HAS_BIAS {HAS_BIAS}
+#define DGRAD {DGRAD}
+#define NG (CB / 8)
+#define NCW (4 * NG)
+#define NT (32 * NCW + 32)
+#define KS ((S + 1) / 2)
+#define KP (2 * KS)
+#define HWD (TW + S - 1)
+#define PIXB (CB * 2)
+#define ROWS_IN (TH + R - 1)
+#define CPT ((ROWS_IN + RB - 1) / RB)
+#define UP1K(v) (((v) + 1023) / 1024 * 1024)
+// a pixel's 16-byte chunk of group g: the TMA's swizzle of PIXB-byte rows (a slot on 1024 bytes)
+#define SWZ(p) (((p) * NG / 8) % NG)
+#define HOFF(p, g) ((p) * PIXB + 16 * ((g) ^ SWZ(p)))
+// B per group: 2R - 1 blocks of kernel rows (R - 1 - k mod R), each KP core matrices along K
+#define NBLK (2 * R - 1)
+#define BG_BYTES (NBLK * KP * 128)
+#define SLOT_BYTES UP1K(RB * HWD * PIXB)
+#define OFF_SLOT UP1K(NG * BG_BYTES)
+#define OFF_MBAR (OFF_SLOT + D * SLOT_BYTES)
+struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
+
+"""
+    + SMEM_U32
+    + r"""__device__ __forceinline__ u32 pack2(float a, float b) {{
+    u32 r;
+#if IS_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#endif
+    return r;
+}}
+"""
+    + DESC
+    + r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}}
+__device__ __forceinline__ u64 dword(u32 lo, u32 hi) {{
+    u64 d;
+    asm("mov.b64 %0, {{%1, %2}};\n" : "=l"(d) : "r"(lo), "r"(hi));
+    return d;
+}}
+__device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumulate) {{
+{WGMMA}
+}}
+"""
+    + MBAR_WAIT
+    + r"""// weight [o][c][r][s] of this conv (dgrad: flipped, transposed)
+__device__ __forceinline__ u16 wval(const u16* __restrict__ w, int gc, int o, int c, int r,
+                                    int s, int ws0, int ws1, int ws2, int ws3) {{
+#if DGRAD
+    return w[(long long)(gc + c) * ws0 + o * ws1 + (R - 1 - r) * ws2 + (S - 1 - s) * ws3];
+#else
+    return w[(long long)(gc + o) * ws0 + c * ws1 + r * ws2 + s * ws3];
+#endif
+}}
+__device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n, int& y0,
+                                         int& x0) {{
+    x0 = (t % tiles_w) * TW;
+    y0 = ((t / tiles_w) % tiles_h) * TH;
+    n = t / (tiles_w * tiles_h);
+}}
+
+// The output row ``o`` of the band finished in accumulator block ``blk``: bias added, rounded,
+// stored at ``yrow`` (this thread's pixel of row o; pixels past the output skipped by ``xin``),
+// then the block zeroed.
+__device__ __forceinline__ void store_block(float* blk, u16* __restrict__ yrow, bool store,
+                                            int xstep, u32 xin, float bv0, float bv1) {{
+    if (store) {{
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            if (xin & (1u << h))
+                *(u32*)(yrow + h * xstep) = pack2(blk[2 * h] + bv0, blk[2 * h + 1] + bv1);
+    }}
+#pragma unroll
+    for (int e = 0; e < 4; ++e) blk[e] = 0.f;
+}}
+
+extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
+tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
+                    const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
+                    int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
+                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap)
+{{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c0 = blockIdx.y * CB;
+    // the swizzled TMA slots need 1024-byte alignment (the host adds the slack)
+    const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
+    unsigned char* const sm = smem + (sbase - smem_u32(smem));
+    // B: group gg, block k (kernel row R - 1 - k mod R), core matrix s (8 out x 8 in channels)
+    for (int i = tid; i < NG * NBLK * KP * 64; i += NT) {{
+        const int ci = i & 7, co = (i >> 3) & 7, s = (i >> 6) % KP, k = (i / (64 * KP)) % NBLK;
+        const int gg = i / (64 * KP * NBLK), r = R - 1 - k % R;
+        ((u16*)sm)[i] = s < S ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
+    }}
+    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D;
+    if (tid == 0) {{
+        for (int k = 0; k < D; ++k) {{
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(full + 8 * k));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
+                         :: "r"(empty + 8 * k), "r"(NCW));
+        }}
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }}
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const u32 slots = sbase + OFF_SLOT;
+    if (warp == NCW) {{  // the producer: slot k % D takes input rows RB (k % CPT) on of a band
+        if (lane == 0) {{
+            for (u32 k = 0;; ++k) {{
+                const u32 it = k / CPT, cc = k - it * CPT;
+                const int t = blockIdx.x + it * gridDim.x;
+                if (t >= n_tiles) break;
+                const u32 slot = k % D;
+                if (k >= D) mbar_wait(empty + 8 * slot, ((k / D) - 1) & 1);
+                int n, y0, x0;
+                tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                             :: "r"(full + 8 * slot), "r"(RB * HWD * PIXB) : "memory");
+                asm volatile(
+                    "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx"
+                    "::bytes [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
+                    :: "r"(slots + slot * SLOT_BYTES), "l"(&tmap), "r"(c0), "r"(x0 - pad_w),
+                       "r"(y0 - pad_h + (int)cc * RB), "r"(n), "r"(full + 8 * slot)
+                    : "memory");
+            }}
+        }}
+        return;
+    }}
+    const int g = warp >> 2, w4 = warp & 3;
+    // B's descriptor at block 0; a phase's window and a k-step are constant offsets (16 bytes a
+    // unit in the address field)
+    const u64 db0 = desc(sbase + g * BG_BYTES, 128, KP * 128);
+    const u32 dlo = (u32)db0, dhi = (u32)(db0 >> 32);  // the offsets never carry out of dlo
+    // this lane's ldmatrix rows: matrix q = lane / 8 (pixels + 8 for odd q, kernel column + 1
+    // for q > 1), k-step j (columns 2j, 2j + 1), a slot's row rr
+    const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1) + (q >> 1);
+    u32 aoff[RB][KS];
+#pragma unroll
+    for (int rr = 0; rr < RB; ++rr)
+#pragma unroll
+        for (int j = 0; j < KS; ++j) aoff[rr][j] = HOFF(rr * HWD + lm + 2 * j, g);
+    const int ch = c0 + 8 * g + 2 * (lane & 3), px = 16 * w4 + (lane >> 2);
+#if HAS_BIAS
+    const float bv0 = bias[ch], bv1 = bias[ch + 1];
+#else
+    const float bv0 = 0.f, bv1 = 0.f;
+#endif
+    const int xstep = 8 * C, ystep = Wo * C;
+    float acc[4 * R];
+    u32 k = 0;  // this CTA's slot sequence (the producer's k)
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        int n, y0, x0;
+        tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+        const u32 xin = (x0 + px < Wo ? 1u : 0u) | (x0 + px + 8 < Wo ? 2u : 0u);
+        const int orows = min(TH, Ho - y0);  // output rows of this band
+        // this thread's pixel in output row -(R - 1): row o's at + (o + R - 1) ystep
+        u16* yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + ch - (R - 1) * ystep;
+        const int yi0 = y0 - pad_h;
+#pragma unroll
+        for (int e = 0; e < 4 * R; ++e) acc[e] = 0.f;
+        for (int i0 = 0; i0 < ROWS_IN; i0 += R) {{
+#pragma unroll
+            for (int ph = 0; ph < R; ++ph) {{
+                const int i = i0 + ph;
+                if (i < ROWS_IN) {{
+                    const u32 kk = k + (u32)i / RB, slot = kk % D;
+                    const u32 rr = (u32)i % RB;
+                    if (rr == 0) mbar_wait(full + 8 * slot, (kk / D) & 1);
+                    if ((u32)(yi0 + i) < (u32)Hi) {{  // rows outside the image: zeros, skipped
+                        const u32 row = slots + slot * SLOT_BYTES;
+                        u32 a[KS][4];
+#pragma unroll
+                        for (int j = 0; j < KS; ++j) {{
+                            u32 off = aoff[0][j];
+#pragma unroll
+                            for (int e = 1; e < RB; ++e) off = rr == e ? aoff[e][j] : off;
+                            ldsm_x4(a[j], row + off);
+                        }}
+#if S % 2
+                        a[KS - 1][2] = 0u;  // the last k-step's second column: zeros
+                        a[KS - 1][3] = 0u;
+#endif
+                        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                        // phase ph: blocks b take kernel rows (ph - b) mod R, B's window from
+                        // block R - 1 - ph
+#pragma unroll
+                        for (int j = 0; j < KS; ++j)
+                            wgmma(acc, a[j], dword(dlo + ((R - 1 - ph) * KP + 2 * j) * 8, dhi),
+                                  1);
+                        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    }}
+                    if (rr == RB - 1 || i == ROWS_IN - 1) {{
+                        __syncwarp();
+                        if (lane == 0)
+                            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                                         :: "r"(empty + 8 * slot) : "memory");
+                    }}
+                    // output row i - R + 1 is whole in block (ph + 1) mod R
+                    const int o = i - R + 1;
+                    store_block(acc + 4 * ((ph + 1) % R), yrow + i * ystep, o >= 0 && o < orows,
+                                xstep, xin, bv0, bv1);
+                }}
+            }}
+        }}
+        k += CPT;
+    }}
+}}
+"""
+)
