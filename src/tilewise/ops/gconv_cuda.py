@@ -99,8 +99,9 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.roll:  # see gconv_roll_src: B (2R - 1 kernel-row blocks), the slots, the mbarriers
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
-        slot = cdiv(ROLL_SLOT_ROWS * (tile.tw + s - 1) * tile.cb * 2, 1024) * 1024
-        return 1024 + b + tile.stages * slot + 16 * tile.stages
+        row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
+        slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
+        return 1024 + b + tile.stages * slot + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -196,10 +197,11 @@ ROLL_SLOT_ROWS = 2
 
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
-    """Whether a ``roll`` warpgroup's accumulators (4 R registers), A fragments (4 a k-step) and
-    ~30 more fit ``register_cap`` (ptxas, session 36: 70-72 at 7x7, a spill at a 72 cap; 46
-    at 3x3; the CPU suite compiles every tile and fails on a spill)."""
-    return 4 * r + 4 * ((s + 1) // 2) + 30 <= register_cap(tile)
+    """Whether a ``roll`` warpgroup's accumulators (4 R registers), two rows' A fragments (4 a
+    k-step each) and ~45 more fit ``register_cap`` (ptxas, session 36: 7x7 102-106, 5x5 86-88,
+    3x3 68-70, 6x4 80-82; 7x7 at an 80 cap spilled; the CPU suite compiles every tile and fails
+    on a spill or a serialized wgmma)."""
+    return 4 * r + 8 * ((s + 1) // 2) + 45 <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -220,7 +222,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.tma == 1
             and tile.tw == 64
             and tile.cb in (8, 16, 32)
-            and tile.warps == 4 * (tile.cb // 8) + 1
+            and tile.warps == 4 * (tile.cb // 8)
             and tile.stages >= 2
             and 1 <= r <= 8
             and tile.tw + s - 1 <= 256
@@ -272,8 +274,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
-    elif tile.roll:  # a warpgroup a group and the producer warp
-        warps = 4 * (cb // 8) + 1
+    elif tile.roll:  # a warpgroup a group
+        warps = 4 * (cb // 8)
     elif tile.wgmma:  # its warpgroups a group
         warps = wgmma_split(tile) * 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
@@ -654,8 +656,8 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.roll:  # slots of ROLL_SLOT_ROWS input rows
-        maps.append((0, tile.cb, tile.tw + s - 1, ROLL_SLOT_ROWS))
+    if tile.roll:  # a copy an input row
+        maps.append((0, tile.cb, tile.tw + s - 1, 1))
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))

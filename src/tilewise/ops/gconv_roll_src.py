@@ -18,8 +18,10 @@ no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i
   block is a constant.
 MMA work: 16 ceil(S / 2) R multiply-adds an output, 448 at 7x7 (392 useful; the Toeplitz
 kernel's 560), 240 at 5x5 (200; 320), 96 at 3x3 (72; 144).
-Input rows arrive by TMA, RB rows a slot, in a ring of D slots filled by a producer warp
-(``full``/``empty`` mbarriers); a CTA is persistent over bands of TH output rows x 64 pixels.
+Input rows arrive by TMA, RB rows a slot, in a ring of D slots (``full``/``empty`` mbarriers):
+thread 0 refills a slot once every warp has released it (no producer warp: its registers would
+cost the consumers theirs). Each row's MMAs run while the row before is stored. A CTA is
+persistent over bands of TH output rows x 64 pixels.
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
@@ -42,7 +44,7 @@ typedef unsigned long long u64;
 #define DGRAD {DGRAD}
 #define NG (CB / 8)
 #define NCW (4 * NG)
-#define NT (32 * NCW + 32)
+#define NT (32 * NCW)
 #define KS ((S + 1) / 2)
 #define KP (2 * KS)
 #define HWD (TW + S - 1)
@@ -56,7 +58,11 @@ typedef unsigned long long u64;
 // B per group: 2R - 1 blocks of kernel rows (R - 1 - k mod R), each KP core matrices along K
 #define NBLK (2 * R - 1)
 #define BG_BYTES (NBLK * KP * 128)
-#define SLOT_BYTES UP1K(RB * HWD * PIXB)
+// a slot's rows each start on the swizzle's period (16 CB bytes, at most 1024), so a row's
+// ldmatrix offsets are row 0's plus a constant
+#define SWP (16 * CB < 1024 ? 16 * CB : 1024)
+#define ROWB ((HWD * PIXB + SWP - 1) / SWP * SWP)
+#define SLOT_BYTES UP1K(RB * ROWB)
 #define OFF_SLOT UP1K(NG * BG_BYTES)
 #define OFF_MBAR (OFF_SLOT + D * SLOT_BYTES)
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
@@ -119,6 +125,29 @@ __device__ __forceinline__ void store_block(float* blk, u16* __restrict__ yrow, 
     for (int e = 0; e < 4; ++e) blk[e] = 0.f;
 }}
 
+// Slot ``kp`` of this CTA's sequence (input rows RB (kp % CPT) on of its band kp / CPT) into
+// ring slot kp % D, once the slot's previous rows are released (``empty``); one thread.
+__device__ __forceinline__ void load_slot(u32 kp, u32 slots, u32 full, u32 empty,
+                                          const TmaDesc* tmap, int c0, int pad_h, int pad_w,
+                                          int tiles_h, int tiles_w, int n_tiles) {{
+    const u32 it = kp / CPT, cc = kp - it * CPT;
+    const int t = blockIdx.x + it * gridDim.x;
+    if (t >= n_tiles) return;
+    const u32 slot = kp % D;
+    if (kp >= D) mbar_wait(empty + 8 * slot, ((kp / D) - 1) & 1);
+    int n, y0, x0;
+    tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(full + 8 * slot), "r"(RB * HWD * PIXB) : "memory");
+    for (int rr = 0; rr < RB; ++rr)  // a row a copy: rows ROWB apart
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
+            :: "r"(slots + slot * SLOT_BYTES + rr * ROWB), "l"(tmap), "r"(c0), "r"(x0 - pad_w),
+               "r"(y0 - pad_h + (int)cc * RB + rr), "r"(n), "r"(full + 8 * slot)
+            : "memory");
+}}
+
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                     const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
@@ -137,7 +166,8 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         const int gg = i / (64 * KP * NBLK), r = R - 1 - k % R;
         ((u16*)sm)[i] = s < S ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
     }}
-    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D;
+    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D, zero16 = empty + 8 * D;
+    if (tid < 4) ((u32*)(sm + OFF_MBAR + 16 * D))[tid] = 0u;  // 16 zero bytes
     if (tid == 0) {{
         for (int k = 0; k < D; ++k) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(full + 8 * k));
@@ -149,41 +179,21 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     const u32 slots = sbase + OFF_SLOT;
-    if (warp == NCW) {{  // the producer: slot k % D takes input rows RB (k % CPT) on of a band
-        if (lane == 0) {{
-            for (u32 k = 0;; ++k) {{
-                const u32 it = k / CPT, cc = k - it * CPT;
-                const int t = blockIdx.x + it * gridDim.x;
-                if (t >= n_tiles) break;
-                const u32 slot = k % D;
-                if (k >= D) mbar_wait(empty + 8 * slot, ((k / D) - 1) & 1);
-                int n, y0, x0;
-                tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                             :: "r"(full + 8 * slot), "r"(RB * HWD * PIXB) : "memory");
-                asm volatile(
-                    "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx"
-                    "::bytes [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
-                    :: "r"(slots + slot * SLOT_BYTES), "l"(&tmap), "r"(c0), "r"(x0 - pad_w),
-                       "r"(y0 - pad_h + (int)cc * RB), "r"(n), "r"(full + 8 * slot)
-                    : "memory");
-            }}
-        }}
-        return;
-    }}
+    // slots 0 .. D - 2 of the sequence; slot k + D - 1 is issued when slot k's first row starts
+    if (tid == 0)
+        for (u32 kp = 0; kp + 1 < D; ++kp)
+            load_slot(kp, slots, full, empty, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w, n_tiles);
     const int g = warp >> 2, w4 = warp & 3;
     // B's descriptor at block 0; a phase's window and a k-step are constant offsets (16 bytes a
     // unit in the address field)
     const u64 db0 = desc(sbase + g * BG_BYTES, 128, KP * 128);
     const u32 dlo = (u32)db0, dhi = (u32)(db0 >> 32);  // the offsets never carry out of dlo
     // this lane's ldmatrix rows: matrix q = lane / 8 (pixels + 8 for odd q, kernel column + 1
-    // for q > 1), k-step j (columns 2j, 2j + 1), a slot's row rr
+    // for q > 1), k-step j (columns 2j, 2j + 1), in a slot's row 0
     const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1) + (q >> 1);
-    u32 aoff[RB][KS];
+    u32 aoff[KS];
 #pragma unroll
-    for (int rr = 0; rr < RB; ++rr)
-#pragma unroll
-        for (int j = 0; j < KS; ++j) aoff[rr][j] = HOFF(rr * HWD + lm + 2 * j, g);
+    for (int j = 0; j < KS; ++j) aoff[j] = slots + HOFF(lm + 2 * j, g);
     const int ch = c0 + 8 * g + 2 * (lane & 3), px = 16 * w4 + (lane >> 2);
 #if HAS_BIAS
     const float bv0 = bias[ch], bv1 = bias[ch + 1];
@@ -192,62 +202,91 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
 #endif
     const int xstep = 8 * C, ystep = Wo * C;
     float acc[4 * R];
-    u32 k = 0;  // this CTA's slot sequence (the producer's k)
+    u32 a[2][KS][4];  // A of two rows: one being read by MMAs while the next is loaded
+    u32 k = 0;  // this CTA's slot sequence (``load_slot``'s kp)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         int n, y0, x0;
         tile_pos(t, tiles_h, tiles_w, n, y0, x0);
         const u32 xin = (x0 + px < Wo ? 1u : 0u) | (x0 + px + 8 < Wo ? 2u : 0u);
         const int orows = min(TH, Ho - y0);  // output rows of this band
-        // this thread's pixel in output row -(R - 1): row o's at + (o + R - 1) ystep
-        u16* yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + ch - (R - 1) * ystep;
+        // this thread's pixel in output row -R: row o's at + (o + R) ystep
+        u16* const yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + ch - R * ystep;
         const int yi0 = y0 - pad_h;
 #pragma unroll
         for (int e = 0; e < 4 * R; ++e) acc[e] = 0.f;
+        // Row i: its A loaded, row i - 1's MMAs awaited (its slot released, its finished block
+        // taken out and zeroed), row i's MMAs issued, then row i - 1's output stored while they
+        // run.
         for (int i0 = 0; i0 < ROWS_IN; i0 += R) {{
 #pragma unroll
             for (int ph = 0; ph < R; ++ph) {{
                 const int i = i0 + ph;
                 if (i < ROWS_IN) {{
                     const u32 kk = k + (u32)i / RB, slot = kk % D;
-                    const u32 rr = (u32)i % RB;
-                    if (rr == 0) mbar_wait(full + 8 * slot, (kk / D) & 1);
-                    if ((u32)(yi0 + i) < (u32)Hi) {{  // rows outside the image: zeros, skipped
-                        const u32 row = slots + slot * SLOT_BYTES;
-                        u32 a[KS][4];
+                    if ((u32)i % RB == 0) mbar_wait(full + 8 * slot, (kk / D) & 1);
+                    const bool live = (u32)(yi0 + i) < (u32)Hi;  // else zeros: skipped
+#if R % 2
+                    // rows R - 1 and R of a period share A's set 0
+                    if (ph == 0) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+                    if (live) {{
+                        const u32 row = slot * SLOT_BYTES + ((u32)i % RB) * ROWB;
 #pragma unroll
                         for (int j = 0; j < KS; ++j) {{
-                            u32 off = aoff[0][j];
-#pragma unroll
-                            for (int e = 1; e < RB; ++e) off = rr == e ? aoff[e][j] : off;
-                            ldsm_x4(a[j], row + off);
-                        }}
+                            u32 at = aoff[j] + row;
 #if S % 2
-                        a[KS - 1][2] = 0u;  // the last k-step's second column: zeros
-                        a[KS - 1][3] = 0u;
+                            // the last k-step's second column: zeros, loaded (zeros written
+                            // into the registers land between the MMAs: ptxas C7515)
+                            if (j == KS - 1 && q >= 2) at = zero16;
 #endif
+                            ldsm_x4(a[ph & 1][j], at);
+                        }}
+                    }}
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    if (i > 0 && (u32)(i - 1) % RB == RB - 1) {{  // row i - 1 ended its slot
+                        __syncwarp();
+                        if (lane == 0)
+                            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                                         :: "r"(empty + 8 * ((kk - 1) % D)) : "memory");
+                    }}
+                    // once every warp has released slot kk - 1, it takes slot kk + D - 1
+                    if (tid == 0 && (u32)i % RB == 0)
+                        load_slot(kk + D - 1, slots, full, empty, &tmap, c0, pad_h, pad_w,
+                                  tiles_h, tiles_w, n_tiles);
+                    // row i - 1 finished output row i - R, in block i mod R: copied out by an
+                    // opaque move before row i's MMAs (else the compiler reads the accumulator
+                    // in the store's branch, and ptxas serializes every wgmma)
+                    float done[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {{
+                        asm volatile("mov.b32 %0, %1;\n" : "=f"(done[e]) : "f"(acc[4 * ph + e]));
+                        // zeroed here, before the MMAs' fence (C7515 where the compiler sank it)
+                        asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[4 * ph + e]));
+                    }}
+                    if (live) {{
                         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                         // phase ph: blocks b take kernel rows (ph - b) mod R, B's window from
                         // block R - 1 - ph
 #pragma unroll
                         for (int j = 0; j < KS; ++j)
-                            wgmma(acc, a[j], dword(dlo + ((R - 1 - ph) * KP + 2 * j) * 8, dhi),
-                                  1);
+                            wgmma(acc, a[ph & 1][j],
+                                  dword(dlo + ((R - 1 - ph) * KP + 2 * j) * 8, dhi), 1);
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                     }}
-                    if (rr == RB - 1 || i == ROWS_IN - 1) {{
-                        __syncwarp();
-                        if (lane == 0)
-                            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
-                                         :: "r"(empty + 8 * slot) : "memory");
-                    }}
-                    // output row i - R + 1 is whole in block (ph + 1) mod R
-                    const int o = i - R + 1;
-                    store_block(acc + 4 * ((ph + 1) % R), yrow + i * ystep, o >= 0 && o < orows,
-                                xstep, xin, bv0, bv1);
+                    const int o = i - R;
+                    store_block(done, yrow + i * ystep, o >= 0 && o < orows, xstep, xin, bv0,
+                                bv1);
                 }}
             }}
         }}
+        // the last row's MMAs, its slot, and output row TH - 1 (block ROWS_IN mod R)
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncwarp();
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                         :: "r"(empty + 8 * ((k + (ROWS_IN - 1) / RB) % D)) : "memory");
+        store_block(acc + 4 * (ROWS_IN % R), yrow + ROWS_IN * ystep, TH - 1 < orows, xstep, xin,
+                    bv0, bv1);
         k += CPT;
     }}
 }}

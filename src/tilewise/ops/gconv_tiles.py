@@ -38,8 +38,8 @@ class CudaTile:
     ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=1``, ``tw=64``): the rolling-row warpgroup-MMA
     kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
     every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
-    warpgroup a group plus one producer warp (``warps`` = 4 cb / 8 + 1), ``stages`` slots of
-    ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
+    warpgroup a group (``warps`` = 4 cb / 8), ``stages`` slots of ``ROLL_SLOT_ROWS`` input
+    rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
@@ -188,15 +188,15 @@ EXPERIMENTAL_WGMMA_TILES = (
 )
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of
-#: ``th`` output rows, 16 or 32 channels (a warpgroup a group and a producer warp), ``stages``
+#: ``th`` output rows, 16 or 32 channels (a warpgroup a group), ``stages``
 #: slots of two input rows. Not yet measured on a GPU: timed by ``scripts/gconv_wide_probe.py
 #: --roll``.
 ROLL_TILES = (
-    CudaTile(32, 64, 16, 9, 2, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(16, 64, 16, 9, 3, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(64, 64, 16, 9, 2, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(32, 64, 32, 17, 1, 6, tma=1, wgmma=True, roll=True),
-    CudaTile(16, 64, 16, 9, 4, 3, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 8, 2, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(16, 64, 16, 8, 2, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(64, 64, 16, 8, 2, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 16, 1, 6, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 8, 3, 4, tma=1, wgmma=True, roll=True),
 )
 
 
