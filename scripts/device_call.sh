@@ -289,9 +289,20 @@ for step in "$@"; do
     roll-s36)  # session 36: the rolling-row wgmma tiles' tests, then timed beside the candidates
       gpu_tests "${TEST_LIMIT:-200}" tests/test_gconv_cuda.py -k "test_roll_tiles" -x
       timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --roll --kernels ${KS:-7 5 3} \
-        --n 128 --dtypes fp16 --json "$R/wide-probe-roll.json" >"$R/wide-probe-roll.log" 2>&1
+        --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-roll.json" \
+        ${ONLY:+--only "$ONLY"} >"$R/wide-probe-roll.log" 2>&1
       echo "rc $?: wide probe"
       grep -E "copy:|cudnn|cudawr|cudawg|cudarp" "$R/wide-probe-roll.log" | cut -c1-150
+      pack ;;
+    roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 stores, 2
+      # MMAs, 4 waits for rows): what each costs
+      for a in ${ABLATE_SET:-0 1 2 3}; do
+        TILEWISE_ROLL_ABLATE=$a TILEWISE_NVRTC_CACHE=0 timeout 100 python scripts/gconv_wide_probe.py \
+          --roll --only cudawr --kernels ${KS:-7 3} --n 128 --dtypes fp16 \
+          >"$R/roll-ablate-$a.log" 2>&1
+        echo "ablate $a rc $?"
+        grep -E "fprop.*cudawr" "$R/roll-ablate-$a.log" | cut -c1-110
+      done
       pack ;;
     k357-s35)  # the fprop/dgrad study cells at C=64 N=128 fp16 after the exact-path change
       study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \

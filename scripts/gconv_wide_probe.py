@@ -7,13 +7,14 @@ first (a relative error).
     python scripts/gconv_wide_probe.py [--kernels 7 5] [--n 128 256] [--json out.json]
         [--extra "32,8,32,4,2,2,rowpair=True,tma=2" ...]   (CudaTile arguments: tiles to time
         beside the candidates, where legal) [--experimental]   (and the EXPERIMENTAL_WGMMA_TILES)
-        [--roll]   (and the ROLL_TILES) [--only SUBSTRING]   (only tiles whose name has it)
+        [--roll]   (and the ROLL_TILES) [--only REGEX]   (only tiles whose name matches)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,7 @@ def _rows(
     tiles = [t for t in pool if t.rowpair or t.wgmma]
     fitted = (gconv_cuda._fitted(t, c) for t in extra)
     tiles += [t for t in fitted if gconv_cuda.tile_ok(c, k, k, t) and t not in tiles]
-    tiles = [t for t in tiles if only is None or only in t.name]
+    tiles = [t for t in tiles if only is None or re.search(only, t.name)]
     rows, g = [], c // 8
     for dgrad in (False, True):
         impls = {
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="CudaTile arguments, one tile each")
     ap.add_argument("--experimental", action="store_true", help="the EXPERIMENTAL_WGMMA_TILES too")
     ap.add_argument("--roll", action="store_true", help="the ROLL_TILES too")
-    ap.add_argument("--only", default=None, help="time only tiles whose name contains this")
+    ap.add_argument("--only", default=None, help="time only tiles whose name matches this regex")
     args = ap.parse_args()
     extra = [eval(f"CudaTile({spec})") for spec in args.extra]  # a developer's arguments
     extra += list(gconv_cuda.EXPERIMENTAL_WGMMA_TILES) if args.experimental else []

@@ -101,7 +101,8 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
-        return 1024 + b + tile.stages * slot + 16 * tile.stages + 16
+        stg = ROLL_STAGING_ROWS * cdiv(tile.tw * tile.cb * 2, 1024) * 1024
+        return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -192,8 +193,10 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
 
 
-#: input rows one TMA copy brings into a slot of the rolling-row kernel's ring (its RB)
+#: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows its
+#: staging ring holds (SR)
 ROLL_SLOT_ROWS = 2
+ROLL_STAGING_ROWS = 4
 
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
@@ -219,7 +222,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return (
             tile.wgmma
             and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
-            and tile.tma == 1
+            and tile.tma == 2
             and tile.tw == 64
             and tile.cb in (8, 16, 32)
             and tile.warps == 4 * (tile.cb // 8)
@@ -429,8 +432,9 @@ def source(
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, RB=ROLL_SLOT_ROWS, D=tile.stages,
-            MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
-            WGMMA=_wgmma_asm(bf16, 8 * r),
+            SR=ROLL_STAGING_ROWS, MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
+            HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16, 8 * r),
+            ABLATE=int(os.environ.get("TILEWISE_ROLL_ABLATE", "0")),
         )  # fmt: skip
         return src, "tw_gconv_fprop_roll"
     if entry == "tw_gconv_fprop" and tile.wgmma:
@@ -656,8 +660,8 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.roll:  # a copy an input row
-        maps.append((0, tile.cb, tile.tw + s - 1, 1))
+    if tile.roll:  # a copy an input row, a copy an output row
+        maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, tile.cb, tile.tw, 1)]
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))

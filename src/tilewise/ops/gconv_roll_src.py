@@ -1,7 +1,8 @@
 """CUDA C++ source of the grouped conv's rolling-row warpgroup-MMA fprop/dgrad kernel
 (``CudaTile.roll``, Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A
 ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{RB}``, ``{D}``, ``{MIN_CTAS}``,
-``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``; literal braces doubled).
+``{SR}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces
+doubled).
 
 Each input row is read once and meets every kernel row in one set of MMAs, so the weights carry
 no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i of a band and
@@ -42,6 +43,9 @@ typedef unsigned long long u64;
 #define IS_BF16 {IS_BF16}
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
+// a diagnosis switch (``TILEWISE_ROLL_ABLATE``, never set in use): 1 no stores, 2 no MMAs,
+// 4 no waits for the rows' arrival (wrong results; for timing what each part costs)
+#define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NCW (4 * NG)
 #define NT (32 * NCW)
@@ -64,7 +68,11 @@ typedef unsigned long long u64;
 #define ROWB ((HWD * PIXB + SWP - 1) / SWP * SWP)
 #define SLOT_BYTES UP1K(RB * ROWB)
 #define OFF_SLOT UP1K(NG * BG_BYTES)
-#define OFF_MBAR (OFF_SLOT + D * SLOT_BYTES)
+// the output rows' staging ring: SR rows of TW pixels x CB channels (the TMA store's swizzle)
+#define SR {SR}
+#define STG_BYTES UP1K(TW * PIXB)
+#define OFF_STG (OFF_SLOT + D * SLOT_BYTES)
+#define OFF_MBAR (OFF_STG + SR * STG_BYTES)
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
@@ -110,19 +118,31 @@ __device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n
     n = t / (tiles_w * tiles_h);
 }}
 
-// The output row ``o`` of the band finished in accumulator block ``blk``: bias added, rounded,
-// stored at ``yrow`` (this thread's pixel of row o; pixels past the output skipped by ``xin``),
-// then the block zeroed.
-__device__ __forceinline__ void store_block(float* blk, u16* __restrict__ yrow, bool store,
-                                            int xstep, u32 xin, float bv0, float bv1) {{
-    if (store) {{
+// Output row ``o`` of the band (``blk``: this thread's 2 pixels x 2 channels of it, bias added
+// and rounded) into staging row o % SR, then, once every warp has written its part (a named
+// barrier), stored by one TMA copy (rows and pixels past the output clipped by the copy). Thread
+// 0 then waits until at most SR - 2 copies still read staging, so row o + 1's writes (after the
+// next barrier) find their staging row free.
+__device__ __forceinline__ void store_row(const float* blk, int o, u32 stg, int px, int g,
+                                          int lane, float bv0, float bv1, const TmaDesc* tmap_y,
+                                          int c0, int x0, int y0, int n) {{
+    const u32 srow = stg + (o % SR) * STG_BYTES;
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (xin & (1u << h))
-                *(u32*)(yrow + h * xstep) = pack2(blk[2 * h] + bv0, blk[2 * h + 1] + bv1);
+    for (int h = 0; h < 2; ++h)
+        asm volatile("st.shared.u32 [%0], %1;\n"
+                     :: "r"(srow + HOFF(px + 8 * h, g) + 4 * (lane & 3)),
+                        "r"(pack2(blk[2 * h] + bv0, blk[2 * h + 1] + bv1))
+                     : "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
+    if (threadIdx.x == 0 && !(ABLATE & 1)) {{
+        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                     " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                     :: "l"(tmap_y), "r"(c0), "r"(x0), "r"(y0 + o), "r"(n), "r"(srow)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR - 2) : "memory");
     }}
-#pragma unroll
-    for (int e = 0; e < 4; ++e) blk[e] = 0.f;
 }}
 
 // Slot ``kp`` of this CTA's sequence (input rows RB (kp % CPT) on of its band kp / CPT) into
@@ -152,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                     const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
                     int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
-                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap)
+                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
+                    const __grid_constant__ TmaDesc tmap_y)
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -195,22 +216,18 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
 #pragma unroll
     for (int j = 0; j < KS; ++j) aoff[j] = slots + HOFF(lm + 2 * j, g);
     const int ch = c0 + 8 * g + 2 * (lane & 3), px = 16 * w4 + (lane >> 2);
+    const u32 stg = sbase + OFF_STG;
 #if HAS_BIAS
     const float bv0 = bias[ch], bv1 = bias[ch + 1];
 #else
     const float bv0 = 0.f, bv1 = 0.f;
 #endif
-    const int xstep = 8 * C, ystep = Wo * C;
     float acc[4 * R];
     u32 a[2][KS][4];  // A of two rows: one being read by MMAs while the next is loaded
     u32 k = 0;  // this CTA's slot sequence (``load_slot``'s kp)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         int n, y0, x0;
         tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-        const u32 xin = (x0 + px < Wo ? 1u : 0u) | (x0 + px + 8 < Wo ? 2u : 0u);
-        const int orows = min(TH, Ho - y0);  // output rows of this band
-        // this thread's pixel in output row -R: row o's at + (o + R) ystep
-        u16* const yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + ch - R * ystep;
         const int yi0 = y0 - pad_h;
 #pragma unroll
         for (int e = 0; e < 4 * R; ++e) acc[e] = 0.f;
@@ -223,7 +240,7 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                 const int i = i0 + ph;
                 if (i < ROWS_IN) {{
                     const u32 kk = k + (u32)i / RB, slot = kk % D;
-                    if ((u32)i % RB == 0) mbar_wait(full + 8 * slot, (kk / D) & 1);
+                    if ((u32)i % RB == 0 && !(ABLATE & 4)) mbar_wait(full + 8 * slot, (kk / D) & 1);
                     const bool live = (u32)(yi0 + i) < (u32)Hi;  // else zeros: skipped
 #if R % 2
                     // rows R - 1 and R of a period share A's set 0
@@ -263,7 +280,7 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                         // zeroed here, before the MMAs' fence (C7515 where the compiler sank it)
                         asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[4 * ph + e]));
                     }}
-                    if (live) {{
+                    if (live && !(ABLATE & 2)) {{
                         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                         // phase ph: blocks b take kernel rows (ph - b) mod R, B's window from
                         // block R - 1 - ph
@@ -273,9 +290,9 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                                   dword(dlo + ((R - 1 - ph) * KP + 2 * j) * 8, dhi), 1);
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     }}
-                    const int o = i - R;
-                    store_block(done, yrow + i * ystep, o >= 0 && o < orows, xstep, xin, bv0,
-                                bv1);
+                    if (i >= R)  // output row i - R
+                        store_row(done, i - R, stg, px, g, lane, bv0, bv1, &tmap_y, c0, x0, y0,
+                                  n);
                 }}
             }}
         }}
@@ -285,10 +302,11 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         if (lane == 0)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                          :: "r"(empty + 8 * ((k + (ROWS_IN - 1) / RB) % D)) : "memory");
-        store_block(acc + 4 * (ROWS_IN % R), yrow + ROWS_IN * ystep, TH - 1 < orows, xstep, xin,
-                    bv0, bv1);
+        store_row(acc + 4 * (ROWS_IN % R), TH - 1, stg, px, g, lane, bv0, bv1, &tmap_y, c0, x0,
+                  y0, n);
         k += CPT;
     }}
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
 )
