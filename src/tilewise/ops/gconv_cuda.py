@@ -102,7 +102,7 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
         stg = ROLL_STAGING_ROWS * cdiv(tile.tw * tile.cb * 2, 1024) * 1024
-        return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
+        return 1024 + b + tile.stages * slot + stg + 16 * (tile.stages + ROLL_STAGING_ROWS) + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -196,7 +196,7 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
 #: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows its
 #: staging ring holds (SR)
 ROLL_SLOT_ROWS = 2
-ROLL_STAGING_ROWS = 4
+ROLL_STAGING_ROWS = 8
 
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:

@@ -72,7 +72,7 @@ typedef unsigned long long u64;
 #define SR {SR}
 #define STG_BYTES UP1K(TW * PIXB)
 #define OFF_STG (OFF_SLOT + D * SLOT_BYTES)
-#define OFF_MBAR (OFF_STG + SR * STG_BYTES)
+#define OFF_MBAR (OFF_STG + SR * STG_BYTES)  // full, empty (D each), staged, sfree (SR each)
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
@@ -119,14 +119,16 @@ __device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n
 }}
 
 // Output row ``o`` of the band (``blk``: this thread's 2 pixels x 2 channels of it, bias added
-// and rounded) into staging row o % SR, then, once every warp has written its part (a named
-// barrier), stored by one TMA copy (rows and pixels past the output clipped by the copy). Thread
-// 0 then waits until at most SR - 2 copies still read staging, so row o + 1's writes (after the
-// next barrier) find their staging row free.
-__device__ __forceinline__ void store_row(const float* blk, int o, u32 stg, int px, int g,
-                                          int lane, float bv0, float bv1, const TmaDesc* tmap_y,
-                                          int c0, int x0, int y0, int n) {{
-    const u32 srow = stg + (o % SR) * STG_BYTES;
+// and rounded), the CTA's ``ko``-th stored row, into staging row ko % SR once that row's last
+// copy has read it (``sfree``); each warp then signals ``staged``, and thread 0, once all have,
+// stores the row by one TMA copy (rows and pixels past the output clipped by the copy). Thread 0
+// frees staging rows SR / 2 copies behind, so no warp waits for another's barrier.
+__device__ __forceinline__ void store_row(const float* blk, int o, u32 ko, u32 stg, u32 staged,
+                                          u32 sfree, int px, int g, int lane, float bv0,
+                                          float bv1, const TmaDesc* tmap_y, int c0, int x0,
+                                          int y0, int n) {{
+    const u32 j = ko % SR, srow = stg + j * STG_BYTES;
+    if (ko >= SR) mbar_wait(sfree + 8 * j, ((ko / SR) - 1) & 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         asm volatile("st.shared.u32 [%0], %1;\n"
@@ -134,14 +136,23 @@ __device__ __forceinline__ void store_row(const float* blk, int o, u32 stg, int 
                         "r"(pack2(blk[2 * h] + bv0, blk[2 * h + 1] + bv1))
                      : "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync 1, %0;\n" :: "n"(NT) : "memory");
-    if (threadIdx.x == 0 && !(ABLATE & 1)) {{
-        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                     " [%0, {{%1, %2, %3, %4}}], [%5];\n"
-                     :: "l"(tmap_y), "r"(c0), "r"(x0), "r"(y0 + o), "r"(n), "r"(srow)
+    __syncwarp();
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(staged + 8 * j)
                      : "memory");
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR - 2) : "memory");
+    if (threadIdx.x == 0) {{
+        mbar_wait(staged + 8 * j, (ko / SR) & 1);
+        if (!(ABLATE & 1)) {{
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                         :: "l"(tmap_y), "r"(c0), "r"(x0), "r"(y0 + o), "r"(n), "r"(srow)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR / 2) : "memory");
+        }}
+        if (ko >= SR / 2)  // copy ko - SR / 2 has read its staging row
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+                         :: "r"(sfree + 8 * ((ko - SR / 2) % SR)) : "memory");
     }}
 }}
 
@@ -187,13 +198,19 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         const int gg = i / (64 * KP * NBLK), r = R - 1 - k % R;
         ((u16*)sm)[i] = s < S ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
     }}
-    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D, zero16 = empty + 8 * D;
-    if (tid < 4) ((u32*)(sm + OFF_MBAR + 16 * D))[tid] = 0u;  // 16 zero bytes
+    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D, staged = empty + 8 * D;
+    const u32 sfree = staged + 8 * SR, zero16 = sfree + 8 * SR;
+    if (tid < 4) ((u32*)(sm + OFF_MBAR + 16 * D + 16 * SR))[tid] = 0u;  // 16 zero bytes
     if (tid == 0) {{
         for (int k = 0; k < D; ++k) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(full + 8 * k));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(empty + 8 * k), "r"(NCW));
+        }}
+        for (int j = 0; j < SR; ++j) {{
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
+                         :: "r"(staged + 8 * j), "r"(NCW));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(sfree + 8 * j));
         }}
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }}
@@ -225,6 +242,7 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
     float acc[4 * R];
     u32 a[2][KS][4];  // A of two rows: one being read by MMAs while the next is loaded
     u32 k = 0;  // this CTA's slot sequence (``load_slot``'s kp)
+    u32 ko = 0;  // this CTA's stored output rows (``store_row``'s ko)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         int n, y0, x0;
         tile_pos(t, tiles_h, tiles_w, n, y0, x0);
@@ -291,8 +309,8 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     }}
                     if (i >= R)  // output row i - R
-                        store_row(done, i - R, stg, px, g, lane, bv0, bv1, &tmap_y, c0, x0, y0,
-                                  n);
+                        store_row(done, i - R, ko + i - R, stg, staged, sfree, px, g, lane, bv0,
+                                  bv1, &tmap_y, c0, x0, y0, n);
                 }}
             }}
         }}
@@ -302,9 +320,10 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         if (lane == 0)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                          :: "r"(empty + 8 * ((k + (ROWS_IN - 1) / RB) % D)) : "memory");
-        store_row(acc + 4 * (ROWS_IN % R), TH - 1, stg, px, g, lane, bv0, bv1, &tmap_y, c0, x0,
-                  y0, n);
+        store_row(acc + 4 * (ROWS_IN % R), TH - 1, ko + TH - 1, stg, staged, sfree, px, g, lane,
+                  bv0, bv1, &tmap_y, c0, x0, y0, n);
         k += CPT;
+        ko += TH;
     }}
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
