@@ -101,8 +101,7 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
-        stg = ROLL_STAGING_ROWS * cdiv(tile.tw * tile.cb * 2, 1024) * 1024
-        return 1024 + b + tile.stages * slot + stg + 16 * (tile.stages + ROLL_STAGING_ROWS) + 16
+        return 1024 + b + tile.stages * slot + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -193,18 +192,22 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
 
 
-#: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows its
-#: staging ring holds (SR)
+#: input rows a slot of the rolling-row kernel's ring holds (its RB)
 ROLL_SLOT_ROWS = 2
-ROLL_STAGING_ROWS = 8
+
+
+def roll_warps(cb: int) -> int:
+    """Warps of a ``roll`` tile of ``cb`` channels: a warpgroup per two groups of 8 (one group
+    alone at 8 channels), so each pixel's 16 channels leave in one 32-byte store."""
+    return 4 * max(1, cb // 16)
 
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
-    """Whether a ``roll`` warpgroup's accumulators (4 R registers), two rows' A fragments (4 a
-    k-step each) and ~45 more fit ``register_cap`` (ptxas, session 36: 7x7 102-106, 5x5 86-88,
-    3x3 68-70, 6x4 80-82; 7x7 at an 80 cap spilled; the CPU suite compiles every tile and fails
+    """Whether a ``roll`` warpgroup's accumulators (4 R registers a group), A fragments (4 a
+    k-step a group) and ~45 more fit ``register_cap`` (the CPU suite compiles every tile and fails
     on a spill or a serialized wgmma)."""
-    return 4 * r + 8 * ((s + 1) // 2) + 45 <= register_cap(tile)
+    groups = 2 if tile.cb >= 16 else 1
+    return groups * (4 * r + 4 * ((s + 1) // 2)) + 45 <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -222,10 +225,10 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return (
             tile.wgmma
             and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
-            and tile.tma == 2
+            and tile.tma == 1
             and tile.tw == 64
             and tile.cb in (8, 16, 32)
-            and tile.warps == 4 * (tile.cb // 8)
+            and tile.warps == roll_warps(tile.cb)
             and tile.stages >= 2
             and 1 <= r <= 8
             and tile.tw + s - 1 <= 256
@@ -277,8 +280,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
-    elif tile.roll:  # a warpgroup a group
-        warps = 4 * (cb // 8)
+    elif tile.roll:  # a warpgroup two groups
+        warps = roll_warps(cb)
     elif tile.wgmma:  # its warpgroups a group
         warps = wgmma_split(tile) * 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
@@ -432,7 +435,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, RB=ROLL_SLOT_ROWS, D=tile.stages,
-            SR=ROLL_STAGING_ROWS, MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
+            MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
             HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16, 8 * r),
             ABLATE=int(os.environ.get("TILEWISE_ROLL_ABLATE", "0")),
         )  # fmt: skip
@@ -660,8 +663,8 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.roll:  # a copy an input row, a copy an output row
-        maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, tile.cb, tile.tw, 1)]
+    if tile.roll:  # a copy an input row
+        maps.append((0, tile.cb, tile.tw + s - 1, 1))
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))

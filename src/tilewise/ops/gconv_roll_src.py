@@ -1,8 +1,7 @@
 """CUDA C++ source of the grouped conv's rolling-row warpgroup-MMA fprop/dgrad kernel
 (``CudaTile.roll``, Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A
 ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{RB}``, ``{D}``, ``{MIN_CTAS}``,
-``{SR}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces
-doubled).
+``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces doubled).
 
 Each input row is read once and meets every kernel row in one set of MMAs, so the weights carry
 no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i of a band and
@@ -47,7 +46,9 @@ typedef unsigned long long u64;
 // 4 no waits for the rows' arrival (wrong results; for timing what each part costs)
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
-#define NCW (4 * NG)
+// groups a warpgroup: two where it can, so each pixel's 32 bytes leave in one store
+#define GW (NG >= 2 ? 2 : 1)
+#define NCW (4 * (NG / GW))
 #define NT (32 * NCW)
 #define KS ((S + 1) / 2)
 #define KP (2 * KS)
@@ -68,11 +69,7 @@ typedef unsigned long long u64;
 #define ROWB ((HWD * PIXB + SWP - 1) / SWP * SWP)
 #define SLOT_BYTES UP1K(RB * ROWB)
 #define OFF_SLOT UP1K(NG * BG_BYTES)
-// the output rows' staging ring: SR rows of TW pixels x CB channels (the TMA store's swizzle)
-#define SR {SR}
-#define STG_BYTES UP1K(TW * PIXB)
-#define OFF_STG (OFF_SLOT + D * SLOT_BYTES)
-#define OFF_MBAR (OFF_STG + SR * STG_BYTES)  // full, empty (D each), staged, sfree (SR each)
+#define OFF_MBAR (OFF_SLOT + D * SLOT_BYTES)  // full, empty (D each), 16 zero bytes
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
@@ -118,41 +115,31 @@ __device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n
     n = t / (tiles_w * tiles_h);
 }}
 
-// Output row ``o`` of the band (``blk``: this thread's 2 pixels x 2 channels of it, bias added
-// and rounded), the CTA's ``ko``-th stored row, into staging row ko % SR once that row's last
-// copy has read it (``sfree``); each warp then signals ``staged``, and thread 0, once all have,
-// stores the row by one TMA copy (rows and pixels past the output clipped by the copy). Thread 0
-// frees staging rows SR / 2 copies behind, so no warp waits for another's barrier.
-__device__ __forceinline__ void store_row(const float* blk, int o, u32 ko, u32 stg, u32 staged,
-                                          u32 sfree, int px, int g, int lane, float bv0,
-                                          float bv1, const TmaDesc* tmap_y, int c0, int x0,
-                                          int y0, int n) {{
-    const u32 j = ko % SR, srow = stg + j * STG_BYTES;
-    if (ko >= SR) mbar_wait(sfree + 8 * j, ((ko / SR) - 1) & 1);
+// Output row ``o`` of the band: ``blk[gl]`` holds this thread's 2 pixels x 2 channels of
+// group gl of its warpgroup. With two groups, the quad's 4 lanes trade words so each stores 8
+// contiguous bytes: a pixel's 32 (its 16 channels) leave in one store, whole sectors (4-byte
+// stores of half sectors cost ~90 of 145 us at 7x7: session 36's ablation). Rows and pixels
+// past the output are skipped (``store``, ``xin``).
+__device__ __forceinline__ void store_row(float (*blk)[4], u16* __restrict__ yrow, bool store,
+                                          int xstep, u32 xin, int lane, const float (*bv)[2]) {{
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-        asm volatile("st.shared.u32 [%0], %1;\n"
-                     :: "r"(srow + HOFF(px + 8 * h, g) + 4 * (lane & 3)),
-                        "r"(pack2(blk[2 * h] + bv0, blk[2 * h + 1] + bv1))
-                     : "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncwarp();
-    if (lane == 0)
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(staged + 8 * j)
-                     : "memory");
-    if (threadIdx.x == 0) {{
-        mbar_wait(staged + 8 * j, (ko / SR) & 1);
-        if (!(ABLATE & 1)) {{
-            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
-                         :: "l"(tmap_y), "r"(c0), "r"(x0), "r"(y0 + o), "r"(n), "r"(srow)
+    for (int h = 0; h < 2; ++h) {{
+#if GW == 2
+        const u32 v0 = pack2(blk[0][2 * h] + bv[0][0], blk[0][2 * h + 1] + bv[0][1]);
+        const u32 v1 = pack2(blk[1][2 * h] + bv[1][0], blk[1][2 * h + 1] + bv[1][1]);
+        const int c = lane & 3, quad = lane & ~3;
+        const int s0 = quad + ((2 * c) & 3), s1 = quad + ((2 * c + 1) & 3);
+        const u32 x0 = __shfl_sync(0xffffffffu, v0, s0), x1 = __shfl_sync(0xffffffffu, v0, s1);
+        const u32 z0 = __shfl_sync(0xffffffffu, v1, s0), z1 = __shfl_sync(0xffffffffu, v1, s1);
+        if (store && (xin & (1u << h)) && !(ABLATE & 1))
+            asm volatile("st.global.v2.u32 [%0], {{%1, %2}};\n"
+                         :: "l"(yrow + h * xstep), "r"(c < 2 ? x0 : z0), "r"(c < 2 ? x1 : z1)
                          : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR / 2) : "memory");
-        }}
-        if (ko >= SR / 2)  // copy ko - SR / 2 has read its staging row
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
-                         :: "r"(sfree + 8 * ((ko - SR / 2) % SR)) : "memory");
+#else
+        if (store && (xin & (1u << h)) && !(ABLATE & 1))
+            *(u32*)(yrow + h * xstep) =
+                pack2(blk[0][2 * h] + bv[0][0], blk[0][2 * h + 1] + bv[0][1]);
+#endif
     }}
 }}
 
@@ -183,8 +170,7 @@ extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                     const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
                     int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
-                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
-                    const __grid_constant__ TmaDesc tmap_y)
+                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap)
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -198,19 +184,13 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         const int gg = i / (64 * KP * NBLK), r = R - 1 - k % R;
         ((u16*)sm)[i] = s < S ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
     }}
-    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D, staged = empty + 8 * D;
-    const u32 sfree = staged + 8 * SR, zero16 = sfree + 8 * SR;
-    if (tid < 4) ((u32*)(sm + OFF_MBAR + 16 * D + 16 * SR))[tid] = 0u;  // 16 zero bytes
+    const u32 full = sbase + OFF_MBAR, empty = full + 8 * D, zero16 = empty + 8 * D;
+    if (tid < 4) ((u32*)(sm + OFF_MBAR + 16 * D))[tid] = 0u;  // 16 zero bytes
     if (tid == 0) {{
         for (int k = 0; k < D; ++k) {{
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(full + 8 * k));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
                          :: "r"(empty + 8 * k), "r"(NCW));
-        }}
-        for (int j = 0; j < SR; ++j) {{
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
-                         :: "r"(staged + 8 * j), "r"(NCW));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(sfree + 8 * j));
         }}
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }}
@@ -221,96 +201,114 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
     if (tid == 0)
         for (u32 kp = 0; kp + 1 < D; ++kp)
             load_slot(kp, slots, full, empty, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w, n_tiles);
-    const int g = warp >> 2, w4 = warp & 3;
-    // B's descriptor at block 0; a phase's window and a k-step are constant offsets (16 bytes a
-    // unit in the address field)
-    const u64 db0 = desc(sbase + g * BG_BYTES, 128, KP * 128);
-    const u32 dlo = (u32)db0, dhi = (u32)(db0 >> 32);  // the offsets never carry out of dlo
+    const int wg = warp >> 2, w4 = warp & 3;
+    // B's descriptors at block 0 of this warpgroup's groups; a phase's window and a k-step are
+    // constant offsets (16 bytes a unit in the address field, which they never carry out of)
+    const u32 dhi = (u32)(desc(sbase, 128, KP * 128) >> 32);
+    u32 dlo[GW];
     // this lane's ldmatrix rows: matrix q = lane / 8 (pixels + 8 for odd q, kernel column + 1
     // for q > 1), k-step j (columns 2j, 2j + 1), in a slot's row 0
     const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1) + (q >> 1);
-    u32 aoff[KS];
+    u32 aoff[GW][KS];
+    float bv[GW][2];
 #pragma unroll
-    for (int j = 0; j < KS; ++j) aoff[j] = slots + HOFF(lm + 2 * j, g);
-    const int ch = c0 + 8 * g + 2 * (lane & 3), px = 16 * w4 + (lane >> 2);
-    const u32 stg = sbase + OFF_STG;
+    for (int gl = 0; gl < GW; ++gl) {{
+        const int g = wg * GW + gl;
+        dlo[gl] = (u32)desc(sbase + g * BG_BYTES, 128, KP * 128);
+#pragma unroll
+        for (int j = 0; j < KS; ++j) aoff[gl][j] = slots + HOFF(lm + 2 * j, g);
 #if HAS_BIAS
-    const float bv0 = bias[ch], bv1 = bias[ch + 1];
+        bv[gl][0] = bias[c0 + 8 * g + 2 * (lane & 3)];
+        bv[gl][1] = bias[c0 + 8 * g + 2 * (lane & 3) + 1];
 #else
-    const float bv0 = 0.f, bv1 = 0.f;
+        bv[gl][0] = bv[gl][1] = 0.f;
 #endif
-    float acc[4 * R];
-    u32 a[2][KS][4];  // A of two rows: one being read by MMAs while the next is loaded
+    }}
+    const int px = 16 * w4 + (lane >> 2);
+    // this lane's channels in a stored pixel: 4 (two groups) or 2 (one)
+    const int chs = c0 + 8 * GW * wg + (GW == 2 ? 4 : 2) * (lane & 3);
+    const int xstep = 8 * C, ystep = Wo * C;
+    float acc[GW][4 * R];
+    u32 a[GW][KS][4];
     u32 k = 0;  // this CTA's slot sequence (``load_slot``'s kp)
-    u32 ko = 0;  // this CTA's stored output rows (``store_row``'s ko)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         int n, y0, x0;
         tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+        const u32 xin = (x0 + px < Wo ? 1u : 0u) | (x0 + px + 8 < Wo ? 2u : 0u);
+        const int orows = min(TH, Ho - y0);  // output rows of this band
+        // this thread's pixel in output row -R: row o's at + (o + R) ystep
+        u16* const yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + chs - R * ystep;
         const int yi0 = y0 - pad_h;
 #pragma unroll
-        for (int e = 0; e < 4 * R; ++e) acc[e] = 0.f;
-        // Row i: its A loaded, row i - 1's MMAs awaited (its slot released, its finished block
-        // taken out and zeroed), row i's MMAs issued, then row i - 1's output stored while they
-        // run.
+        for (int gl = 0; gl < GW; ++gl)
+#pragma unroll
+            for (int e = 0; e < 4 * R; ++e)
+                asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[gl][e]));
+        // Row i: row i - 1's MMAs awaited, its finished block taken out and zeroed; group by
+        // group, row i's A loaded and its MMAs issued; then row i - 1's finished output row
+        // stored while they run.
         for (int i0 = 0; i0 < ROWS_IN; i0 += R) {{
 #pragma unroll
             for (int ph = 0; ph < R; ++ph) {{
                 const int i = i0 + ph;
                 if (i < ROWS_IN) {{
                     const u32 kk = k + (u32)i / RB, slot = kk % D;
-                    if ((u32)i % RB == 0 && !(ABLATE & 4)) mbar_wait(full + 8 * slot, (kk / D) & 1);
-                    const bool live = (u32)(yi0 + i) < (u32)Hi;  // else zeros: skipped
-#if R % 2
-                    // rows R - 1 and R of a period share A's set 0
-                    if (ph == 0) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-                    if (live) {{
-                        const u32 row = slot * SLOT_BYTES + ((u32)i % RB) * ROWB;
-#pragma unroll
-                        for (int j = 0; j < KS; ++j) {{
-                            u32 at = aoff[j] + row;
-#if S % 2
-                            // the last k-step's second column: zeros, loaded (zeros written
-                            // into the registers land between the MMAs: ptxas C7515)
-                            if (j == KS - 1 && q >= 2) at = zero16;
-#endif
-                            ldsm_x4(a[ph & 1][j], at);
-                        }}
-                    }}
-                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                    if (i > 0 && (u32)(i - 1) % RB == RB - 1) {{  // row i - 1 ended its slot
+                    if (i > 0 && (u32)(i - 1) % RB == RB - 1) {{
+                        // row i - 1 ended its slot: its A was read (ldmatrix) before its MMAs
+                        // were issued
                         __syncwarp();
                         if (lane == 0)
                             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                                          :: "r"(empty + 8 * ((kk - 1) % D)) : "memory");
                     }}
-                    // once every warp has released slot kk - 1, it takes slot kk + D - 1
-                    if (tid == 0 && (u32)i % RB == 0)
-                        load_slot(kk + D - 1, slots, full, empty, &tmap, c0, pad_h, pad_w,
-                                  tiles_h, tiles_w, n_tiles);
-                    // row i - 1 finished output row i - R, in block i mod R: copied out by an
-                    // opaque move before row i's MMAs (else the compiler reads the accumulator
-                    // in the store's branch, and ptxas serializes every wgmma)
-                    float done[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {{
-                        asm volatile("mov.b32 %0, %1;\n" : "=f"(done[e]) : "f"(acc[4 * ph + e]));
-                        // zeroed here, before the MMAs' fence (C7515 where the compiler sank it)
-                        asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[4 * ph + e]));
+                    if ((u32)i % RB == 0) {{
+                        // once every warp has released slot kk - 1, it takes slot kk + D - 1
+                        if (tid == 0)
+                            load_slot(kk + D - 1, slots, full, empty, &tmap, c0, pad_h, pad_w,
+                                      tiles_h, tiles_w, n_tiles);
+                        if (!(ABLATE & 4)) mbar_wait(full + 8 * slot, (kk / D) & 1);
                     }}
-                    if (live && !(ABLATE & 2)) {{
-                        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                        // phase ph: blocks b take kernel rows (ph - b) mod R, B's window from
-                        // block R - 1 - ph
+                    const bool live = (u32)(yi0 + i) < (u32)Hi;  // else zeros: skipped
+                    const u32 row = slot * SLOT_BYTES + ((u32)i % RB) * ROWB;
+                    // row i - 1's MMAs awaited; its finished output row i - R (block i mod R)
+                    // copied out and zeroed by opaque moves before row i's MMAs (else the
+                    // compiler moves them into the store's branch or between the MMAs, and
+                    // ptxas serializes every wgmma: C7518, C7515)
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    float done[GW][4];
 #pragma unroll
-                        for (int j = 0; j < KS; ++j)
-                            wgmma(acc, a[ph & 1][j],
-                                  dword(dlo + ((R - 1 - ph) * KP + 2 * j) * 8, dhi), 1);
-                        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    for (int gl = 0; gl < GW; ++gl)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {{
+                            asm volatile("mov.b32 %0, %1;\n"
+                                         : "=f"(done[gl][e]) : "f"(acc[gl][4 * ph + e]));
+                            asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[gl][4 * ph + e]));
+                        }}
+#pragma unroll
+                    for (int gl = 0; gl < GW; ++gl) {{
+                        if (live && !(ABLATE & 2)) {{
+#pragma unroll
+                            for (int j = 0; j < KS; ++j) {{
+                                u32 at = aoff[gl][j] + row;
+#if S % 2
+                                // the last k-step's second column: zeros, loaded (zeros written
+                                // into the registers land between the MMAs: ptxas C7515)
+                                if (j == KS - 1 && q >= 2) at = zero16;
+#endif
+                                ldsm_x4(a[gl][j], at);
+                            }}
+                            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                            // phase ph: blocks b take kernel rows (ph - b) mod R, B's window
+                            // from block R - 1 - ph
+#pragma unroll
+                            for (int j = 0; j < KS; ++j)
+                                wgmma(acc[gl], a[gl][j],
+                                      dword(dlo[gl] + ((R - 1 - ph) * KP + 2 * j) * 8, dhi), 1);
+                            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                        }}
                     }}
-                    if (i >= R)  // output row i - R
-                        store_row(done, i - R, ko + i - R, stg, staged, sfree, px, g, lane, bv0,
-                                  bv1, &tmap_y, c0, x0, y0, n);
+                    const int o = i - R;
+                    store_row(done, yrow + i * ystep, o >= 0 && o < orows, xstep, xin, lane, bv);
                 }}
             }}
         }}
@@ -320,12 +318,14 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         if (lane == 0)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n"
                          :: "r"(empty + 8 * ((k + (ROWS_IN - 1) / RB) % D)) : "memory");
-        store_row(acc + 4 * (ROWS_IN % R), TH - 1, ko + TH - 1, stg, staged, sfree, px, g, lane,
-                  bv0, bv1, &tmap_y, c0, x0, y0, n);
+        float last[GW][4];
+#pragma unroll
+        for (int gl = 0; gl < GW; ++gl)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) last[gl][e] = acc[gl][4 * (ROWS_IN % R) + e];
+        store_row(last, yrow + ROWS_IN * ystep, TH - 1 < orows, xstep, xin, lane, bv);
         k += CPT;
-        ko += TH;
     }}
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
 )

@@ -35,11 +35,11 @@ class CudaTile:
     ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
     with a pixel's groups side by side and re-laid out by the warpgroups; 3: staged the same
     way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``.
-    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=2``, ``tw=64``): the rolling-row warpgroup-MMA
+    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=1``, ``tw=64``): the rolling-row warpgroup-MMA
     kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
     every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
-    warpgroup a group (``warps`` = 4 cb / 8), ``stages`` slots of ``ROLL_SLOT_ROWS`` input
-    rows in the TMA ring."""
+    warpgroup per two groups of 8 channels (``warps`` = ``roll_warps(cb)``), ``stages`` slots of
+    ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
@@ -188,15 +188,15 @@ EXPERIMENTAL_WGMMA_TILES = (
 )
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of
-#: ``th`` output rows, 16 or 32 channels (a warpgroup a group), ``stages``
+#: ``th`` output rows, 16 or 32 channels (a warpgroup per two groups), ``stages``
 #: slots of two input rows. Not yet measured on a GPU: timed by ``scripts/gconv_wide_probe.py
 #: --roll``.
 ROLL_TILES = (
-    CudaTile(32, 64, 16, 8, 2, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(16, 64, 16, 8, 2, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(64, 64, 16, 8, 2, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(32, 64, 32, 16, 1, 6, tma=2, wgmma=True, roll=True),
-    CudaTile(32, 64, 16, 8, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(64, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(16, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 8, 2, 6, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 4, 4, tma=1, wgmma=True, roll=True),
 )
 
 
