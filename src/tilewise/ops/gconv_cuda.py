@@ -101,7 +101,8 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
-        return 1024 + b + tile.stages * slot + 16 * tile.stages + 16
+        stg = (tile.cb // 16) * 4 * cdiv(tile.tw * 32, 1024) * 1024  # SR = 4 rows a warpgroup
+        return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
 
@@ -197,8 +198,8 @@ ROLL_SLOT_ROWS = 2
 
 
 def roll_warps(cb: int) -> int:
-    """Warps of a ``roll`` tile of ``cb`` channels: a warpgroup per two groups of 8 (one group
-    alone at 8 channels), so each pixel's 16 channels leave in one 32-byte store."""
+    """Warps of a ``roll`` tile of ``cb`` (16 or 32) channels: a warpgroup per two groups of 8,
+    so each pixel's 16 channels leave together (whole 32-byte sectors)."""
     return 4 * max(1, cb // 16)
 
 
@@ -225,9 +226,9 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return (
             tile.wgmma
             and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
-            and tile.tma == 1
+            and tile.tma == 2
             and tile.tw == 64
-            and tile.cb in (8, 16, 32)
+            and tile.cb in (16, 32)
             and tile.warps == roll_warps(tile.cb)
             and tile.stages >= 2
             and 1 <= r <= 8
@@ -663,8 +664,8 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.roll:  # a copy an input row
-        maps.append((0, tile.cb, tile.tw + s - 1, 1))
+    if tile.roll:  # a copy an input row; a copy a warpgroup's 16 channels of an output row
+        maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, 16, tile.tw, 1)]
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))

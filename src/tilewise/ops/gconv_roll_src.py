@@ -69,7 +69,11 @@ typedef unsigned long long u64;
 #define ROWB ((HWD * PIXB + SWP - 1) / SWP * SWP)
 #define SLOT_BYTES UP1K(RB * ROWB)
 #define OFF_SLOT UP1K(NG * BG_BYTES)
-#define OFF_MBAR (OFF_SLOT + D * SLOT_BYTES)  // full, empty (D each), 16 zero bytes
+// each warpgroup's staging ring of SR output rows (TW pixels x its 8 GW channels)
+#define SR 4
+#define STG_BYTES UP1K(TW * 16 * GW)
+#define OFF_STG (OFF_SLOT + D * SLOT_BYTES)
+#define OFF_MBAR (OFF_STG + (NG / GW) * SR * STG_BYTES)  // full, empty (D each), 16 zero bytes
 struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
@@ -116,30 +120,38 @@ __device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n
 }}
 
 // Output row ``o`` of the band: ``blk[gl]`` holds this thread's 2 pixels x 2 channels of
-// group gl of its warpgroup. With two groups, the quad's 4 lanes trade words so each stores 8
-// contiguous bytes: a pixel's 32 (its 16 channels) leave in one store, whole sectors (4-byte
-// stores of half sectors cost ~90 of 145 us at 7x7: session 36's ablation). Rows and pixels
-// past the output are skipped (``store``, ``xin``).
-__device__ __forceinline__ void store_row(float (*blk)[4], u16* __restrict__ yrow, bool store,
-                                          int xstep, u32 xin, int lane, const float (*bv)[2]) {{
+// group gl of its warpgroup. Staged (bias added, rounded) in the warpgroup's staging row
+// ``ko`` % SR (TW pixels x 16 channels, the TMA's 32-byte swizzle), then, after the
+// warpgroup's named barrier, stored by one TMA copy of whole 32-byte pixel pieces (rows and
+// pixels past the output clipped by the copy). Session 36: direct 4-byte stores of half
+// sectors cost ~90 of 145 us at 7x7, 8-byte stores of whole sectors ~45 of 103. The leader then
+// lets at most SR - 2 copies still read staging: the barrier of row ko + 1 orders its wait
+// before anyone rewrites the row copy ko + 2 - SR read.
+__device__ __forceinline__ void store_row(float (*blk)[4], int o, u32 ko, u32 stg, int px,
+                                          int lane, int wg, const float (*bv)[2],
+                                          const TmaDesc* tmap_y, int c0, int x0, int y0, int n) {{
+    const u32 srow = stg + (ko % SR) * STG_BYTES;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {{
-#if GW == 2
-        const u32 v0 = pack2(blk[0][2 * h] + bv[0][0], blk[0][2 * h + 1] + bv[0][1]);
-        const u32 v1 = pack2(blk[1][2 * h] + bv[1][0], blk[1][2 * h + 1] + bv[1][1]);
-        const int c = lane & 3, quad = lane & ~3;
-        const int s0 = quad + ((2 * c) & 3), s1 = quad + ((2 * c + 1) & 3);
-        const u32 x0 = __shfl_sync(0xffffffffu, v0, s0), x1 = __shfl_sync(0xffffffffu, v0, s1);
-        const u32 z0 = __shfl_sync(0xffffffffu, v1, s0), z1 = __shfl_sync(0xffffffffu, v1, s1);
-        if (store && (xin & (1u << h)) && !(ABLATE & 1))
-            asm volatile("st.global.v2.u32 [%0], {{%1, %2}};\n"
-                         :: "l"(yrow + h * xstep), "r"(c < 2 ? x0 : z0), "r"(c < 2 ? x1 : z1)
+    for (int gl = 0; gl < GW; ++gl)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            const int p = px + 8 * h;
+            asm volatile("st.shared.u32 [%0], %1;\n"
+                         :: "r"(srow + p * 16 * GW + 16 * (gl ^ ((p * GW / 8) % GW)) +
+                                4 * (lane & 3)),
+                            "r"(pack2(blk[gl][2 * h] + bv[gl][0], blk[gl][2 * h + 1] + bv[gl][1]))
                          : "memory");
-#else
-        if (store && (xin & (1u << h)) && !(ABLATE & 1))
-            *(u32*)(yrow + h * xstep) =
-                pack2(blk[0][2 * h] + bv[0][0], blk[0][2 * h + 1] + bv[0][1]);
-#endif
+        }}
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync %0, 128;\n" :: "r"(1 + wg) : "memory");
+    if ((threadIdx.x & 127) == 0 && !(ABLATE & 1)) {{
+        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                     " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                     :: "l"(tmap_y), "r"(c0 + 8 * GW * wg), "r"(x0), "r"(y0 + o), "r"(n),
+                        "r"(srow)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR - 2) : "memory");
     }}
 }}
 
@@ -170,7 +182,8 @@ extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                     const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
                     int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
-                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap)
+                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
+                    const __grid_constant__ TmaDesc tmap_y)
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -225,19 +238,14 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
 #endif
     }}
     const int px = 16 * w4 + (lane >> 2);
-    // this lane's channels in a stored pixel: 4 (two groups) or 2 (one)
-    const int chs = c0 + 8 * GW * wg + (GW == 2 ? 4 : 2) * (lane & 3);
-    const int xstep = 8 * C, ystep = Wo * C;
+    const u32 stg = sbase + OFF_STG + wg * SR * STG_BYTES;
     float acc[GW][4 * R];
     u32 a[GW][KS][4];
     u32 k = 0;  // this CTA's slot sequence (``load_slot``'s kp)
+    u32 ko = 0;  // this warpgroup's stored rows (``store_row``'s ko)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
         int n, y0, x0;
         tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-        const u32 xin = (x0 + px < Wo ? 1u : 0u) | (x0 + px + 8 < Wo ? 2u : 0u);
-        const int orows = min(TH, Ho - y0);  // output rows of this band
-        // this thread's pixel in output row -R: row o's at + (o + R) ystep
-        u16* const yrow = y + ((long long)(n * Ho + y0) * Wo + x0 + px) * C + chs - R * ystep;
         const int yi0 = y0 - pad_h;
 #pragma unroll
         for (int gl = 0; gl < GW; ++gl)
@@ -307,8 +315,9 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                         }}
                     }}
-                    const int o = i - R;
-                    store_row(done, yrow + i * ystep, o >= 0 && o < orows, xstep, xin, lane, bv);
+                    if (i >= R)  // output row i - R
+                        store_row(done, i - R, ko + i - R, stg, px, lane, wg, bv, &tmap_y, c0,
+                                  x0, y0, n);
                 }}
             }}
         }}
@@ -323,9 +332,11 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         for (int gl = 0; gl < GW; ++gl)
 #pragma unroll
             for (int e = 0; e < 4; ++e) last[gl][e] = acc[gl][4 * (ROWS_IN % R) + e];
-        store_row(last, yrow + ROWS_IN * ystep, TH - 1 < orows, xstep, xin, lane, bv);
+        store_row(last, TH - 1, ko + TH - 1, stg, px, lane, wg, bv, &tmap_y, c0, x0, y0, n);
         k += CPT;
+        ko += TH;
     }}
+    if ((tid & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
 )

@@ -35,7 +35,7 @@ class CudaTile:
     ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
     with a pixel's groups side by side and re-laid out by the warpgroups; 3: staged the same
     way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``.
-    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=1``, ``tw=64``): the rolling-row warpgroup-MMA
+    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=2``, ``tw=64``): the rolling-row warpgroup-MMA
     kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
     every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
     warpgroup per two groups of 8 channels (``warps`` = ``roll_warps(cb)``), ``stages`` slots of
@@ -192,11 +192,11 @@ EXPERIMENTAL_WGMMA_TILES = (
 #: slots of two input rows. Not yet measured on a GPU: timed by ``scripts/gconv_wide_probe.py
 #: --roll``.
 ROLL_TILES = (
-    CudaTile(32, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(64, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(16, 64, 16, 4, 3, 4, tma=1, wgmma=True, roll=True),
-    CudaTile(32, 64, 32, 8, 2, 6, tma=1, wgmma=True, roll=True),
-    CudaTile(32, 64, 16, 4, 4, 4, tma=1, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(64, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(16, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
 )
 
 
