@@ -197,6 +197,9 @@ ROLL_TILES = (
     CudaTile(16, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
     CudaTile(32, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
     CudaTile(32, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(8, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(8, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(16, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
 )
 
 
