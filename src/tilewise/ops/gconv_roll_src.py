@@ -119,17 +119,17 @@ __device__ __forceinline__ void tile_pos(int t, int tiles_h, int tiles_w, int& n
     n = t / (tiles_w * tiles_h);
 }}
 
-// Output row ``o`` of the band: ``blk[gl]`` holds this thread's 2 pixels x 2 channels of
-// group gl of its warpgroup. Staged (bias added, rounded) in the warpgroup's staging row
-// ``ko`` % SR (TW pixels x 16 channels, the TMA's 32-byte swizzle), then, after the
-// warpgroup's named barrier, stored by one TMA copy of whole 32-byte pixel pieces (rows and
-// pixels past the output clipped by the copy). Session 36: direct 4-byte stores of half
-// sectors cost ~90 of 145 us at 7x7, 8-byte stores of whole sectors ~45 of 103. The leader then
-// lets at most SR - 2 copies still read staging: the barrier of row ko + 1 orders its wait
-// before anyone rewrites the row copy ko + 2 - SR read.
-__device__ __forceinline__ void store_row(float (*blk)[4], int o, u32 ko, u32 stg, int px,
-                                          int lane, int wg, const float (*bv)[2],
-                                          const TmaDesc* tmap_y, int c0, int x0, int y0, int n) {{
+// Output row ``o`` of the band, in two steps. ``stage_row``: this thread's 2 pixels x 2
+// channels of each of its warpgroup's groups (``blk[gl]``), bias added and rounded, into the
+// warpgroup's staging row ``ko`` % SR (TW pixels x 16 channels, the TMA's 32-byte swizzle),
+// fenced for the TMA; called while no MMA is in flight (the proxy fence would wait for them).
+// ``store_row``: after the warpgroup's named barrier, one TMA copy of whole 32-byte pixel
+// pieces (rows and pixels past the output clipped by the copy); the leader then lets at most
+// SR - 2 copies still read staging (row ko + 1's barrier orders that wait before anyone
+// rewrites the row copy ko + 2 - SR read). Session 36: direct 4-byte stores of half sectors
+// cost ~90 of 145 us at 7x7, 8-byte stores of whole sectors ~45 of 103.
+__device__ __forceinline__ void stage_row(float (*blk)[4], u32 ko, u32 stg, int px, int lane,
+                                          const float (*bv)[2]) {{
     const u32 srow = stg + (ko % SR) * STG_BYTES;
 #pragma unroll
     for (int gl = 0; gl < GW; ++gl)
@@ -143,12 +143,15 @@ __device__ __forceinline__ void store_row(float (*blk)[4], int o, u32 ko, u32 st
                          : "memory");
         }}
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}}
+__device__ __forceinline__ void store_row(int o, u32 ko, u32 stg, int wg,
+                                          const TmaDesc* tmap_y, int c0, int x0, int y0, int n) {{
     asm volatile("bar.sync %0, 128;\n" :: "r"(1 + wg) : "memory");
     if ((threadIdx.x & 127) == 0 && !(ABLATE & 1)) {{
         asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
                      " [%0, {{%1, %2, %3, %4}}], [%5];\n"
                      :: "l"(tmap_y), "r"(c0 + 8 * GW * wg), "r"(x0), "r"(y0 + o), "r"(n),
-                        "r"(srow)
+                        "r"(stg + (ko % SR) * STG_BYTES)
                      : "memory");
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(SR - 2) : "memory");
@@ -292,6 +295,7 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                                          : "=f"(done[gl][e]) : "f"(acc[gl][4 * ph + e]));
                             asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[gl][4 * ph + e]));
                         }}
+                    if (i >= R) stage_row(done, ko + i - R, stg, px, lane, bv);
 #pragma unroll
                     for (int gl = 0; gl < GW; ++gl) {{
                         if (live && !(ABLATE & 2)) {{
@@ -315,9 +319,8 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                         }}
                     }}
-                    if (i >= R)  // output row i - R
-                        store_row(done, i - R, ko + i - R, stg, px, lane, wg, bv, &tmap_y, c0,
-                                  x0, y0, n);
+                    if (i >= R)  // output row i - R, staged above
+                        store_row(i - R, ko + i - R, stg, wg, &tmap_y, c0, x0, y0, n);
                 }}
             }}
         }}
@@ -332,7 +335,8 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
         for (int gl = 0; gl < GW; ++gl)
 #pragma unroll
             for (int e = 0; e < 4; ++e) last[gl][e] = acc[gl][4 * (ROWS_IN % R) + e];
-        store_row(last, TH - 1, ko + TH - 1, stg, px, lane, wg, bv, &tmap_y, c0, x0, y0, n);
+        stage_row(last, ko + TH - 1, stg, px, lane, bv);
+        store_row(TH - 1, ko + TH - 1, stg, wg, &tmap_y, c0, x0, y0, n);
         k += CPT;
         ko += TH;
     }}
