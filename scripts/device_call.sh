@@ -304,6 +304,24 @@ for step in "$@"; do
         grep -E "fprop.*cudawr" "$R/roll-ablate-$a.log" | cut -c1-110
       done
       pack ;;
+    ncu-roll-s36)  # session 36: Nsight Compute on a rolling-row tile (NCU_K, NCU_SPEC), with
+      # the source counters (where warps stall) and the SASS of the hottest lines
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      f="$R/ncu-roll-k${NCU_K:-7}.txt"
+      timeout 200 "$NCU" --clock-control none -k regex:tw_gconv_fprop --launch-skip 2 -c 1 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section SourceCounters --section MemoryWorkloadAnalysis_Tables \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        --export "$R/ncu-roll-k${NCU_K:-7}" \
+        python scripts/ncu_targets.py gconv-fprop --k "${NCU_K:-7}" \
+        --tile-spec "${NCU_SPEC:-32,64,16,4,3,4,tma=2,wgmma=True,roll=True}" >"$f" 2>&1
+      echo "rc $?: $f"
+      grep -E "Duration|Issued Warp|Eligible|No Eligible" "$f" | head -6
+      grep -E "issue_stalled" "$f" | awk '$NF+0 >= 0.1' | sort -k3 -g -r | head -10
+      "$NCU" --import "$R/ncu-roll-k${NCU_K:-7}.ncu-rep" --page source --csv --print-source sass \
+        >"$R/ncu-roll-sass-k${NCU_K:-7}.csv" 2>&1
+      echo "sass rc $? $(wc -l <"$R/ncu-roll-sass-k${NCU_K:-7}.csv") lines"
+      pack ;;
     k357-s35)  # the fprop/dgrad study cells at C=64 N=128 fp16 after the exact-path change
       study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \
         --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;
