@@ -101,7 +101,8 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
-        stg = (tile.cb // 16) * 4 * cdiv(tile.tw * 32, 1024) * 1024  # SR = 4 rows a warpgroup
+        wgs, gw = tile.warps // 4, roll_groups(tile)  # SR = 4 staging rows a warpgroup
+        stg = wgs * 4 * cdiv(tile.tw * 16 * gw, 1024) * 1024
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
@@ -197,18 +198,23 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
 ROLL_SLOT_ROWS = 2
 
 
-def roll_warps(cb: int) -> int:
-    """Warps of a ``roll`` tile of ``cb`` (16 or 32) channels: a warpgroup per two groups of 8,
-    so each pixel's 16 channels leave together (whole 32-byte sectors)."""
-    return 4 * max(1, cb // 16)
+def roll_groups(tile: CudaTile) -> int:
+    """Groups of 8 channels each warpgroup of a ``roll`` tile takes (the kernel's GW: 2 or 4):
+    ``cb / 8`` groups over ``warps / 4`` warpgroups."""
+    return max(1, tile.cb // (2 * tile.warps))
+
+
+def roll_warps(cb: int, groups: int) -> int:
+    """Warps of a ``roll`` tile of ``cb`` channels whose warpgroups take ``groups`` groups each
+    (fewer where ``cb`` has fewer)."""
+    return 4 * max(1, cb // 8 // groups)
 
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a ``roll`` warpgroup's accumulators (4 R registers a group), A fragments (4 a
     k-step a group) and ~45 more fit ``register_cap`` (the CPU suite compiles every tile and fails
     on a spill or a serialized wgmma)."""
-    groups = 2 if tile.cb >= 16 else 1
-    return groups * (4 * r + 4 * ((s + 1) // 2)) + 45 <= register_cap(tile)
+    return roll_groups(tile) * (4 * r + 4 * ((s + 1) // 2)) + 45 <= register_cap(tile)
 
 
 def wide_tiles_offered() -> bool:
@@ -229,7 +235,9 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.tma == 2
             and tile.tw == 64
             and tile.cb in (16, 32)
-            and tile.warps == roll_warps(tile.cb)
+            and tile.warps % 4 == 0
+            and roll_groups(tile) in (2, 4)
+            and (tile.cb // 8) % roll_groups(tile) == 0
             and tile.stages >= 2
             and 1 <= r <= 8
             and tile.tw + s - 1 <= 256
@@ -282,7 +290,7 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
     elif tile.roll:  # a warpgroup two groups
-        warps = roll_warps(cb)
+        warps = roll_warps(cb, roll_groups(tile))
     elif tile.wgmma:  # its warpgroups a group
         warps = wgmma_split(tile) * 4 * (cb // 8)
     return dataclasses.replace(tile, cb=cb, warps=warps)
@@ -435,7 +443,8 @@ def source(
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
-            R=r, S=s, TH=tile.th, CB=tile.cb, RB=ROLL_SLOT_ROWS, D=tile.stages,
+            R=r, S=s, TH=tile.th, CB=tile.cb, GW=roll_groups(tile), RB=ROLL_SLOT_ROWS,
+            D=tile.stages,
             MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
             HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16, 8 * r),
             ABLATE=int(os.environ.get("TILEWISE_ROLL_ABLATE", "0")),
@@ -664,8 +673,8 @@ def bind_fprop(
     grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
-    if tile.roll:  # a copy an input row; a copy a warpgroup's 16 channels of an output row
-        maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, 16, tile.tw, 1)]
+    if tile.roll:  # a copy an input row; a copy a warpgroup's channels of an output row
+        maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, 8 * roll_groups(tile), tile.tw, 1)]
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))

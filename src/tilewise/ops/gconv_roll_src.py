@@ -1,7 +1,8 @@
 """CUDA C++ source of the grouped conv's rolling-row warpgroup-MMA fprop/dgrad kernel
 (``CudaTile.roll``, Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A
-``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{RB}``, ``{D}``, ``{MIN_CTAS}``,
-``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces doubled).
+``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{GW}``, ``{RB}``, ``{D}``,
+``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal
+braces doubled).
 
 Each input row is read once and meets every kernel row in one set of MMAs, so the weights carry
 no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i of a band and
@@ -46,8 +47,9 @@ typedef unsigned long long u64;
 // 4 no waits for the rows' arrival (wrong results; for timing what each part costs)
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
-// groups a warpgroup: two where it can, so each pixel's 32 bytes leave in one store
-#define GW (NG >= 2 ? 2 : 1)
+// groups a warpgroup (2 or 4): a pixel's 16 GW bytes leave together, and the per-row
+// synchronization serves GW groups' MMAs
+#define GW {GW}
 #define NCW (4 * (NG / GW))
 #define NT (32 * NCW)
 #define KS ((S + 1) / 2)

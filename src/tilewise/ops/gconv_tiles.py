@@ -38,8 +38,8 @@ class CudaTile:
     ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=2``, ``tw=64``): the rolling-row warpgroup-MMA
     kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
     every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
-    warpgroup per two groups of 8 channels (``warps`` = ``roll_warps(cb)``), ``stages`` slots of
-    ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
+    warpgroup per two or four groups of 8 channels (``roll_groups``: cb / (2 warps)), ``stages``
+    slots of ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
@@ -200,6 +200,9 @@ ROLL_TILES = (
     CudaTile(8, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
     CudaTile(8, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
     CudaTile(16, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(16, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 4, 1, 6, tma=2, wgmma=True, roll=True),
 )
 
 
