@@ -188,21 +188,18 @@ EXPERIMENTAL_WGMMA_TILES = (
 )
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of
-#: ``th`` output rows, 16 or 32 channels (a warpgroup per two groups), ``stages``
-#: slots of two input rows. Not yet measured on a GPU: timed by ``scripts/gconv_wide_probe.py
-#: --roll``.
+#: ``th`` output rows, 16 or 32 channels, two or four groups a warpgroup (``roll_groups``),
+#: ``stages`` slots of two input rows. Correct on every odd shape (``test_roll_tiles``) but slower
+#: than the candidates in every cell timed (``scripts/gconv_wide_probe.py --roll``, H100, C=64
+#: N=128 fp16, events; ``wide-probe-roll-s36``): the 32-channel four-group tile 103.6 / 72.7 /
+#: 59.0 us at 7x7 / 5x5 / 3x3 against the candidates' best 85.9 / 60.3 / 55.3. Not candidates;
+#: tested beside them. Bands of 8 or 64 rows and 1-CTA tiles timed slower and were dropped.
 ROLL_TILES = (
-    CudaTile(32, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(64, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(16, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(32, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
-    CudaTile(32, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(8, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(8, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(16, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
     CudaTile(32, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
     CudaTile(16, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
-    CudaTile(32, 64, 32, 4, 1, 6, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 32, 8, 2, 6, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 3, 4, tma=2, wgmma=True, roll=True),
+    CudaTile(32, 64, 16, 4, 4, 4, tma=2, wgmma=True, roll=True),
 )
 
 
