@@ -294,10 +294,10 @@ for step in "$@"; do
       echo "rc $?: wide probe"
       grep -E "copy:|cudnn|cudawr|cudawg|cudarp" "$R/wide-probe-roll.log" | cut -c1-150
       pack ;;
-    roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 stores, 2
-      # MMAs, 4 waits for rows): what each costs
+    roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 TMA stores,
+      # 2 MMAs, 3 both; 4, no waits for rows, hangs): what each costs
       for a in ${ABLATE_SET:-0 1 2 3}; do
-        TILEWISE_ROLL_ABLATE=$a TILEWISE_NVRTC_CACHE=0 timeout 100 python scripts/gconv_wide_probe.py \
+        TILEWISE_ROLL_ABLATE=$a timeout 100 python scripts/gconv_wide_probe.py \
           --roll --only cudawr --kernels ${KS:-7 3} --n 128 --dtypes fp16 \
           >"$R/roll-ablate-$a.log" 2>&1
         echo "ablate $a rc $?"

@@ -94,12 +94,12 @@ CASES = [  # N, C, H, W, R, S, pad_h, pad_w, TH
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_rolling_rows_match_pytorch(case):
-    n, c, h, w_, r, s, ph, pw, th = case
+    n, c, h, w_, r, s, pad_h, pad_w, th = case
     g = torch.Generator().manual_seed(hash(case) % (2**31))
     x = torch.randn(n, c, h, w_, dtype=torch.float64, generator=g)
     wt = torch.randn(c, 8, r, s, dtype=torch.float64, generator=g)
-    want = F.conv2d(x, wt, padding=(ph, pw), groups=c // 8)
-    got = roll_conv(x, wt, ph, pw, th)
+    want = F.conv2d(x, wt, padding=(pad_h, pad_w), groups=c // 8)
+    got = roll_conv(x, wt, pad_h, pad_w, th)
     assert not got.isnan().any()  # every output written once a band
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
@@ -108,26 +108,28 @@ def test_rolling_rows_match_pytorch(case):
 def test_rolling_rows_dgrad_match_pytorch(case):
     """dgrad: the same kernel over dy with the flipped, transposed weights and padding
     R - 1 - p (as ``gconv_cuda.fprop(..., dgrad=True)`` is called)."""
-    n, c, h, w_, r, s, ph, pw, th = case
+    n, c, h, w_, r, s, pad_h, pad_w, th = case
     g = torch.Generator().manual_seed(hash(case) % (2**31) + 1)
     x = torch.randn(n, c, h, w_, dtype=torch.float64, generator=g)
     wt = torch.randn(c, 8, r, s, dtype=torch.float64, generator=g)
-    dy = torch.randn(F.conv2d(x, wt, padding=(ph, pw), groups=c // 8).shape, dtype=x.dtype)
-    want = torch.nn.grad.conv2d_input(x.shape, wt, dy, padding=(ph, pw), groups=c // 8)
-    got = roll_conv(dy, wt, r - 1 - ph, s - 1 - pw, th, dgrad=True)
+    shape = F.conv2d(x, wt, padding=(pad_h, pad_w), groups=c // 8).shape
+    dy = torch.randn(shape, dtype=x.dtype, generator=g)
+    want = torch.nn.grad.conv2d_input(x.shape, wt, dy, padding=(pad_h, pad_w), groups=c // 8)
+    got = roll_conv(dy, wt, r - 1 - pad_h, s - 1 - pad_w, th, dgrad=True)
+    assert not got.isnan().any()
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_model_catches_a_wrong_window():
     """The comparison has teeth: B's window one block off gives a different answer."""
-    case = CASES[0]
-    n, c, h, w_, r, s, ph, pw, th = case
-    x = torch.randn(n, c, h, w_, dtype=torch.float64)
-    wt = torch.randn(c, 8, r, s, dtype=torch.float64)
-    good = roll_conv(x, wt, ph, pw, th)
+    n, c, h, w_, r, s, pad_h, pad_w, th = CASES[0]
+    g = torch.Generator().manual_seed(36)
+    x = torch.randn(n, c, h, w_, dtype=torch.float64, generator=g)
+    wt = torch.randn(c, 8, r, s, dtype=torch.float64, generator=g)
+    good = roll_conv(x, wt, pad_h, pad_w, th)
 
     def shifted(w, g, dgrad):
         return torch.roll(_stage_b(w, g, dgrad), 1, dims=0)
 
-    bad = roll_conv(x, wt, ph, pw, th, stage=shifted)
+    bad = roll_conv(x, wt, pad_h, pad_w, th, stage=shifted)
     assert not torch.allclose(good, bad)

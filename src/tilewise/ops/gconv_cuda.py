@@ -97,12 +97,13 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
     taps_pairs = (r * s + 1) // 2
     pix = tile.cb * 2 + 16
-    if tile.roll:  # see gconv_roll_src: B (2R - 1 kernel-row blocks), the slots, the mbarriers
+    if tile.roll:  # see gconv_roll_src: B (2R - 1 kernel-row blocks), the slots, the staging
+        # rings, the mbarriers and 16 zero bytes, on 1024 bytes
         b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
         row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
         slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
-        wgs, gw = tile.warps // 4, roll_groups(tile)  # SR = 4 staging rows a warpgroup
-        stg = wgs * 4 * cdiv(tile.tw * 16 * gw, 1024) * 1024
+        wgs, gw = tile.warps // 4, roll_groups(tile)  # each warpgroup's staging ring
+        stg = wgs * ROLL_STAGING_ROWS * cdiv(tile.tw * 16 * gw, 1024) * 1024
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
@@ -194,8 +195,10 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
 
 
-#: input rows a slot of the rolling-row kernel's ring holds (its RB)
+#: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows each
+#: warpgroup's staging ring holds (its SR)
 ROLL_SLOT_ROWS = 2
+ROLL_STAGING_ROWS = 4
 
 
 def roll_groups(tile: CudaTile) -> int:
@@ -212,8 +215,9 @@ def roll_warps(cb: int, groups: int) -> int:
 
 def roll_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     """Whether a ``roll`` warpgroup's accumulators (4 R registers a group), A fragments (4 a
-    k-step a group) and ~45 more fit ``register_cap`` (the CPU suite compiles every tile and fails
-    on a spill or a serialized wgmma)."""
+    k-step a group) and ~45 more (addresses, descriptors, bias, the copied-out block: ptxas,
+    session 36, 3x3-7x7 at 2 and 4 groups) fit ``register_cap``; the CPU suite compiles every
+    tile and fails on a spill or a serialized wgmma."""
     return roll_groups(tile) * (4 * r + 4 * ((s + 1) // 2)) + 45 <= register_cap(tile)
 
 
@@ -289,7 +293,7 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = (cb // 8) * max(1, tile.warps // (tile.cb // 8))
     elif tile.rowpair:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
-    elif tile.roll:  # a warpgroup two groups
+    elif tile.roll:  # a warpgroup two or four groups
         warps = roll_warps(cb, roll_groups(tile))
     elif tile.wgmma:  # its warpgroups a group
         warps = wgmma_split(tile) * 4 * (cb // 8)
@@ -444,7 +448,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, GW=roll_groups(tile), RB=ROLL_SLOT_ROWS,
-            D=tile.stages,
+            D=tile.stages, SR=ROLL_STAGING_ROWS,
             MIN_CTAS=tile.min_ctas, IS_BF16=int(bf16),
             HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16, 8 * r),
             ABLATE=int(os.environ.get("TILEWISE_ROLL_ABLATE", "0")),
@@ -720,7 +724,8 @@ NON_PORTABLE_MAX_CLUSTER = 16
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other
 #: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
 #: epilogue made a cached tile 20% slower than another candidate; session 9: new TMA tiles were
-#: never timed where an older choice was still a candidate)
+#: never timed where an older choice was still a candidate). The rolling-row kernel
+#: (``ROLL_TILES``) is not a candidate, so neither its source nor its tiles are part of it.
 SOURCE_DIGEST = hashlib.sha1(
     (
         _SOURCE

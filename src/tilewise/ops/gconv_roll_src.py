@@ -1,12 +1,12 @@
 """CUDA C++ source of the grouped conv's rolling-row warpgroup-MMA fprop/dgrad kernel
 (``CudaTile.roll``, Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A
 ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{GW}``, ``{RB}``, ``{D}``,
-``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal
-braces doubled).
+``{SR}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``,
+``{ABLATE}``; literal braces doubled).
 
 Each input row is read once and meets every kernel row in one set of MMAs, so the weights carry
 no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i of a band and
-64 pixels, one warpgroup per group of 8 channels:
+64 pixels, one warpgroup takes GW (2 or 4) groups of 8 channels, each group:
 - M = 64 output pixels: A[x][(s, c)] = in[i][x + s][c], in registers by ``ldmatrix.x4`` (two
   kernel columns a k-step; an odd last column's partner is zero in A, so no zero weight meets an
   input and NaN/Inf land where PyTorch puts them);
@@ -14,15 +14,17 @@ no Toeplitz zeros (``gconv_wgmma_src``'s B is 30% zeros at 7x7). For input row i
 - the accumulator's block b holds output row o with o = b (mod R) for the whole band: input row
   i adds kernel row r to output row i - r, so block b takes kernel row (i - b) mod R. B's kernel
   rows are stored reversed and twice (2R - 1 blocks), so each phase i mod R is a window of them:
-  one descriptor offset, no register moves. After input row i, output row i - R + 1 is complete
-  in block (i + 1) mod R: stored (bias added) and zeroed. The row loop is unrolled by R so the
-  block is a constant.
+  one descriptor offset, no register moves. Before row i's MMAs, output row i - R is complete in
+  block i mod R: copied out, zeroed, staged (bias added, rounded). The row loop is unrolled by R
+  so the block is a constant.
 MMA work: 16 ceil(S / 2) R multiply-adds an output, 448 at 7x7 (392 useful; the Toeplitz
 kernel's 560), 240 at 5x5 (200; 320), 96 at 3x3 (72; 144).
 Input rows arrive by TMA, RB rows a slot, in a ring of D slots (``full``/``empty`` mbarriers):
 thread 0 refills a slot once every warp has released it (no producer warp: its registers would
-cost the consumers theirs). Each row's MMAs run while the row before is stored. A CTA is
-persistent over bands of TH output rows x 64 pixels.
+cost the consumers theirs). Each warpgroup's staged row leaves by a TMA store behind the
+warpgroup's named barrier, issued while the next row's MMAs run. A CTA is persistent over bands
+of TH output rows x 64 pixels. Session 36: correct, slower than the other kernels' candidates
+(the per-row chain of each warpgroup bounds it: docs/PERF_NOTES.md "Session 36").
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
@@ -43,8 +45,9 @@ typedef unsigned long long u64;
 #define IS_BF16 {IS_BF16}
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
-// a diagnosis switch (``TILEWISE_ROLL_ABLATE``, never set in use): 1 no stores, 2 no MMAs,
-// 4 no waits for the rows' arrival (wrong results; for timing what each part costs)
+// a diagnosis switch (``TILEWISE_ROLL_ABLATE``, never set in use; wrong results, for timing
+// what each part costs): 1 no TMA stores (the rows are still staged), 2 no MMAs, 4 no waits for
+// the rows' arrival (hangs: the ring's slots are never released in order)
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 // groups a warpgroup (2 or 4): a pixel's 16 GW bytes leave together, and the per-row
@@ -62,7 +65,7 @@ typedef unsigned long long u64;
 // a pixel's 16-byte chunk of group g: the TMA's swizzle of PIXB-byte rows (a slot on 1024 bytes)
 #define SWZ(p) (((p) * NG / 8) % NG)
 #define HOFF(p, g) ((p) * PIXB + 16 * ((g) ^ SWZ(p)))
-// B per group: 2R - 1 blocks of kernel rows (R - 1 - k mod R), each KP core matrices along K
+// B per group: 2R - 1 blocks of kernel rows ((R - 1 - k) mod R), each KP core matrices along K
 #define NBLK (2 * R - 1)
 #define BG_BYTES (NBLK * KP * 128)
 // a slot's rows each start on the swizzle's period (16 CB bytes, at most 1024), so a row's
@@ -72,7 +75,7 @@ typedef unsigned long long u64;
 #define SLOT_BYTES UP1K(RB * ROWB)
 #define OFF_SLOT UP1K(NG * BG_BYTES)
 // each warpgroup's staging ring of SR output rows (TW pixels x its 8 GW channels)
-#define SR 4
+#define SR {SR}
 #define STG_BYTES UP1K(TW * 16 * GW)
 #define OFF_STG (OFF_SLOT + D * SLOT_BYTES)
 #define OFF_MBAR (OFF_STG + (NG / GW) * SR * STG_BYTES)  // full, empty (D each), 16 zero bytes
@@ -114,10 +117,10 @@ __device__ __forceinline__ void wgmma(float* d, const u32* a, u64 db, int accumu
 
 // Output row ``o`` of the band, in two steps. ``stage_row``: this thread's 2 pixels x 2
 // channels of each of its warpgroup's groups (``blk[gl]``), bias added and rounded, into the
-// warpgroup's staging row ``ko`` % SR (TW pixels x 16 channels, the TMA's 32-byte swizzle),
-// fenced for the TMA; called while no MMA is in flight (the proxy fence would wait for them).
-// ``store_row``: after the warpgroup's named barrier, one TMA copy of whole 32-byte pixel
-// pieces (rows and pixels past the output clipped by the copy); the leader then lets at most
+// warpgroup's staging row ``ko`` % SR (TW pixels x its 8 GW channels, the TMA's 16 GW-byte
+// swizzle), fenced for the TMA; called while no MMA is in flight (the proxy fence might wait
+// for them). ``store_row``: after the warpgroup's named barrier, one TMA copy of whole 16 GW-byte
+// pixel pieces (rows and pixels past the output clipped by the copy); the leader then lets at most
 // SR - 2 copies still read staging (row ko + 1's barrier orders that wait before anyone
 // rewrites the row copy ko + 2 - SR read). Session 36: direct 4-byte stores of half sectors
 // cost ~90 of 145 us at 7x7, 8-byte stores of whole sectors ~45 of 103.
@@ -174,6 +177,8 @@ __device__ __forceinline__ void load_slot(u32 kp, u32 slots, u32 full, u32 empty
             : "memory");
 }}
 
+// The other NVRTC fprop kernels' signature (``gconv_cuda._TMA_SIGNATURES``): x, y, Wi, Ho, Wo and
+// C go unused (the tensor maps carry them).
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
 tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
                     const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
@@ -187,7 +192,8 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
     // the swizzled TMA slots need 1024-byte alignment (the host adds the slack)
     const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
-    // B: group gg, block k (kernel row R - 1 - k mod R), core matrix s (8 out x 8 in channels).
+    // B: group gg, block k (kernel row (R - 1 - k) mod R), core matrix s (8 out x 8 in
+    // channels).
     // Each weight read once, in the weight's own order (coalesced, several loads in flight a
     // thread: the element-by-element gather took ~20% of a 7x7 kernel, Nsight Compute), into
     // its one or two blocks; the padding column s = S (odd S) zeroed.
@@ -264,9 +270,9 @@ tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
 #pragma unroll
             for (int e = 0; e < 4 * R; ++e)
                 asm volatile("mov.b32 %0, 0f00000000;\n" : "=f"(acc[gl][e]));
-        // Row i: row i - 1's MMAs awaited, its finished block taken out and zeroed; group by
-        // group, row i's A loaded and its MMAs issued; then row i - 1's finished output row
-        // stored while they run.
+        // Row i: row i - 1's MMAs awaited; output row i - R (finished in block i mod R) taken
+        // out, zeroed and staged; group by group, row i's A loaded and its MMAs issued; then the
+        // staged row stored (barrier, TMA copy) while they run.
         for (int i0 = 0; i0 < ROWS_IN; i0 += R) {{
 #pragma unroll
             for (int ph = 0; ph < R; ++ph) {{

@@ -193,7 +193,8 @@ EXPERIMENTAL_WGMMA_TILES = (
 #: than the candidates in every cell timed (``scripts/gconv_wide_probe.py --roll``, H100, C=64
 #: N=128 fp16, events; ``wide-probe-roll-s36``): the 32-channel four-group tile 103.6 / 72.7 /
 #: 59.0 us at 7x7 / 5x5 / 3x3 against the candidates' best 85.9 / 60.3 / 55.3. Not candidates;
-#: tested beside them. Bands of 8 or 64 rows and 1-CTA tiles timed slower and were dropped.
+#: tested beside them. Bands of 8 rows and 1-CTA tiles timed slower and were dropped, as were
+#: 64-row bands (a tie in the first version, slower in every later one).
 ROLL_TILES = (
     CudaTile(32, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
     CudaTile(16, 64, 32, 4, 2, 4, tma=2, wgmma=True, roll=True),
