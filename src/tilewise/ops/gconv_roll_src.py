@@ -28,7 +28,7 @@ of TH output rows x 64 pixels. Session 36: correct, slower than the other kernel
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
-from tilewise.ops.gconv_wgmma_src import DESC
+from tilewise.ops.gconv_wgmma_src import DESC, LDSM_X4, PACK2
 
 SOURCE_ROLL = (
     r"""
@@ -83,22 +83,10 @@ struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
     + SMEM_U32
-    + r"""__device__ __forceinline__ u32 pack2(float a, float b) {{
-    u32 r;
-#if IS_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
-#endif
-    return r;
-}}
-"""
+    + PACK2
     + DESC
-    + r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
-}}
-__device__ __forceinline__ u64 dword(u32 lo, u32 hi) {{
+    + LDSM_X4
+    + r"""__device__ __forceinline__ u64 dword(u32 lo, u32 hi) {{
     u64 d;
     asm("mov.b64 %0, {{%1, %2}};\n" : "=l"(d) : "r"(lo), "r"(hi));
     return d;

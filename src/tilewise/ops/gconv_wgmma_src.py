@@ -38,6 +38,25 @@ __device__ __forceinline__ u64 desc(u32 addr, u32 kstride, u32 nstride) {{
 """
 )
 
+#: a float pair rounded to the kernel's half type, packed (``str.format`` text); the wgmma
+#: kernels' epilogues
+PACK2 = r"""__device__ __forceinline__ u32 pack2(float a, float b) {{
+    u32 r;
+#if IS_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
+#endif
+    return r;
+}}
+"""
+#: one ``ldmatrix.x4`` into four registers (``str.format`` text)
+LDSM_X4 = r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}}
+"""
+
 SOURCE_WG = (
     r"""
 typedef unsigned short u16;
@@ -84,22 +103,10 @@ struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 
 """
     + SMEM_U32
-    + r"""__device__ __forceinline__ u32 pack2(float a, float b) {{
-    u32 r;
-#if IS_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(r) : "f"(a), "f"(b));
-#endif
-    return r;
-}}
-"""
+    + PACK2
     + DESC
-    + r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
-}}
-__device__ __forceinline__ u32 lds_u32(u32 addr) {{
+    + LDSM_X4
+    + r"""__device__ __forceinline__ u32 lds_u32(u32 addr) {{
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
