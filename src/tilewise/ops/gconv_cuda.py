@@ -92,6 +92,11 @@ def _tma_stage(nbytes: int, cb: int) -> int:
     return cdiv(nbytes, _tma_period(cb)) * _tma_period(cb)
 
 
+def _up1k(nbytes: int) -> int:
+    """``nbytes`` rounded up to 1024 (the warpgroup-MMA kernels' ``UP1K``)."""
+    return cdiv(nbytes, 1024) * 1024
+
+
 def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` halo buffers, the CTA's weights, one zero pixel and the output staging tile
     (row-pair kernel: halo buffers of whole row pairs and the staging tile)."""
@@ -99,21 +104,16 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     pix = tile.cb * 2 + 16
     if tile.roll:  # see gconv_roll_src: B (2R - 1 kernel-row blocks), the slots, the staging
         # rings, the mbarriers and 16 zero bytes, on 1024 bytes
-        b = cdiv(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128, 1024) * 1024
-        row = cdiv((tile.tw + s - 1) * tile.cb * 2, _tma_period(tile.cb)) * _tma_period(tile.cb)
-        slot = cdiv(ROLL_SLOT_ROWS * row, 1024) * 1024
+        b = _up1k(tile.cb // 8 * (2 * r - 1) * ((s + 1) // 2) * 2 * 128)
+        slot = _up1k(ROLL_SLOT_ROWS * _tma_stage((tile.tw + s - 1) * tile.cb * 2, tile.cb))
         wgs, gw = tile.warps // 4, roll_groups(tile)  # each warpgroup's staging ring
-        stg = wgs * ROLL_STAGING_ROWS * cdiv(tile.tw * 16 * gw, 1024) * 1024
+        stg = wgs * ROLL_STAGING_ROWS * _up1k(tile.tw * 16 * gw)
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
-
-        def up(v: int) -> int:
-            return cdiv(v, 1024) * 1024
-
-        b = up(tile.cb // 8 * s * (2 * j + 3) * 128)
-        halo = up(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
-        return 1024 + b + 2 * halo + up(tile.th * tile.tw * tile.cb * 2) + 16
+        b = _up1k(tile.cb // 8 * s * (2 * j + 3) * 128)
+        halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
+        return 1024 + b + 2 * halo + _up1k(tile.th * tile.tw * tile.cb * 2) + 16
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
         # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
