@@ -294,6 +294,26 @@ for step in "$@"; do
       echo "rc $?: wide probe"
       grep -E "copy:|cudnn|cudawr|cudawg|cudarp" "$R/wide-probe-roll.log" | cut -c1-150
       pack ;;
+    wg-stages-s37)  # session 37: the wgmma tiles with three halo stages (experimental): their
+      # tests, then timed beside the candidates (ONLY, KS, DTYPES)
+      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
+        -k "test_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles" -x
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+        --kernels ${KS:-7 5 3} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-wgs3.json" \
+        ${ONLY:+--only "$ONLY"} >"$R/wide-probe-wgs3.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-wgs3.log" | cut -c1-150
+      pack ;;
+    wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
+      # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone): what each costs
+      for a in ${ABLATE_SET:-0 1 2 3}; do
+        TILEWISE_WG_ABLATE=$a timeout 100 python scripts/gconv_wide_probe.py --experimental \
+          --only "${ABLATE_ONLY:-cudawg}" --kernels ${KS:-7 5} --n 128 --dtypes fp16 \
+          >"$R/wg-ablate-$a.log" 2>&1
+        echo "ablate $a rc $?"
+        grep -E "fprop.*cudawg" "$R/wg-ablate-$a.log" | cut -c1-110
+      done
+      pack ;;
     roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 TMA stores,
       # 2 MMAs, 3 both; 4, no waits for rows, hangs): what each costs
       for a in ${ABLATE_SET:-0 1 2 3}; do

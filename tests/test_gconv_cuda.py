@@ -112,8 +112,8 @@ def _layout_value(src: str, expr: str, tmp_path) -> int:
 
 def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
     """``smem_bytes`` of every wgmma candidate and experimental tile equals the kernel's own
-    layout (its ``OFF_MBAR`` plus the two 8-byte mbarriers and the 1024-byte alignment slack), by
-    the C preprocessor."""
+    layout (its ``OFF_MBAR`` plus an 8-byte mbarrier a halo stage and the 1024-byte alignment
+    slack), by the C preprocessor."""
     checked = 0
     for r, s in ((3, 3), (5, 5), (7, 7), (4, 6), (3, 7), (6, 1)):
         tiles = gconv_cuda.candidates(64, r, s, True, True, True)
@@ -122,7 +122,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             if not (tile.wgmma and gconv_cuda.tile_ok(64, r, s, tile)):
                 continue
             src, _ = gconv_cuda.source(r, s, tile, False, False, False, "tw_gconv_fprop")
-            end = _layout_value(src, "OFF_MBAR + 16", tmp_path)
+            end = _layout_value(src, "OFF_MBAR + 8 * NST", tmp_path)
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
     assert checked >= 20
@@ -468,6 +468,23 @@ def test_roll_tiles(case, dtype, rng_seed):
     tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
     if not tiles:
         pytest.skip(f"no rolling-row tile takes C={c} {r}x{s}")
+    _check_tiles(case, dtype, rng_seed, tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES + WGMMA_EDGE_CASES, ids=_case_id)
+def test_experimental_wgmma_tiles(case, dtype, rng_seed):
+    """The experimental wgmma tiles alone (sessions 31 and 37: 2-CTA, split-warpgroup and
+    three-stage tiles) on the odd shapes and the edge shapes, fprop and dgrad, three-way against
+    fp64: the quick check of a change to that kernel (the every-tile test runs them too)."""
+    if not _wgmma():
+        pytest.skip("no sm_90 (wgmma) GPU")
+    c, r, s = case[1], case[4], case[5]
+    tiles = [gconv_cuda._fitted(t, c) for t in gconv_cuda.EXPERIMENTAL_WGMMA_TILES]
+    tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
+    if not tiles:
+        pytest.skip(f"no experimental wgmma tile takes C={c} {r}x{s}")
     _check_tiles(case, dtype, rng_seed, tiles)
 
 

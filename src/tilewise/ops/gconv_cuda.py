@@ -109,11 +109,13 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         wgs, gw = tile.warps // 4, roll_groups(tile)  # each warpgroup's staging ring
         stg = wgs * ROLL_STAGING_ROWS * _up1k(tile.tw * 16 * gw)
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
-    if tile.wgmma:  # see gconv_wgmma_src: B, two halo stages, the staging tile, on 1024 bytes
+    if tile.wgmma:  # see gconv_wgmma_src: B, ``stages`` halo stages, the staging tile, the
+        # mbarriers, on 1024 bytes
         j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
         b = _up1k(tile.cb // 8 * s * (2 * j + 3) * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
-        return 1024 + b + 2 * halo + _up1k(tile.th * tile.tw * tile.cb * 2) + 16
+        stg = _up1k(tile.th * tile.tw * tile.cb * 2)
+        return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
         # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
@@ -251,7 +253,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if tile.wgmma:  # as the kernel is written (gconv_wgmma_src) and smem_bytes counts it
         return (
             not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
-            and tile.stages == 2
+            and tile.stages in (2, 3)
             and tile.tma == 2
             and tile.tw == 64
             and tile.cb in (8, 16, 32, 64)
@@ -456,8 +458,10 @@ def source(
         return src, "tw_gconv_fprop_roll"
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
-            R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), MIN_CTAS=tile.min_ctas,
+            R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
+            MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
+            ABLATE=int(os.environ.get("TILEWISE_WG_ABLATE", "0")),
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:

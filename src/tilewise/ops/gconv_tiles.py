@@ -185,6 +185,10 @@ WGMMA_TILES = (
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
+    # session 37: the candidates with three halo stages (two tiles' loads ahead, not one)
+    CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True),
+    CudaTile(16, 64, 16, 8, 1, 3, tma=2, wgmma=True),
+    CudaTile(8, 64, 16, 8, 1, 3, tma=2, wgmma=True),
 )
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of

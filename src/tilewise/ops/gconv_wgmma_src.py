@@ -1,7 +1,7 @@
 """CUDA C++ source of the grouped conv's warpgroup-MMA fprop/dgrad kernel (``CudaTile.wgmma``,
 Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A ``str.format`` template
-(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{HS}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``,
-``{DGRAD}``, ``{WGMMA}``; literal braces doubled).
+(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{HS}``, ``{NST}``: halo stages, ``{MIN_CTAS}``,
+``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces doubled).
 
 HS warpgroups per group of 8 channels, each taking TH / HS of the tile's rows (its own 4-row bands
 and the row pairs they read from the CTA's one halo); a CTA tile is TH output rows x 64 pixels x
@@ -71,6 +71,12 @@ typedef unsigned long long u64;
 #define HAS_BIAS {HAS_BIAS}
 #define DGRAD {DGRAD}
 #define HS {HS}
+#define NST {NST}
+// a diagnosis switch (``TILEWISE_WG_ABLATE``, never set in use; wrong results, for timing only):
+// 1 skips the epilogue's staging writes and the TMA store (the non-finite check still reads the
+// accumulators, so the wgmmas stay), 2 the wgmmas (ptxas drops the ldmatrix loads then too, and
+// the epilogue stores garbage unchecked), 3 both: the halo loads alone
+#define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS)
 #define NB (TH / 4)
@@ -90,7 +96,7 @@ typedef unsigned long long u64;
 #define B_BYTES (S * SPB * 128)
 #define OFF_HALO UP1K(NG * B_BYTES)
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
-#define OFF_STG (OFF_HALO + 2 * HALO_BYTES)
+#define OFF_STG (OFF_HALO + NST * HALO_BYTES)
 #define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
 #if IS_BF16
 #define EXP_MASK2 0x7f807f80u
@@ -228,14 +234,21 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     }}
     const u32 mbar = sbase + OFF_MBAR;
     if (tid == 0) {{
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8));
+#pragma unroll
+        for (int k = 0; k < NST; ++k)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }}
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
+    // the first NST - 1 tiles' halos, one a stage
     if (tid == 0 && blockIdx.x < n_tiles)
         tma_halo(sbase + OFF_HALO, mbar, &tmap, blockIdx.x, c0, pad_h, pad_w, tiles_h, tiles_w);
+#if NST == 3
+    if (tid == 0 && blockIdx.x + gridDim.x < n_tiles)
+        tma_halo(sbase + OFF_HALO + HALO_BYTES, mbar + 8, &tmap, blockIdx.x + gridDim.x, c0,
+                 pad_h, pad_w, tiles_h, tiles_w);
+#endif
     const u32 bg = sbase + g * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
     // q > 1)
@@ -250,12 +263,17 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     float acc[NBW][16];
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
-        const int buf = it & 1, tn = t + gridDim.x;
-        // the other stage was last read by the tile before, which every warp has finished
+#if NST == 2  // as before session 37 (the general form costs the tightest tiles a spill)
+        const int buf = it & 1, tn = t + gridDim.x, nb = buf ^ 1, parity = (it >> 1) & 1;
+#else
+        const int buf = it % NST, tn = t + (NST - 1) * gridDim.x, nb = (it + NST - 1) % NST;
+        const int parity = (it / NST) & 1;
+#endif
+        // stage nb was last read by the tile before, which every warp has finished
         if (tid == 0 && tn < n_tiles)
-            tma_halo(sbase + OFF_HALO + (buf ^ 1) * HALO_BYTES, mbar + 8 * (buf ^ 1), &tmap, tn,
-                     c0, pad_h, pad_w, tiles_h, tiles_w);
-        mbar_wait(mbar + 8 * buf, (it >> 1) & 1);
+            tma_halo(sbase + OFF_HALO + nb * HALO_BYTES, mbar + 8 * nb, &tmap, tn, c0, pad_h,
+                     pad_w, tiles_h, tiles_w);
+        mbar_wait(mbar + 8 * buf, parity);
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
         u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
         asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
@@ -274,7 +292,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
 #pragma unroll
                 for (int b = 0; b < NBW; ++b) {{
                     const int j = ip - 2 * b;
-                    if (j >= 0 && j < J)
+                    if (j >= 0 && j < J && !(ABLATE & 2))
                         wgmma(acc[b], a[s & 1][ip],
                               desc(bgt + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
                 }}
@@ -297,7 +315,8 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                     const int p = (4 * b + 3 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
                     const float* d = acc[b] + 4 * i + 2 * h;
                     const u32 v = pack2(d[0] + bv0, d[1] + bv1);
-                    flag |= (v & EXP_MASK2) + EXP_ONE2;
+                    if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
+                    if (ABLATE & 1) continue;
                     asm volatile("st.shared.u32 [%0], %1;\n"
                                  :: "r"(stg + out_row0 + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
                                  : "memory");
@@ -308,7 +327,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         }}
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (tid == 0) {{
+        if (tid == 0 && !(ABLATE & 1)) {{
             int n, y0, x0;
             tile_pos(t, tiles_h, tiles_w, n, y0, x0);
             asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
