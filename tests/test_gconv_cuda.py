@@ -122,7 +122,7 @@ def test_wgmma_shared_memory_matches_the_kernel_layout(tmp_path):
             if not (tile.wgmma and gconv_cuda.tile_ok(64, r, s, tile)):
                 continue
             src, _ = gconv_cuda.source(r, s, tile, False, False, False, "tw_gconv_fprop")
-            end = _layout_value(src, "OFF_MBAR + MBAR_BYTES", tmp_path)
+            end = _layout_value(src, "OFF_MBAR + 8 * NST", tmp_path)
             assert gconv_cuda.smem_bytes(r, s, tile) == end + 1024, (r, s, tile.name)
             checked += 1
     assert checked >= 20

@@ -115,7 +115,7 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = _up1k(tile.cb // 8 * s * (2 * j + 3) * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         stg = _up1k(tile.th * tile.tw * tile.cb * 2)
-        return 1024 + b + tile.stages * halo + stg + (16 if tile.decoupled else 8) * tile.stages
+        return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
         # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
@@ -234,8 +234,6 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     8-pixel column blocks split evenly over each group's warps, weights that fit registers)."""
     if c % tile.cb or tile.cb % 8 or smem_bytes(r, s, tile) > SMEM_MAX:
         return False
-    if tile.decoupled and (tile.roll or not tile.wgmma or wgmma_split(tile) != 1):
-        return False  # the wgmma kernel's decoupled warpgroups: one a group
     if tile.roll:  # as the kernel is written (gconv_roll_src) and smem_bytes counts it
         return (
             tile.wgmma
@@ -463,7 +461,7 @@ def source(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
             MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
-            ABLATE=int(os.environ.get("TILEWISE_WG_ABLATE", "0")), AWG=int(tile.decoupled),
+            ABLATE=int(os.environ.get("TILEWISE_WG_ABLATE", "0")),
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:
@@ -688,8 +686,8 @@ def bind_fprop(
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
-        if tile.tma == 2:  # decoupled: a store a group of 8 channels
-            maps.append((3, 8 if tile.decoupled else tile.cb, tile.tw, tile.th))
+        if tile.tma == 2:
+            maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
     smem = smem_bytes(r, s, tile)

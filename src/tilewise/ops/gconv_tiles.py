@@ -39,10 +39,7 @@ class CudaTile:
     kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
     every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
     warpgroup per two or four groups of 8 channels (``roll_groups``: cb / (2 warps)), ``stages``
-    slots of ``ROLL_SLOT_ROWS`` input rows in the TMA ring. ``decoupled`` (wgmma fprop/dgrad, a
-    warpgroup a group; session 37, experimental): each warpgroup stages and stores its own group
-    and hands halo stages back by a counter, behind its own barriers instead of the CTA's, so
-    one warpgroup's epilogue can run under another's MMAs."""
+    slots of ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
@@ -57,7 +54,6 @@ class CudaTile:
     wsmem: bool = False
     wgmma: bool = False
     roll: bool = False
-    decoupled: bool = False
 
     @property
     def name(self) -> str:
@@ -67,8 +63,7 @@ class CudaTile:
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
         ws = "_ws" if self.wsmem else ""
-        dc = "_dc" if self.decoupled else ""
-        return f"{kind}_{shape}{cluster}{rows}{ws}{f'_tma{self.tma}' if self.tma else ''}{dc}"
+        return f"{kind}_{shape}{cluster}{rows}{ws}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 #: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
@@ -194,9 +189,6 @@ EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 8, 1, 3, tma=2, wgmma=True),
     CudaTile(8, 64, 16, 8, 1, 3, tma=2, wgmma=True),
-    # session 37: decoupled warpgroups (each stores its own group, no CTA barrier a tile)
-    CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, decoupled=True),
-    CudaTile(16, 64, 16, 8, 1, 3, tma=2, wgmma=True, decoupled=True),
 )
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of

@@ -77,11 +77,6 @@ typedef unsigned long long u64;
 // accumulators, so the wgmmas stay), 2 the wgmmas (ptxas drops the ldmatrix loads then too, and
 // the epilogue stores garbage unchecked), 3 both: the halo loads alone
 #define ABLATE {ABLATE}
-// AWG (one warpgroup a group only): each warpgroup stages and stores its own group (a dense
-// 16-byte-a-pixel tile, its own TMA store) behind its own named barriers, and hands a halo stage
-// back by a counter: the last warpgroup done with it loads the stage's next tile. So warpgroups
-// drift apart and one's epilogue runs under another's MMAs; without AWG a CTA barrier per tile
-#define AWG {AWG}
 #define NG (CB / 8)
 #define NT (128 * NG * HS)
 #define NB (TH / 4)
@@ -103,15 +98,6 @@ typedef unsigned long long u64;
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
 #define OFF_STG (OFF_HALO + NST * HALO_BYTES)
 #define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
-// a stage's mbarrier (AWG: and its hand-back counter, 16 bytes)
-#define MBAR_BYTES ((8 + 8 * AWG) * NST)
-// output pixel p of group g in the staging tile: the TMA's swizzled CB-channel pixels (AWG: a
-// dense tile a group)
-#if AWG
-#define OUTOFF(p, g) ((g) * TH * TW * 16 + (p) * 16)
-#else
-#define OUTOFF(p, g) HOFF(p, g)
-#endif
 #if IS_BF16
 #define EXP_MASK2 0x7f807f80u
 #define EXP_ONE2 0x00800080u
@@ -216,7 +202,7 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             asm volatile("st.shared.u32 [%0], %1;\n"
-                         :: "r"(stg + OUTOFF(row * TW + px + 8 * h, g) + 2 * ci),
+                         :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
                             "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
                          : "memory");
     }}
@@ -249,32 +235,19 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     const u32 mbar = sbase + OFF_MBAR;
     if (tid == 0) {{
 #pragma unroll
-        for (int k = 0; k < NST; ++k) {{
+        for (int k = 0; k < NST; ++k)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
-#if AWG
-            asm volatile("st.shared.u32 [%0], 0;\n" :: "r"(mbar + 8 * NST + 4 * k));
-#endif
-        }}
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }}
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    // the first NST - 1 tiles' halos, one a stage (AWG: NST, the loop loads none ahead)
+    // the first NST - 1 tiles' halos, one a stage
     if (tid == 0 && blockIdx.x < n_tiles)
         tma_halo(sbase + OFF_HALO, mbar, &tmap, blockIdx.x, c0, pad_h, pad_w, tiles_h, tiles_w);
-#if NST == 3 || AWG
+#if NST == 3
     if (tid == 0 && blockIdx.x + gridDim.x < n_tiles)
         tma_halo(sbase + OFF_HALO + HALO_BYTES, mbar + 8, &tmap, blockIdx.x + gridDim.x, c0,
                  pad_h, pad_w, tiles_h, tiles_w);
-#endif
-#if NST == 3 && AWG
-    if (tid == 0 && blockIdx.x + 2 * gridDim.x < n_tiles)
-        tma_halo(sbase + OFF_HALO + 2 * HALO_BYTES, mbar + 16, &tmap, blockIdx.x + 2 * gridDim.x,
-                 c0, pad_h, pad_w, tiles_h, tiles_w);
-#endif
-#if AWG
-    const int wtid = tid & 127;  // thread 0 of each warpgroup stores its group, hands back stages
-    const u32 cnt = mbar + 8 * NST;  // the stages' hand-back counters
 #endif
     const u32 bg = sbase + g * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
@@ -290,20 +263,16 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     float acc[NBW][16];
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
-#if NST == 2 && !AWG  // as before session 37 (the general form costs the tightest tiles a spill)
+#if NST == 2  // as before session 37 (the general form costs the tightest tiles a spill)
         const int buf = it & 1, tn = t + gridDim.x, nb = buf ^ 1, parity = (it >> 1) & 1;
 #else
-        const int buf = it % NST, parity = (it / NST) & 1;
-#if !AWG
-        const int tn = t + (NST - 1) * gridDim.x, nb = (it + NST - 1) % NST;
+        const int buf = it % NST, tn = t + (NST - 1) * gridDim.x, nb = (it + NST - 1) % NST;
+        const int parity = (it / NST) & 1;
 #endif
-#endif
-#if !AWG
         // stage nb was last read by the tile before, which every warp has finished
         if (tid == 0 && tn < n_tiles)
             tma_halo(sbase + OFF_HALO + nb * HALO_BYTES, mbar + 8 * nb, &tmap, tn, c0, pad_h,
                      pad_w, tiles_h, tiles_w);
-#endif
         mbar_wait(mbar + 8 * buf, parity);
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
         u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
@@ -331,13 +300,8 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         }}
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         // the previous tile's output copy has read the staging tile
-#if AWG
-        if (wtid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");
-#else
         if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         __syncthreads();
-#endif
         // band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1): band
         // row 3 - i, out channels 2 (lane % 4) (+ 1). ``flag`` gets bit 15 or 31 where a rounded
         // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
@@ -354,40 +318,9 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                     if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
                     if (ABLATE & 1) continue;
                     asm volatile("st.shared.u32 [%0], %1;\n"
-                                 :: "r"(stg + out_row0 + OUTOFF(p, g) + 4 * (lane & 3)), "r"(v)
+                                 :: "r"(stg + out_row0 + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
                                  : "memory");
                 }}
-#if AWG
-        u32 any;  // whether any of the warpgroup's outputs is not finite
-        asm volatile("{{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\n"
-                     "bar.red.or.pred p, %2, 128, q;\nselp.u32 %0, 1, 0, p;\n}}\n"
-                     : "=r"(any) : "r"(flag & 0x80008000u), "r"(1 + g) : "memory");
-        if (any) {{
-            exact_tile(sbase, hb, stg, bias, c0);
-            asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");
-        }}
-        // this warpgroup is done with the halo stage: the last of the NG to say so loads it
-        if (wtid == 0) {{
-            u32 old;
-            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                         : "=r"(old) : "r"(cnt + 4 * buf) : "memory");
-            const int tn = t + NST * gridDim.x;
-            if (old % NG == NG - 1 && tn < n_tiles)
-                tma_halo(hb, mbar + 8 * buf, &tmap, tn, c0, pad_h, pad_w, tiles_h, tiles_w);
-        }}
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        asm volatile("bar.sync %0, 128;\n" :: "r"(1 + g) : "memory");
-        if (wtid == 0 && !(ABLATE & 1)) {{  // this group's 8 channels
-            int n, y0, x0;
-            tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
-                         :: "l"(&tmap_y), "r"(c0 + 8 * g), "r"(x0), "r"(y0), "r"(n),
-                            "r"(stg + OUTOFF(0, g))
-                         : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        }}
-#else
         if (__syncthreads_or((flag & 0x80008000u) != 0u)) {{
             exact_tile(sbase, hb, stg, bias, c0);
             __syncthreads();
@@ -403,13 +336,8 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                          : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }}
-#endif
     }}
-#if AWG
-    if (wtid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#else
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
 }}
 """
 )
