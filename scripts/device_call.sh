@@ -297,7 +297,7 @@ for step in "$@"; do
     wg-stages-s37)  # session 37: the wgmma tiles with three halo stages (experimental): their
       # tests, then timed beside the candidates (ONLY, KS, DTYPES)
       gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
-        -k "test_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles" -x
+        -k "test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles" -x
       timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
         --kernels ${KS:-7 5 3} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-wgs3.json" \
         ${ONLY:+--only "$ONLY"} >"$R/wide-probe-wgs3.log" 2>&1
@@ -345,6 +345,9 @@ for step in "$@"; do
     k357-s35)  # the fprop/dgrad study cells at C=64 N=128 fp16 after the exact-path change
       study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \
         --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;
+    k5-s37)  # session 37: the 5x5 fprop/dgrad cells at C=64 with the three-stage wgmma candidate
+      study "gconv-s37-k5${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 5 \
+        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
       # NVRTC cache, PyTorch's own)
       timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \

@@ -35,6 +35,7 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.TALL_TILES
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES
                 + gconv_cuda.WGMMA_TILES
+                + gconv_cuda.WGMMA_DEEP_TILES
                 + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
                 + gconv_cuda.ROLL_TILES
             ):
@@ -474,17 +475,19 @@ def test_roll_tiles(case, dtype, rng_seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES + WGMMA_EDGE_CASES, ids=_case_id)
-def test_experimental_wgmma_tiles(case, dtype, rng_seed):
-    """The experimental wgmma tiles alone (sessions 31 and 37: 2-CTA, split-warpgroup and
-    three-stage tiles) on the odd shapes and the edge shapes, fprop and dgrad, three-way against
-    fp64: the quick check of a change to that kernel (the every-tile test runs them too)."""
+def test_deep_and_experimental_wgmma_tiles(case, dtype, rng_seed):
+    """The three-stage wgmma tiles (session 37) and the experimental ones (session 31: 2-CTA and
+    split-warpgroup) alone on the odd shapes and the edge shapes, fprop and dgrad, three-way
+    against fp64: the quick check of a change to that kernel (the every-tile test runs them
+    too)."""
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
     c, r, s = case[1], case[4], case[5]
-    tiles = [gconv_cuda._fitted(t, c) for t in gconv_cuda.EXPERIMENTAL_WGMMA_TILES]
+    pool = gconv_cuda.WGMMA_DEEP_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
+    tiles = [gconv_cuda._fitted(t, c) for t in pool]
     tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
     if not tiles:
-        pytest.skip(f"no experimental wgmma tile takes C={c} {r}x{s}")
+        pytest.skip(f"no deep or experimental wgmma tile takes C={c} {r}x{s}")
     _check_tiles(case, dtype, rng_seed, tiles)
 
 

@@ -51,6 +51,7 @@ from tilewise.ops.gconv_tiles import TALL_TILES as TALL_TILES
 from tilewise.ops.gconv_tiles import TILES as TILES
 from tilewise.ops.gconv_tiles import TMA_TILES as TMA_TILES
 from tilewise.ops.gconv_tiles import TMA_WGRAD_TILES as TMA_WGRAD_TILES
+from tilewise.ops.gconv_tiles import WGMMA_DEEP_TILES as WGMMA_DEEP_TILES
 from tilewise.ops.gconv_tiles import WGMMA_TILES as WGMMA_TILES
 from tilewise.ops.gconv_tiles import WGMMA_WGRAD_TILES as WGMMA_WGRAD_TILES
 from tilewise.ops.gconv_tiles import WGRAD_TILES as WGRAD_TILES
@@ -327,7 +328,8 @@ def candidates(
     kernel (empty if none fits); row-pair tiles for kernels of more than
     ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
     ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``); with ``tma`` and ``wgmma``
-    (a GPU of compute capability 9.0: ``wgmma_usable``) the ``WGMMA_TILES`` for 3+ rows."""
+    (a GPU of compute capability 9.0: ``wgmma_usable``) the ``WGMMA_TILES`` for 3+ rows and the
+    ``WGMMA_DEEP_TILES`` for 5+."""
     if wide_tiles is None:
         wide_tiles = wide_tiles_offered()
     return _candidates(c, r, s, tma, wide_tiles, wgmma)
@@ -339,6 +341,7 @@ def _candidates(
 ) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
     pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
+    pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 else ()
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
@@ -751,6 +754,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 TALL_TILES,
                 EXPERIMENTAL_FPROP_TILES,
                 WGMMA_TILES,
+                WGMMA_DEEP_TILES,
                 EXPERIMENTAL_WGMMA_TILES,
             )
         )
