@@ -297,7 +297,7 @@ for step in "$@"; do
     wg-stages-s37)  # session 37: the wgmma tiles with three halo stages (experimental): their
       # tests, then timed beside the candidates (ONLY, KS, DTYPES)
       gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
-        -k "test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles" -x
+        -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
       timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
         --kernels ${KS:-7 5 3} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-wgs3.json" \
         ${ONLY:+--only "$ONLY"} >"$R/wide-probe-wgs3.log" 2>&1
@@ -305,7 +305,8 @@ for step in "$@"; do
       grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-wgs3.log" | cut -c1-150
       pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
-      # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone): what each costs
+      # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
+      # after the weights as before session 37): what each costs
       for a in ${ABLATE_SET:-0 1 2 3}; do
         TILEWISE_WG_ABLATE=$a timeout 100 python scripts/gconv_wide_probe.py --experimental \
           --only "${ABLATE_ONLY:-cudawg}" --kernels ${KS:-7 5} --n 128 --dtypes fp16 \

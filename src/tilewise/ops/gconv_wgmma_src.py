@@ -75,7 +75,8 @@ typedef unsigned long long u64;
 // a diagnosis switch (``TILEWISE_WG_ABLATE``, never set in use; wrong results, for timing only):
 // 1 skips the epilogue's staging writes and the TMA store (the non-finite check still reads the
 // accumulators, so the wgmmas stay), 2 the wgmmas (ptxas drops the ldmatrix loads then too, and
-// the epilogue stores garbage unchecked), 3 both: the halo loads alone
+// the epilogue stores garbage unchecked), 3 both: the halo loads alone; 4 issues the first
+// halos after the weights are staged (the order before session 37)
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS)
@@ -161,6 +162,18 @@ __device__ __forceinline__ void tma_halo(u32 dst, u32 mbar, const TmaDesc* map, 
                     "r"(mbar)
                  : "memory");
 }}
+// the first NST - 1 tiles' halos into stages 0 .. NST - 2; one thread
+__device__ __forceinline__ void first_halos(u32 halo, u32 mbar, const TmaDesc* map, int c0,
+                                            int pad_h, int pad_w, int tiles_h, int tiles_w,
+                                            int n_tiles) {{
+    if (blockIdx.x < n_tiles)
+        tma_halo(halo, mbar, map, blockIdx.x, c0, pad_h, pad_w, tiles_h, tiles_w);
+#if NST == 3
+    if (blockIdx.x + gridDim.x < n_tiles)
+        tma_halo(halo + HALO_BYTES, mbar + 8, map, blockIdx.x + gridDim.x, c0, pad_h, pad_w,
+                 tiles_h, tiles_w);
+#endif
+}}
 
 // A tile whose outputs are not all finite, recomputed exactly: each output sums only its own
 // window (PyTorch's NaN/Inf pattern). Each warpgroup redoes its group's outputs (B's copy of
@@ -226,29 +239,28 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     // the swizzled TMA stages need 1024-byte alignment (the host adds the slack)
     const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
+    const u32 mbar = sbase + OFF_MBAR;
+    // the first NST - 1 tiles' halos, one a stage, on their way before the weights are gathered
+    // (session 37; ABLATE & 4: after them, as before)
+    if (tid == 0) {{
+#pragma unroll
+        for (int k = 0; k < NST; ++k)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if (!(ABLATE & 4))
+            first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
+                        n_tiles);
+    }}
     for (int i = tid; i < NG * S * SPB * 64; i += NT) {{
         const int ci = i & 7, co = (i >> 3) & 7, m = (i >> 6) % (S * SPB);
         const int gg = i / (64 * S * SPB), s = m / SPB, r = m % SPB - 3;
         ((u16*)sm)[i] = (r >= 0 && r < R)
                             ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
     }}
-    const u32 mbar = sbase + OFF_MBAR;
-    if (tid == 0) {{
-#pragma unroll
-        for (int k = 0; k < NST; ++k)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }}
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    // the first NST - 1 tiles' halos, one a stage
-    if (tid == 0 && blockIdx.x < n_tiles)
-        tma_halo(sbase + OFF_HALO, mbar, &tmap, blockIdx.x, c0, pad_h, pad_w, tiles_h, tiles_w);
-#if NST == 3
-    if (tid == 0 && blockIdx.x + gridDim.x < n_tiles)
-        tma_halo(sbase + OFF_HALO + HALO_BYTES, mbar + 8, &tmap, blockIdx.x + gridDim.x, c0,
-                 pad_h, pad_w, tiles_h, tiles_w);
-#endif
+    if (tid == 0 && (ABLATE & 4))
+        first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w, n_tiles);
     const u32 bg = sbase + g * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
     // q > 1)
