@@ -349,6 +349,9 @@ for step in "$@"; do
     k5-s37)  # session 37: the 5x5 fprop/dgrad cells at C=64 with the three-stage wgmma candidate
       study "gconv-s37-k5${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 5 \
         --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+    k3-s37)  # session 37: the 3x3 fprop/dgrad cells at C=64 (the wgmma kernel's early first halos)
+      study "gconv-s37-k3${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 3 \
+        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
       # NVRTC cache, PyTorch's own)
       timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \
