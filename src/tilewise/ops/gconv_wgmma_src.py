@@ -76,7 +76,9 @@ typedef unsigned long long u64;
 // 1 skips the epilogue's staging writes and the TMA store (the non-finite check still reads the
 // accumulators, so the wgmmas stay), 2 the wgmmas (ptxas drops the ldmatrix loads then too, and
 // the epilogue stores garbage unchecked), 3 both: the halo loads alone; 4 issues the first
-// halos after the weights are staged (the order before session 37)
+// halos after the weights are staged (the order before session 37); 8 loads no halos (the MMAs
+// read whatever the stages hold; the non-finite check is read, not acted on): 9, the MMAs and
+// the epilogue's arithmetic alone
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS)
@@ -247,7 +249,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         for (int k = 0; k < NST; ++k)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        if (!(ABLATE & 4))
+        if (!(ABLATE & 12))
             first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
                         n_tiles);
     }}
@@ -259,7 +261,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     }}
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    if (tid == 0 && (ABLATE & 4))
+    if (tid == 0 && (ABLATE & 12) == 4)
         first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w, n_tiles);
     const u32 bg = sbase + g * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
@@ -282,10 +284,10 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         const int parity = (it / NST) & 1;
 #endif
         // stage nb was last read by the tile before, which every warp has finished
-        if (tid == 0 && tn < n_tiles)
+        if (tid == 0 && tn < n_tiles && !(ABLATE & 8))
             tma_halo(sbase + OFF_HALO + nb * HALO_BYTES, mbar + 8 * nb, &tmap, tn, c0, pad_h,
                      pad_w, tiles_h, tiles_w);
-        mbar_wait(mbar + 8 * buf, parity);
+        if (!(ABLATE & 8)) mbar_wait(mbar + 8 * buf, parity);
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
         u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
         asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
@@ -333,7 +335,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
                                  :: "r"(stg + out_row0 + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
                                  : "memory");
                 }}
-        if (__syncthreads_or((flag & 0x80008000u) != 0u)) {{
+        if (__syncthreads_or((flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
             exact_tile(sbase, hb, stg, bias, c0);
             __syncthreads();
         }}
