@@ -78,8 +78,7 @@ typedef unsigned long long u64;
 // the epilogue stores garbage unchecked), 3 both: the halo loads alone; 4 issues the first
 // halos after the weights are staged (the order before session 37); 8 loads no halos (the MMAs
 // read whatever the stages hold; the non-finite check is read, not acted on): 9, the MMAs and
-// the epilogue's arithmetic alone; 16 hints the output's TMA stores evict-first in L2, 32 the
-// halo loads (right results: timing only)
+// the epilogue's arithmetic alone
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS)
@@ -159,21 +158,11 @@ __device__ __forceinline__ void tma_halo(u32 dst, u32 mbar, const TmaDesc* map, 
     tile_pos(t, tiles_h, tiles_w, n, y0, x0);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                  :: "r"(mbar), "r"(HH * HWD * PIXB) : "memory");
-#if ABLATE & 32  // the halo rows hinted evict-first in L2
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {{%2, %3, %4, %5}}], [%6], %7;\n"
-                 :: "r"(dst), "l"(map), "r"(c0), "r"(x0 - pad_w), "r"(y0 - pad_h), "r"(n),
-                    "r"(mbar), "l"(pol)
-                 : "memory");
-#else
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {{%2, %3, %4, %5}}], [%6];\n"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(x0 - pad_w), "r"(y0 - pad_h), "r"(n),
                     "r"(mbar)
                  : "memory");
-#endif
 }}
 // the first NST - 1 tiles' halos into stages 0 .. NST - 2; one thread
 __device__ __forceinline__ void first_halos(u32 halo, u32 mbar, const TmaDesc* map, int c0,
@@ -355,19 +344,10 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         if (tid == 0 && !(ABLATE & 1)) {{
             int n, y0, x0;
             tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-#if ABLATE & 16  // the output hinted evict-first in L2
-            u64 pol;
-            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
-                         " [%0, {{%1, %2, %3, %4}}], [%5], %6;\n"
-                         :: "l"(&tmap_y), "r"(c0), "r"(x0), "r"(y0), "r"(n), "r"(stg), "l"(pol)
-                         : "memory");
-#else
             asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
                          " [%0, {{%1, %2, %3, %4}}], [%5];\n"
                          :: "l"(&tmap_y), "r"(c0), "r"(x0), "r"(y0), "r"(n), "r"(stg)
                          : "memory");
-#endif
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }}
     }}
