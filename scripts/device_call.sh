@@ -306,14 +306,17 @@ for step in "$@"; do
       pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
-      # after the weights as before session 37): what each costs
+      # after the weights as before session 37, 8 no halo loads; 16/32, evict-first L2 hints on
+      # the stores/loads, were read in call 8 and removed): what each costs
       for a in ${ABLATE_SET:-0 1 2 3}; do
         TILEWISE_WG_ABLATE=$a timeout 100 python scripts/gconv_wide_probe.py --experimental \
           --only "${ABLATE_ONLY:-cudawg}" --kernels ${KS:-7 5} --n 128 --dtypes fp16 \
-          >"$R/wg-ablate-$a.log" 2>&1
+          >"$R/wg-ablate.tmp" 2>&1
         echo "ablate $a rc $?"
-        grep -E "fprop.*cudawg" "$R/wg-ablate-$a.log" | cut -c1-110
+        grep -E "(fprop|dgrad).*cudawg" "$R/wg-ablate.tmp" | cut -c1-110
+        cat "$R/wg-ablate.tmp" >>"$R/wg-ablate-$a.log"  # a setting run twice keeps both
       done
+      rm -f "$R/wg-ablate.tmp"
       pack ;;
     roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 TMA stores,
       # 2 MMAs, 3 both; 4, no waits for rows, hangs): what each costs
