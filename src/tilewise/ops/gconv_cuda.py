@@ -341,7 +341,8 @@ def _candidates(
 ) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
     pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
-    pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 else ()
+    # the three-stage tiles as measured: 32-channel blocks (fitted down, a tile nobody timed)
+    pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 and c % 32 == 0 else ()
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
@@ -464,7 +465,7 @@ def source(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
             MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
-            ABLATE=int(os.environ.get("TILEWISE_WG_ABLATE", "0")),
+            ABLATE=WG_ABLATE,
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"
     if entry == "tw_gconv_fprop" and tile.rowpair:
@@ -727,6 +728,10 @@ MAX_CLUSTER = 8
 #: the largest cluster an H100 launches once a kernel allows non-portable sizes (experimental
 #: tiles only)
 NON_PORTABLE_MAX_CLUSTER = 16
+#: the wgmma fprop/dgrad kernel's diagnosis switch (``TILEWISE_WG_ABLATE``, read once: wrong or
+#: slower kernels for timing only); part of ``SOURCE_DIGEST`` when set, so an ablated process's
+#: autotune timings never land under the normal key
+WG_ABLATE = int(os.environ.get("TILEWISE_WG_ABLATE") or 0)
 
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other
 #: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
@@ -758,6 +763,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 EXPERIMENTAL_WGMMA_TILES,
             )
         )
+        + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
     ).encode()
 ).hexdigest()[:10]
 

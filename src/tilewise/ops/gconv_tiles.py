@@ -188,12 +188,13 @@ EXPERIMENTAL_WGMMA_TILES = (
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not
-#: one; session 37), a candidate for kernels of 5+ rows (at 7x7 its stages exceed the shared
-#: memory). ``scripts/gconv_wide_probe.py --experimental``, H100, C=64 N=128 fp16, events, two
-#: calls (``wg-stages-s37-calls.log``): 5x5 fprop / dgrad 60.0 / 59.6 and 59.4 / 59.4 us against
-#: 61.8 / 62.2 and 61.5 / 61.3 with two stages (the 32x8 row-pair tile 60.9 / 61.1, 60.0 / 60.6);
-#: 3x3 slower (57.1-58.8 against 55.2-56.4). Three stages of the 16x64 and 8x64 16-channel tiles
-#: tied their two-stage forms at 7x7 (84.3-85.4 against 84.8-86.2 us) and 5x5; not kept.
+#: one; session 37), a candidate for kernels of 5+ rows where C takes 32-channel blocks (at 7x7
+#: its stages exceed the shared memory). ``scripts/gconv_wide_probe.py --experimental``, H100,
+#: C=64 N=128 fp16, events, two calls (``wg-stages-s37-calls.log``): 5x5 fprop / dgrad 60.0 /
+#: 59.6 and 59.4 / 59.4 us against 61.8 / 62.2 and 61.5 / 61.3 with two stages (the 32x8 row-pair
+#: tile 60.9 / 61.1, 60.0 / 60.6); 3x3 slower (57.1-60.3 against 55.2-56.4). Three stages of the
+#: 16-channel tiles were within 3% of their two-stage forms (7x7 16x64: 84.3-85.4 against
+#: 84.8-86.2 us; 8x64: 97.4-99.3 against 99.5-100.4); not kept.
 WGMMA_DEEP_TILES = (CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True),)
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of

@@ -72,6 +72,9 @@ typedef unsigned long long u64;
 #define DGRAD {DGRAD}
 #define HS {HS}
 #define NST {NST}
+#if NST < 2 || NST > 3  // first_halos and the loop's stage arithmetic are written for 2 or 3
+#error "the wgmma kernel takes 2 or 3 halo stages"
+#endif
 // a diagnosis switch (``TILEWISE_WG_ABLATE``, never set in use; wrong results, for timing only):
 // 1 skips the epilogue's staging writes and the TMA store (the non-finite check still reads the
 // accumulators, so the wgmmas stay), 2 the wgmmas (ptxas drops the ldmatrix loads then too, and
@@ -249,6 +252,7 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
         for (int k = 0; k < NST; ++k)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the TMA unit
         if (!(ABLATE & 12))
             first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
                         n_tiles);
@@ -278,14 +282,14 @@ tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
 #if NST == 2  // as before session 37 (the general form costs the tightest tiles a spill)
-        const int buf = it & 1, tn = t + gridDim.x, nb = buf ^ 1, parity = (it >> 1) & 1;
+        const int buf = it & 1, tn = t + gridDim.x, nxt = buf ^ 1, parity = (it >> 1) & 1;
 #else
-        const int buf = it % NST, tn = t + (NST - 1) * gridDim.x, nb = (it + NST - 1) % NST;
+        const int buf = it % NST, tn = t + (NST - 1) * gridDim.x, nxt = (it + NST - 1) % NST;
         const int parity = (it / NST) & 1;
 #endif
-        // stage nb was last read by the tile before, which every warp has finished
+        // stage nxt was last read by the tile before, which every warp has finished
         if (tid == 0 && tn < n_tiles && !(ABLATE & 8))
-            tma_halo(sbase + OFF_HALO + nb * HALO_BYTES, mbar + 8 * nb, &tmap, tn, c0, pad_h,
+            tma_halo(sbase + OFF_HALO + nxt * HALO_BYTES, mbar + 8 * nxt, &tmap, tn, c0, pad_h,
                      pad_w, tiles_h, tiles_w);
         if (!(ABLATE & 8)) mbar_wait(mbar + 8 * buf, parity);
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
