@@ -6,9 +6,12 @@ leave, as ``rowpair_registers_fit`` predicts; and the candidate lists offer them
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +127,25 @@ def test_wgmma_tiles_only_with_tma_and_wgmma():
     assert deep and all(t.stages == 3 for t in deep)
     assert deep & set(gconv_cuda.candidates(64, 5, 5, True, True, True))
     assert not deep & set(gconv_cuda.candidates(64, 3, 3, True, True, True))
+    # as timed: 32-channel blocks only (fitted down to 16 channels it would be a tile nobody timed)
+    assert not any(t.stages == 3 for t in gconv_cuda.candidates(48, 5, 5, True, True, True))
+
+
+def test_wgmma_ablation_switch_keys_the_autotune_cache():
+    """``TILEWISE_WG_ABLATE`` (diagnosis only: wrong kernels) changes ``SOURCE_DIGEST``, so an
+    ablated process's timings never land under the normal autotune key; unset and "0" do not."""
+    code = "from tilewise.ops import gconv_cuda as g; print(g.SOURCE_DIGEST, g.WG_ABLATE)"
+    env = {k: v for k, v in os.environ.items() if k != "TILEWISE_WG_ABLATE"}
+    src = str(Path(gconv_cuda.__file__).resolve().parents[2])  # the tilewise this test imports
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    out = {}
+    for value in (None, "0", "9"):
+        e = env if value is None else {**env, "TILEWISE_WG_ABLATE": value}
+        res = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-2000:]
+        out[value] = res.stdout.split()
+    assert out[None] == out["0"] and out[None][1] == "0"
+    assert out["9"][1] == "9" and out["9"][0] != out[None][0]
 
 
 def test_wgmma_tile_rules():
