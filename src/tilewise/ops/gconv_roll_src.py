@@ -28,7 +28,7 @@ of TH output rows x 64 pixels. Session 36: correct, slower than the other kernel
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
-from tilewise.ops.gconv_wgmma_src import DESC, LDSM_X4, PACK2
+from tilewise.ops.gconv_wgmma_src import DESC, LDSM_X4, PACK2, TMA_FPROP_PARAMS
 
 SOURCE_ROLL = (
     r"""
@@ -168,11 +168,9 @@ __device__ __forceinline__ void load_slot(u32 kp, u32 slots, u32 full, u32 empty
 // The other NVRTC fprop kernels' signature (``gconv_cuda._TMA_SIGNATURES``): x, y, Wi, Ho, Wo and
 // C go unused (the tensor maps carry them).
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
-tw_gconv_fprop_roll(const u16* __restrict__ x, const u16* __restrict__ w,
-                    const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
-                    int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
-                    int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
-                    const __grid_constant__ TmaDesc tmap_y)
+tw_gconv_fprop_roll"""
+    + TMA_FPROP_PARAMS
+    + r"""
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -57,6 +57,14 @@ LDSM_X4 = r"""__device__ __forceinline__ void ldsm_x4(u32* a, u32 addr) {{
 }}
 """
 
+#: the parameter list of the warpgroup-MMA fprop kernels (``str.format`` text): the NVRTC fprop
+#: kernels' signature with both tensor maps (``gconv_cuda._TMA_SIGNATURES[2]``)
+TMA_FPROP_PARAMS = r"""(const u16* __restrict__ x, const u16* __restrict__ w,
+                  const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
+                  int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
+                  int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
+                  const __grid_constant__ TmaDesc tmap_y)"""
+
 SOURCE_WG = (
     r"""
 typedef unsigned short u16;
@@ -227,11 +235,9 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
 }}
 
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
-tw_gconv_fprop_wg(const u16* __restrict__ x, const u16* __restrict__ w,
-                  const float* __restrict__ bias, u16* __restrict__ y, int Hi, int Wi, int Ho,
-                  int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w, int n_tiles,
-                  int ws0, int ws1, int ws2, int ws3, const __grid_constant__ TmaDesc tmap,
-                  const __grid_constant__ TmaDesc tmap_y)
+tw_gconv_fprop_wg"""
+    + TMA_FPROP_PARAMS
+    + r"""
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
