@@ -304,6 +304,25 @@ for step in "$@"; do
       echo "rc $?: wide probe"
       grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-wgs3.log" | cut -c1-150
       pack ;;
+    wg-loop-s38)  # session 38: the group-loop wgmma tiles (a warpgroup takes 2 or 4 groups in
+      # turn, epilogue under the next group's wgmmas) and three A-fragment sets (experimental):
+      # their tests, then timed beside the candidates (ONLY, KS, DTYPES), then the MMA phase
+      # alone (TILEWISE_WG_ABLATE=9) of the same tiles at 5x5 (LOOP_ABLATE_ONLY)
+      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
+        -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+        --kernels ${KS:-5 3 7} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-loop.json" \
+        --only "${ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" >"$R/wide-probe-loop.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-loop.log" | cut -c1-150
+      for a in ${LOOP_ABLATE_SET:-9}; do
+        TILEWISE_WG_ABLATE=$a timeout "${ABLATE_LIMIT:-100}" python scripts/gconv_wide_probe.py \
+          --experimental --only "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" \
+          --kernels 5 --n 128 --dtypes fp16 >"$R/wg-loop-ablate-$a.log" 2>&1
+        echo "ablate $a rc $?"
+        grep -E "(fprop|dgrad).*cudawg" "$R/wg-loop-ablate-$a.log" | cut -c1-110
+      done
+      pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
       # after the weights as before session 37, 8 no halo loads; 16/32, evict-first L2 hints on

@@ -157,7 +157,9 @@ def test_wgmma_tile_rules():
     for bad in (
         dataclasses.replace(ok, tw=32),
         dataclasses.replace(ok, th=6),
-        dataclasses.replace(ok, warps=8),
+        dataclasses.replace(ok, warps=12),
+        dataclasses.replace(ok, warps=6),
+        dataclasses.replace(ok, asets=4),
         dataclasses.replace(ok, tma=1),
         dataclasses.replace(ok, min_ctas=2),
         dataclasses.replace(ok, rowpair=True),
@@ -186,6 +188,15 @@ def test_wgmma_tile_rules():
     # 8-channel blocks are legal (tile_ok) but not offered: C must take 16-channel blocks
     # (session 31: fitted down to 8 channels they read DRAM twice over)
     assert gconv_cuda.tile_ok(8, 5, 5, gconv_cuda._fitted(ok, 8))
+    # fewer warpgroups than groups (session 38): each takes 2 or 4 groups in turn, kept by
+    # _fitted; three A sets only where there are 3+ kernel columns (ptxas serialized 1x1)
+    loop = dataclasses.replace(ok, warps=8, asets=3)
+    assert gconv_cuda.wgmma_group_loop(loop) == 2 and gconv_cuda.tile_ok(64, 5, 5, loop)
+    assert gconv_cuda.wgmma_group_loop(dataclasses.replace(ok, warps=4)) == 4
+    assert not gconv_cuda.tile_ok(64, 2, 2, loop) and gconv_cuda.tile_ok(64, 3, 3, loop)
+    assert gconv_cuda._fitted(loop, 64) == loop
+    assert (gconv_cuda._fitted(loop, 16).warps, gconv_cuda._fitted(loop, 8).warps) == (4, 4)
+    assert gconv_cuda.wgmma_group_loop(gconv_cuda._fitted(loop, 16)) == 2
     for c in (8, 24, 40):
         assert not any(t.wgmma for t in gconv_cuda.candidates(c, 5, 5, True, True, True)), c
     assert any(t.wgmma for t in gconv_cuda.candidates(48, 5, 5, True, True, True))

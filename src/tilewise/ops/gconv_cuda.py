@@ -179,14 +179,21 @@ def wgmma_split(tile: CudaTile) -> int:
     return max(1, tile.warps // (4 * (tile.cb // 8)))
 
 
+def wgmma_group_loop(tile: CudaTile) -> int:
+    """Groups of 8 channels each warpgroup of a ``wgmma`` tile takes in turn (the kernel's GL):
+    fewer warps than 4 a group; a group's epilogue runs under the next one's wgmmas."""
+    return max(1, 4 * (tile.cb // 8) // tile.warps)
+
+
 def wgmma_bands(tile: CudaTile) -> int:
     """4-row bands each of a ``wgmma`` tile's warpgroups takes (the kernel's NBW)."""
     return tile.th // 4 // wgmma_split(tile)
 
 
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
-    """Whether a ``wgmma`` warpgroup's accumulators (16 registers per 4-row band), two sets of A
-    fragments (4 registers per input row pair its bands read) and ~40 more fit ``register_cap``.
+    """Whether a ``wgmma`` warpgroup's accumulators (16 registers per 4-row band; two sets with
+    a group loop), ``asets`` sets of A fragments (4 registers per input row pair its bands read)
+    and ~40 more fit ``register_cap``.
     ptxas (nvcc 13.0, sm_90a, session 31's source): 8x64 at 128 a thread 98-126 (7x7 114; the
     rule had said no), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64 16-channel 3x3 181; the CPU
     suite compiles every candidate and experimental tile and fails on a spill."""
@@ -195,7 +202,8 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     # several warpgroups a group: 16x64 16-channel at 7x7 spilled 240 bytes at 128 a thread where
     # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
     more = 40 if wgmma_split(tile) == 1 else 48
-    return 16 * bands + 8 * row_pairs + more <= register_cap(tile)
+    accumulators = 16 * bands * (2 if wgmma_group_loop(tile) > 1 else 1)
+    return accumulators + 4 * tile.asets * row_pairs + more <= register_cap(tile)
 
 
 #: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows each
@@ -258,7 +266,11 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.tma == 2
             and tile.tw == 64
             and tile.cb in (8, 16, 32, 64)
-            and tile.warps % (4 * (tile.cb // 8)) == 0
+            and tile.asets in (2, 3)
+            and (tile.asets == 2 or s >= tile.asets)  # fewer columns: ptxas serialized
+            and tile.warps % 4 == 0
+            # several warpgroups a group, or (a group loop) several groups a warpgroup
+            and (tile.warps % (4 * (tile.cb // 8)) == 0 or (tile.cb // 2) % tile.warps == 0)
             and tile.th % (4 * wgmma_split(tile)) == 0
             # several warpgroups a group: each one's rows start on a swizzle period
             and (wgmma_split(tile) == 1 or wgmma_bands(tile) % 2 == 0)
@@ -298,8 +310,8 @@ def _fitted(tile: CudaTile, c: int, warp_per_group: bool = False) -> CudaTile:
         warps = max(1, tile.warps // (tile.cb // 8)) * (cb // 8)
     elif tile.roll:  # a warpgroup two or four groups
         warps = roll_warps(cb, roll_groups(tile))
-    elif tile.wgmma:  # its warpgroups a group
-        warps = wgmma_split(tile) * 4 * (cb // 8)
+    elif tile.wgmma:  # its warpgroups a group (or its groups a warpgroup)
+        warps = max(4, wgmma_split(tile) * 4 * (cb // 8) // wgmma_group_loop(tile))
     return dataclasses.replace(tile, cb=cb, warps=warps)
 
 
@@ -463,7 +475,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
-            MIN_CTAS=tile.min_ctas,
+            GL=wgmma_group_loop(tile), AS=tile.asets, MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
             ABLATE=WG_ABLATE,
         )  # fmt: skip

@@ -54,6 +54,7 @@ class CudaTile:
     wsmem: bool = False
     wgmma: bool = False
     roll: bool = False
+    asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
 
     @property
     def name(self) -> str:
@@ -63,7 +64,8 @@ class CudaTile:
         cluster = f"k{self.cluster}" if self.cluster else ""
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
         ws = "_ws" if self.wsmem else ""
-        return f"{kind}_{shape}{cluster}{rows}{ws}{f'_tma{self.tma}' if self.tma else ''}"
+        sets = f"a{self.asets}" if self.asets != 2 else ""
+        return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
 #: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
@@ -185,6 +187,17 @@ WGMMA_TILES = (
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
+) + (
+    # session 38: fewer warpgroups than groups, each taking two (8 warps) or four (4 warps)
+    # groups in turn, a group's epilogue under the next one's wgmmas (``wgmma_group_loop``), and
+    # three sets of A fragments (``asets``: two columns' wgmmas in flight while a third column's
+    # fragments load) where the registers allow
+    CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True),
+    CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, asets=3),
+    CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True),
+    CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True, asets=3),
+    CudaTile(8, 64, 32, 4, 1, 2, tma=2, wgmma=True),
+    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not

@@ -80,6 +80,11 @@ typedef unsigned long long u64;
 #define DGRAD {DGRAD}
 #define HS {HS}
 #define NST {NST}
+#define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
+#define AS {AS}  // sets of A fragments (CudaTile.asets)
+#if AS < 2 || AS > 3
+#error "the wgmma kernel takes 2 or 3 sets of A fragments"
+#endif
 #if NST < 2 || NST > 3  // first_halos and the loop's stage arithmetic are written for 2 or 3
 #error "the wgmma kernel takes 2 or 3 halo stages"
 #endif
@@ -92,7 +97,7 @@ typedef unsigned long long u64;
 // the epilogue's arithmetic alone
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
-#define NT (128 * NG * HS)
+#define NT (128 * NG * HS / GL)
 #define NB (TH / 4)
 #define NBW (NB / HS)
 #define J ((R + 4) / 2)
@@ -200,38 +205,72 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
     int tid;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
     const int lane = tid & 31, warp = tid >> 5, mq = lane >> 3, ci = 2 * (lane & 3);
-    const int g = (warp >> 2) / HS, wl = ((warp >> 2) % HS) * 4 + (warp & 3);
-    // B word: out channel lane / 4, in channels ci, ci + 1
-    const u32 wb = sbase + g * B_BYTES + (lane >> 2) * 16 + ci * 2;
+    const int wl = ((warp >> 2) % HS) * 4 + (warp & 3);
+#pragma unroll 1
+    for (int k = 0; k < GL; ++k) {{
+        const int g = (warp >> 2) / HS + k * (NG / GL);
+        // B word: out channel lane / 4, in channels ci, ci + 1
+        const u32 wb = sbase + g * B_BYTES + (lane >> 2) * 16 + ci * 2;
 #if HAS_BIAS
-    const float bv0 = bias[c0 + 8 * g + ci], bv1 = bias[c0 + 8 * g + ci + 1];
+        const float bv0 = bias[c0 + 8 * g + ci], bv1 = bias[c0 + 8 * g + ci + 1];
 #else
-    const float bv0 = 0.f, bv1 = 0.f;
+        const float bv0 = 0.f, bv1 = 0.f;
 #endif
 #pragma unroll 1
-    for (int u = wl; u < TH * (TW / 16); u += 4 * HS) {{
-        const int row = u % TH, xb = u / TH;
-        const int mpx = 16 * xb + (lane & 7) + 8 * (mq & 1);  // this lane's A row
-        float d[4] = {{0.f, 0.f, 0.f, 0.f}};
+        for (int u = wl; u < TH * (TW / 16); u += 4 * HS) {{
+            const int row = u % TH, xb = u / TH;
+            const int mpx = 16 * xb + (lane & 7) + 8 * (mq & 1);  // this lane's A row
+            float d[4] = {{0.f, 0.f, 0.f, 0.f}};
 #pragma unroll 1
-        for (int t = 0; t < R * S; t += 2) {{
-            const int tb = t + 1 < R * S ? t + 1 : t, tl = (mq >> 1) ? tb : t;
-            u32 a[4];
-            ldsm_x4(a, hs + HOFF((row + tl / S) * HWD + mpx + tl % S, g));
-            const u32 b0 = lds_u32(wb + ((t % S) * SPB + 3 + t / S) * 128);
-            u32 b1 = lds_u32(wb + ((tb % S) * SPB + 3 + tb / S) * 128);
-            if (tb == t) a[2] = a[3] = b1 = 0u;
-            mma16816(d, a, b0, b1);
-        }}
-        // D rows lane / 4 (+ 8): pixels 16 xb + lane / 4 (+ 8); cols: channels ci, ci + 1
-        const int px = 16 * xb + (lane >> 2);
+            for (int t = 0; t < R * S; t += 2) {{
+                const int tb = t + 1 < R * S ? t + 1 : t, tl = (mq >> 1) ? tb : t;
+                u32 a[4];
+                ldsm_x4(a, hs + HOFF((row + tl / S) * HWD + mpx + tl % S, g));
+                const u32 b0 = lds_u32(wb + ((t % S) * SPB + 3 + t / S) * 128);
+                u32 b1 = lds_u32(wb + ((tb % S) * SPB + 3 + tb / S) * 128);
+                if (tb == t) a[2] = a[3] = b1 = 0u;
+                mma16816(d, a, b0, b1);
+            }}
+            // D rows lane / 4 (+ 8): pixels 16 xb + lane / 4 (+ 8); cols: channels ci, ci + 1
+            const int px = 16 * xb + (lane >> 2);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            asm volatile("st.shared.u32 [%0], %1;\n"
-                         :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
-                            "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
-                         : "memory");
+            for (int h = 0; h < 2; ++h)
+                asm volatile("st.shared.u32 [%0], %1;\n"
+                             :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
+                                "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
+                             : "memory");
+        }}
     }}
+}}
+
+// the previous tile's output copy has read the staging tile (every thread, at once)
+__device__ __forceinline__ void staging_free(int tid) {{
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    __syncthreads();
+}}
+// a group's accumulators, plus bias, rounded into the staging tile at ``dst`` (this warpgroup's
+// first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1):
+// band row 3 - i, out channels 2 (lane % 4) (+ 1). Returns bit 15 or 31 set where a rounded
+// output's exponent is all ones (Inf or NaN, an fp32 overflow included).
+__device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][16], u32 dst, int g, int lane,
+                                        int w4, float bv0, float bv1) {{
+    u32 flag = 0;
+#pragma unroll
+    for (int b = 0; b < NBW; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                const int p = (4 * b + 3 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
+                const float* d = acc[b] + 4 * i + 2 * h;
+                const u32 v = pack2(d[0] + bv0, d[1] + bv1);
+                if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
+                if (ABLATE & 1) continue;
+                asm volatile("st.shared.u32 [%0], %1;\n"
+                             :: "r"(dst + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
+                             : "memory");
+            }}
+    return flag;
 }}
 
 extern "C" __global__ void __launch_bounds__(NT, {MIN_CTAS})
@@ -241,7 +280,7 @@ tw_gconv_fprop_wg"""
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = (warp >> 2) / HS, w4 = warp & 3;
+    const int gw = (warp >> 2) / HS, w4 = warp & 3;  // groups gw + k NG / GL, k < GL
     // this warpgroup's bands hb0 .. hb0 + NBW - 1 read the halo from input row 4 hb0 on and
     // write the staging tile from output row 4 hb0 on: whole swizzle periods (NBW even: tile_ok)
     const int hb0 = ((warp >> 2) % HS) * NBW;
@@ -273,18 +312,19 @@ tw_gconv_fprop_wg"""
     __syncthreads();
     if (tid == 0 && (ABLATE & 12) == 4)
         first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w, n_tiles);
-    const u32 bg = sbase + g * B_BYTES;
+    const u32 bg = sbase + gw * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
     // q > 1)
     const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1), ljj = q >> 1;
-#if HAS_BIAS
-    const float bv0 = bias[c0 + 8 * g + 2 * (lane & 3)];
-    const float bv1 = bias[c0 + 8 * g + 2 * (lane & 3) + 1];
-#else
-    const float bv0 = 0.f, bv1 = 0.f;
-#endif
+    float bv[GL][2];
+#pragma unroll
+    for (int k = 0; k < GL; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            bv[k][h] = HAS_BIAS ? bias[c0 + 8 * (gw + k * (NG / GL)) + 2 * (lane & 3) + h] : 0.f;
     const u32 stg = sbase + OFF_STG;
-    float acc[NBW][16];
+    // GL > 1: two accumulator sets, so a group's epilogue runs under the next group's wgmmas
+    float acc[GL > 1 ? 2 : 1][NBW][16];
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
 #if NST == 2  // as before session 37 (the general form costs the tightest tiles a spill)
@@ -301,50 +341,48 @@ tw_gconv_fprop_wg"""
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
         u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
         asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
-        // A fragments in two sets by kernel column parity: a column's set is loaded once the
-        // wgmmas of the column two back (the same set) have completed (wait_group 1)
-        u32 a[2][IPW][4];
-#pragma unroll
-        for (int s = 0; s < S; ++s) {{
-            if (s >= 2) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#pragma unroll
-            for (int ip = 0; ip < IPW; ++ip)
-                ldsm_x4(a[s & 1][ip], hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int ip = 0; ip < IPW; ++ip)
-#pragma unroll
-                for (int b = 0; b < NBW; ++b) {{
-                    const int j = ip - 2 * b;
-                    if (j >= 0 && j < J && !(ABLATE & 2))
-                        wgmma(acc[b], a[s & 1][ip],
-                              desc(bgt + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
-                }}
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        }}
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        // the previous tile's output copy has read the staging tile
-        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        __syncthreads();
-        // band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1): band
-        // row 3 - i, out channels 2 (lane % 4) (+ 1). ``flag`` gets bit 15 or 31 where a rounded
-        // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
+        // A fragments in AS sets by running kernel column c (over the warpgroup's groups): a
+        // set is reloaded once the wgmmas of the column AS back have completed (wait_group)
+        u32 a[AS][IPW][4];
         u32 flag = 0;
 #pragma unroll
-        for (int b = 0; b < NBW; ++b)
+        for (int k = 0; k < GL; ++k) {{
+            const int g = gw + k * (NG / GL);
+            const u32 bk = bgt + k * (NG / GL) * B_BYTES;
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int s = 0; s < S; ++s) {{
+                const int c = k * S + s;
+                if (c >= AS)
+                    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(AS - 1) : "memory");
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {{
-                    const int p = (4 * b + 3 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
-                    const float* d = acc[b] + 4 * i + 2 * h;
-                    const u32 v = pack2(d[0] + bv0, d[1] + bv1);
-                    if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
-                    if (ABLATE & 1) continue;
-                    asm volatile("st.shared.u32 [%0], %1;\n"
-                                 :: "r"(stg + out_row0 + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
-                                 : "memory");
+                for (int ip = 0; ip < IPW; ++ip)
+                    ldsm_x4(a[c % AS][ip],
+                            hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int ip = 0; ip < IPW; ++ip)
+#pragma unroll
+                    for (int b = 0; b < NBW; ++b) {{
+                        const int j = ip - 2 * b;
+                        if (j >= 0 && j < J && !(ABLATE & 2))
+                            wgmma(acc[k & 1][b], a[c % AS][ip],
+                                  desc(bk + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
+                    }}
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                // the group before's wgmmas have completed by column AS - 1's wait: its
+                // epilogue runs under this group's first columns
+                if (k > 0 && s == (S < AS ? S : AS) - 1) {{
+                    if (S < AS) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    if (k == 1) staging_free(tid);
+                    flag |= epilogue(acc[(k - 1) & 1], stg + out_row0, g - NG / GL, lane, w4,
+                                     bv[k - 1][0], bv[k - 1][1]);
                 }}
+            }}
+        }}
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (GL == 1) staging_free(tid);
+        flag |= epilogue(acc[(GL - 1) & 1], stg + out_row0, gw + (GL - 1) * (NG / GL), lane, w4,
+                         bv[GL - 1][0], bv[GL - 1][1]);
         if (__syncthreads_or((flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
             exact_tile(sbase, hb, stg, bias, c0);
             __syncthreads();
