@@ -230,6 +230,9 @@ def test_wgmma_tiles_compile_without_spills_or_serialized_mmas(rs, tmp_path):
             # LDL), and 4 in bf16 dgrad (1 STL, 1 LDL); none elsewhere
             tight = ("cudawg_t8x64c32w16m1s2_tma2", "cudawg_t8x64c16w8m2s2_tma2")
             limit = (4 if bf16 else 12) if rs == (6, 4) and tile.name in tight else 0
+            # the experimental 2-row-band form of the first (session 38): 32 and 16 bytes
+            if rs == (6, 4) and tile.name == "cudawg_t8x64c32w16m1s2b2_tma2":
+                limit = 16 if bf16 else 32
             assert spills and all(int(v) <= limit for v in spills), (rs, tile.name, log[-1500:])
 
 

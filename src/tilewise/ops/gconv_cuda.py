@@ -112,8 +112,9 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, ``stages`` halo stages, the staging tile, the
         # mbarriers, on 1024 bytes
-        j = (r + 4) // 2  # the kernel's k-steps a 4-row band (J)
-        b = _up1k(tile.cb // 8 * s * (2 * j + 3) * 128)
+        br = tile.band_rows
+        j = (r + br) // 2  # the kernel's k-steps a band (J)
+        b = _up1k(tile.cb // 8 * s * (2 * j + br - 1) * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         stg = _up1k(tile.th * tile.tw * tile.cb * 2)
         return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
@@ -186,23 +187,24 @@ def wgmma_group_loop(tile: CudaTile) -> int:
 
 
 def wgmma_bands(tile: CudaTile) -> int:
-    """4-row bands each of a ``wgmma`` tile's warpgroups takes (the kernel's NBW)."""
-    return tile.th // 4 // wgmma_split(tile)
+    """Bands of ``band_rows`` rows each of a ``wgmma`` tile's warpgroups takes (the kernel's
+    NBW)."""
+    return tile.th // tile.band_rows // wgmma_split(tile)
 
 
 def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
-    """Whether a ``wgmma`` warpgroup's accumulators (16 registers per 4-row band; two sets with
+    """Whether a ``wgmma`` warpgroup's accumulators (4 registers per output row; two sets with
     a group loop), ``asets`` sets of A fragments (4 registers per input row pair its bands read)
     and ~40 more fit ``register_cap``.
     ptxas (nvcc 13.0, sm_90a, session 31's source): 8x64 at 128 a thread 98-126 (7x7 114; the
     rule had said no), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64 16-channel 3x3 181; the CPU
     suite compiles every candidate and experimental tile and fails on a spill."""
-    bands = wgmma_bands(tile)
-    row_pairs = 2 * (bands - 1) + (r + 4) // 2  # the kernel's IPW
+    bands, br = wgmma_bands(tile), tile.band_rows
+    row_pairs = br // 2 * (bands - 1) + (r + br) // 2  # the kernel's IPW
     # several warpgroups a group: 16x64 16-channel at 7x7 spilled 240 bytes at 128 a thread where
     # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
     more = 40 if wgmma_split(tile) == 1 else 48
-    accumulators = 16 * bands * (2 if wgmma_group_loop(tile) > 1 else 1)
+    accumulators = 4 * br * bands * (2 if wgmma_group_loop(tile) > 1 else 1)
     return accumulators + 4 * tile.asets * row_pairs + more <= register_cap(tile)
 
 
@@ -271,9 +273,10 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.warps % 4 == 0
             # several warpgroups a group, or (a group loop) several groups a warpgroup
             and (tile.warps % (4 * (tile.cb // 8)) == 0 or (tile.cb // 2) % tile.warps == 0)
-            and tile.th % (4 * wgmma_split(tile)) == 0
+            and tile.band_rows in (2, 4)
+            and tile.th % (tile.band_rows * wgmma_split(tile)) == 0
             # several warpgroups a group: each one's rows start on a swizzle period
-            and (wgmma_split(tile) == 1 or wgmma_bands(tile) % 2 == 0)
+            and (wgmma_split(tile) == 1 or tile.band_rows * wgmma_bands(tile) % 8 == 0)
             and tile.min_ctas * (smem_bytes(r, s, tile) + SMEM_RESERVED) <= SMEM_SM
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
@@ -475,8 +478,9 @@ def source(
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
-            GL=wgmma_group_loop(tile), AS=tile.asets, MIN_CTAS=tile.min_ctas,
-            IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad), WGMMA=_wgmma_asm(bf16),
+            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, MIN_CTAS=tile.min_ctas,
+            IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
+            WGMMA=_wgmma_asm(bf16, 8 * tile.band_rows),
             ABLATE=WG_ABLATE,
         )  # fmt: skip
         return src, "tw_gconv_fprop_wg"

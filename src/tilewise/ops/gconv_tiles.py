@@ -55,6 +55,7 @@ class CudaTile:
     wgmma: bool = False
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
+    band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
 
     @property
     def name(self) -> str:
@@ -65,6 +66,7 @@ class CudaTile:
         rows = f"r{self.tap_rows}" if self.tap_rows else ""
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
+        sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
@@ -187,17 +189,24 @@ WGMMA_TILES = (
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
-) + (
     # session 38: fewer warpgroups than groups, each taking two (8 warps) or four (4 warps)
-    # groups in turn, a group's epilogue under the next one's wgmmas (``wgmma_group_loop``), and
-    # three sets of A fragments (``asets``: two columns' wgmmas in flight while a third column's
-    # fragments load) where the registers allow
+    # groups in turn, a group's epilogue under the next one's wgmmas (``wgmma_group_loop``),
+    # and three sets of A fragments (``asets``: two columns' wgmmas in flight while a third
+    # column's fragments load) where the registers allow
     CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True),
     CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, asets=3),
     CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True),
     CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True, asets=3),
     CudaTile(8, 64, 32, 4, 1, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3),
+    # session 38: bands of 2 output rows (N = 16): a 5x5 kernel's MMAs 240 multiply-adds an
+    # output against 320 with 4-row bands (7x7: 448 against 560), so fewer Toeplitz zeros read
+    # from shared memory; the same A fragments, 1.5x the wgmma instructions
+    CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, band_rows=2),
+    CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, band_rows=2),
+    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
+    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, band_rows=2),
+    CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not

@@ -1,25 +1,28 @@
 """CUDA C++ source of the grouped conv's warpgroup-MMA fprop/dgrad kernel (``CudaTile.wgmma``,
 Hopper's ``wgmma.mma_async``, sm_90a; ``ops.gconv_cuda`` compiles it). A ``str.format`` template
-(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{HS}``, ``{NST}``: halo stages, ``{MIN_CTAS}``,
-``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``; literal braces doubled).
+(``{R}``, ``{S}``, ``{TH}``, ``{CB}``, ``{HS}``, ``{NST}``: halo stages, ``{GL}``, ``{AS}``,
+``{BR}``, ``{MIN_CTAS}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DGRAD}``, ``{WGMMA}``, ``{ABLATE}``;
+literal braces doubled).
 
-HS warpgroups per group of 8 channels, each taking TH / HS of the tile's rows (its own 4-row bands
-and the row pairs they read from the CTA's one halo); a CTA tile is TH output rows x 64 pixels x
-CB channels.
+HS warpgroups per group of 8 channels, each taking TH / HS of the tile's rows (its own bands of
+BR rows and the row pairs they read from the CTA's one halo), or (GL > 1, session 38) each
+warpgroup GL groups in turn, a group's epilogue under the next one's first wgmmas; a CTA tile is
+TH output rows x 64 pixels x CB channels.
 - M = 64 pixels of a row: the A operand in registers, one ``ldmatrix.x4`` per warp (16 pixels x
   2 input rows x 8 channels) from the TMA's swizzled, pixel-major halo;
-- N = 32 = 4 output rows x 8 out channels: one accumulator block per 4-row band;
-- K = 16 = 2 input rows x 8 in channels. B (the weights, shared memory) is Toeplitz in (input
-  row, output row): its 8 x 8 core matrix (input row jj, band row nb) is W[r = 2j + jj + nb - 3]
-  for k-step j, the band's rows reversed; with a kernel column's W[r] core matrices stored in
-  order (zeros around them) the descriptor's K and N strides are both 128 bytes. An A fragment
-  (kernel column, input row pair) feeds every band whose window covers it.
-MMA work per output: 16 S ceil((R + 3) / 2) multiply-adds, 560 at 7x7 (392 useful), 320 at
-5x5. Zeros pair with inputs outside an output's window (0 * Inf): a tile whose outputs are not
-all finite is recomputed exactly from the halo it was computed from, by per-tap MMAs
-(``mma.sync``, two taps a k-step, the weights from B's copy), which pair no zero weight with an
-input (session 35; before, an output-by-output loop ran 65-190x slower than finite inputs at
-5x5 and 7x7 when the inputs held Inf).
+- N = 8 BR = BR output rows (4, or 2: session 38) x 8 out channels: one accumulator block a band;
+- K = 16 = 2 input rows x 8 in channels. B (the weights, shared memory) is Toeplitz in (input row,
+  output row): its 8 x 8 core matrix (input row jj, band row nb) is W[r = 2j + jj + nb - (BR - 1)]
+  for k-step j, the band's rows reversed; with a kernel column's W[r] core matrices stored in order
+  (zeros around them) the descriptor's K and N strides are both 128 bytes. An A fragment (kernel
+  column, input row pair) feeds every band whose window covers it; AS sets of them
+  (``CudaTile.asets``) rotate, a set reloaded once the wgmmas of the column AS back completed.
+MMA work per output: 16 S ceil((R + BR - 1) / 2) multiply-adds: with 4-row bands 560 at 7x7 (392
+useful), 320 at 5x5; with 2-row bands 448 and 240. Zeros pair with inputs outside an output's window
+(0 * Inf): a tile whose outputs are not all finite is recomputed exactly from the halo it was
+computed from, by per-tap MMAs (``mma.sync``, two taps a k-step, the weights from B's copy), which
+pair no zero weight with an input (session 35; before, an output-by-output loop ran 65-190x slower
+than finite inputs at 5x5 and 7x7 when the inputs held Inf).
 """
 
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
@@ -80,6 +83,10 @@ typedef unsigned long long u64;
 #define DGRAD {DGRAD}
 #define HS {HS}
 #define NST {NST}
+#define BR {BR}  // output rows a band (N = 8 BR: 4, or 2 with fewer Toeplitz zeros)
+#if BR != 2 && BR != 4
+#error "the wgmma kernel takes bands of 2 or 4 rows"
+#endif
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
 #if AS < 2 || AS > 3
@@ -98,11 +105,11 @@ typedef unsigned long long u64;
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
-#define NB (TH / 4)
+#define NB (TH / BR)
 #define NBW (NB / HS)
-#define J ((R + 4) / 2)
+#define J ((R + BR) / 2)
 #define IP ((TH + R) / 2)
-#define IPW (2 * (NBW - 1) + J)
+#define IPW (BR / 2 * (NBW - 1) + J)
 #define HH (2 * IP)
 #define HWD (TW + S - 1)
 #define PIXB (CB * 2)
@@ -110,8 +117,9 @@ typedef unsigned long long u64;
 // a pixel's 16-byte chunk of group g: the TMA's swizzle of PIXB-byte rows (a stage on 1024 bytes)
 #define SWZ(p) (((p) * NG / 8) % NG)
 #define HOFF(p, g) ((p) * PIXB + 16 * ((g) ^ SWZ(p)))
-// B: per group, per kernel column s, core matrices W[r][s] (8 out x 8 in) at s * SPB + 3 + r
-#define SPB (2 * J + 3)
+// B: per group, per kernel column s, core matrices W[r][s] (8 out x 8 in) at
+// s * SPB + BR - 1 + r
+#define SPB (2 * J + BR - 1)
 #define B_BYTES (S * SPB * 128)
 #define OFF_HALO UP1K(NG * B_BYTES)
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
@@ -226,8 +234,8 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
                 const int tb = t + 1 < R * S ? t + 1 : t, tl = (mq >> 1) ? tb : t;
                 u32 a[4];
                 ldsm_x4(a, hs + HOFF((row + tl / S) * HWD + mpx + tl % S, g));
-                const u32 b0 = lds_u32(wb + ((t % S) * SPB + 3 + t / S) * 128);
-                u32 b1 = lds_u32(wb + ((tb % S) * SPB + 3 + tb / S) * 128);
+                const u32 b0 = lds_u32(wb + ((t % S) * SPB + BR - 1 + t / S) * 128);
+                u32 b1 = lds_u32(wb + ((tb % S) * SPB + BR - 1 + tb / S) * 128);
                 if (tb == t) a[2] = a[3] = b1 = 0u;
                 mma16816(d, a, b0, b1);
             }}
@@ -250,18 +258,18 @@ __device__ __forceinline__ void staging_free(int tid) {{
 }}
 // a group's accumulators, plus bias, rounded into the staging tile at ``dst`` (this warpgroup's
 // first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1):
-// band row 3 - i, out channels 2 (lane % 4) (+ 1). Returns bit 15 or 31 set where a rounded
+// band row BR - 1 - i, out channels 2 (lane % 4) (+ 1). Returns bit 15 or 31 set where a rounded
 // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
-__device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][16], u32 dst, int g, int lane,
+__device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][4 * BR], u32 dst, int g, int lane,
                                         int w4, float bv0, float bv1) {{
     u32 flag = 0;
 #pragma unroll
     for (int b = 0; b < NBW; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < BR; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{
-                const int p = (4 * b + 3 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
+                const int p = (BR * b + BR - 1 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
                 const float* d = acc[b] + 4 * i + 2 * h;
                 const u32 v = pack2(d[0] + bv0, d[1] + bv1);
                 if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
@@ -281,10 +289,10 @@ tw_gconv_fprop_wg"""
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gw = (warp >> 2) / HS, w4 = warp & 3;  // groups gw + k NG / GL, k < GL
-    // this warpgroup's bands hb0 .. hb0 + NBW - 1 read the halo from input row 4 hb0 on and
-    // write the staging tile from output row 4 hb0 on: whole swizzle periods (NBW even: tile_ok)
+    // this warpgroup's bands hb0 .. hb0 + NBW - 1 read the halo from input row BR hb0 on and
+    // write the staging tile from output row BR hb0 on: whole swizzle periods (tile_ok)
     const int hb0 = ((warp >> 2) % HS) * NBW;
-    const u32 halo_row0 = 4 * hb0 * HWD * PIXB, out_row0 = 4 * hb0 * TW * PIXB;
+    const u32 halo_row0 = BR * hb0 * HWD * PIXB, out_row0 = BR * hb0 * TW * PIXB;
     const int c0 = blockIdx.y * CB;
     // the swizzled TMA stages need 1024-byte alignment (the host adds the slack)
     const u32 sbase = (smem_u32(smem) + 1023) & ~1023u;
@@ -304,7 +312,7 @@ tw_gconv_fprop_wg"""
     }}
     for (int i = tid; i < NG * S * SPB * 64; i += NT) {{
         const int ci = i & 7, co = (i >> 3) & 7, m = (i >> 6) % (S * SPB);
-        const int gg = i / (64 * S * SPB), s = m / SPB, r = m % SPB - 3;
+        const int gg = i / (64 * S * SPB), s = m / SPB, r = m % SPB - (BR - 1);
         ((u16*)sm)[i] = (r >= 0 && r < R)
                             ? wval(w, c0 + gg * 8, co, ci, r, s, ws0, ws1, ws2, ws3) : (u16)0;
     }}
@@ -324,7 +332,7 @@ tw_gconv_fprop_wg"""
             bv[k][h] = HAS_BIAS ? bias[c0 + 8 * (gw + k * (NG / GL)) + 2 * (lane & 3) + h] : 0.f;
     const u32 stg = sbase + OFF_STG;
     // GL > 1: two accumulator sets, so a group's epilogue runs under the next group's wgmmas
-    float acc[GL > 1 ? 2 : 1][NBW][16];
+    float acc[GL > 1 ? 2 : 1][NBW][4 * BR];
     int it = 0;
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {{
 #if NST == 2  // as before session 37 (the general form costs the tightest tiles a spill)
@@ -363,7 +371,7 @@ tw_gconv_fprop_wg"""
                 for (int ip = 0; ip < IPW; ++ip)
 #pragma unroll
                     for (int b = 0; b < NBW; ++b) {{
-                        const int j = ip - 2 * b;
+                        const int j = ip - BR / 2 * b;
                         if (j >= 0 && j < J && !(ABLATE & 2))
                             wgmma(acc[k & 1][b], a[c % AS][ip],
                                   desc(bk + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
