@@ -371,6 +371,12 @@ for step in "$@"; do
     k5-s37)  # session 37: the 5x5 fprop/dgrad cells at C=64 with the three-stage wgmma candidate
       study "gconv-s37-k5${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 5 \
         --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+    k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
+      study "gconv-s38-k7${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 7 \
+        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+    tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
+      # shellcheck disable=SC2086
+      gpu_tests "${TEST_LIMIT:-240}" ${TESTS_S38:?name the tests} ;;
     k3-s37)  # session 37: the 3x3 fprop/dgrad cells at C=64 (the wgmma kernel's early first halos)
       study "gconv-s37-k3${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 3 \
         --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;

@@ -36,6 +36,7 @@ def test_source_template_formats_for_every_kernel_size():
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES
                 + gconv_cuda.WGMMA_TILES
                 + gconv_cuda.WGMMA_DEEP_TILES
+                + gconv_cuda.WGMMA_WIDE_TILES
                 + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
                 + gconv_cuda.ROLL_TILES
             ):
@@ -491,7 +492,11 @@ def test_deep_and_experimental_wgmma_tiles(case, dtype, rng_seed):
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
     c, r, s = case[1], case[4], case[5]
-    pool = gconv_cuda.WGMMA_DEEP_TILES + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
+    pool = (
+        gconv_cuda.WGMMA_DEEP_TILES
+        + gconv_cuda.WGMMA_WIDE_TILES
+        + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
+    )
     tiles = [gconv_cuda._fitted(t, c) for t in pool]
     tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
     if not tiles:

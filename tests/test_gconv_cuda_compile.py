@@ -108,7 +108,7 @@ def test_weights_in_shared_memory_tiles_compile_without_spills(k, tmp_path):
 def test_wgmma_tiles_only_with_tma_and_wgmma():
     """The warpgroup-MMA tiles (session 30) join the candidates of 3+ row kernels only where the
     GPU takes them (``wgmma``: compute capability 9.0, with TMA); the other lists are unchanged."""
-    wg = set(gconv_cuda.WGMMA_TILES + gconv_cuda.WGMMA_DEEP_TILES)
+    wg = set(gconv_cuda.WGMMA_TILES + gconv_cuda.WGMMA_DEEP_TILES + gconv_cuda.WGMMA_WIDE_TILES)
     assert wg and all(t.wgmma and t.tma == 2 and t.tw == 64 and not t.rowpair for t in wg)
     for r, s in ((3, 3), (5, 5), (7, 7), (3, 7), (6, 4)):
         with_wg = gconv_cuda.candidates(64, r, s, tma=True, wide_tiles=True, wgmma=True)
@@ -120,7 +120,10 @@ def test_wgmma_tiles_only_with_tma_and_wgmma():
         assert not any(t.wgmma for t in gconv_cuda.candidates(64, r, s, False, True, True))
     for r, s in ((1, 1), (2, 3), (1, 7)):
         assert not any(t.wgmma for t in gconv_cuda.candidates(64, r, s, True, True, True))
-    names = [t.name for t in gconv_cuda.WGMMA_TILES + gconv_cuda.WGMMA_DEEP_TILES]
+    names = [
+        t.name
+        for t in gconv_cuda.WGMMA_TILES + gconv_cuda.WGMMA_DEEP_TILES + gconv_cuda.WGMMA_WIDE_TILES
+    ]
     assert len(set(names)) == len(names) and all(n.startswith("cudawg_") for n in names)
     # the three-stage tiles (session 37) from 5 rows on: slower than two stages at 3x3
     deep = set(gconv_cuda.WGMMA_DEEP_TILES)
@@ -129,6 +132,13 @@ def test_wgmma_tiles_only_with_tma_and_wgmma():
     assert not deep & set(gconv_cuda.candidates(64, 3, 3, True, True, True))
     # as timed: 32-channel blocks only (fitted down to 16 channels it would be a tile nobody timed)
     assert not any(t.stages == 3 for t in gconv_cuda.candidates(48, 5, 5, True, True, True))
+    # three A sets at 16x64 16 channels (session 38) from 7 rows on, C taking 16-channel blocks
+    wide = set(gconv_cuda.WGMMA_WIDE_TILES)
+    assert wide and all(t.asets == 3 for t in wide)
+    assert wide <= set(gconv_cuda.candidates(64, 7, 7, True, True, True))
+    assert wide <= set(gconv_cuda.candidates(48, 7, 5, True, True, True))
+    assert not wide & set(gconv_cuda.candidates(64, 5, 5, True, True, True))
+    assert not wide & set(gconv_cuda.candidates(40, 7, 7, True, True, True))
 
 
 def test_wgmma_ablation_switch_keys_the_autotune_cache():

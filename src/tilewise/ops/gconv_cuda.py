@@ -54,6 +54,7 @@ from tilewise.ops.gconv_tiles import TMA_WGRAD_TILES as TMA_WGRAD_TILES
 from tilewise.ops.gconv_tiles import WGMMA_DEEP_TILES as WGMMA_DEEP_TILES
 from tilewise.ops.gconv_tiles import WGMMA_TILES as WGMMA_TILES
 from tilewise.ops.gconv_tiles import WGMMA_WGRAD_TILES as WGMMA_WGRAD_TILES
+from tilewise.ops.gconv_tiles import WGMMA_WIDE_TILES as WGMMA_WIDE_TILES
 from tilewise.ops.gconv_tiles import WGRAD_TILES as WGRAD_TILES
 from tilewise.ops.gconv_tiles import WIDE_KERNEL_TILES as WIDE_KERNEL_TILES
 from tilewise.ops.gconv_tiles import CudaTile as CudaTile
@@ -344,7 +345,7 @@ def candidates(
     ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
     ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``); with ``tma`` and ``wgmma``
     (a GPU of compute capability 9.0: ``wgmma_usable``) the ``WGMMA_TILES`` for 3+ rows and the
-    ``WGMMA_DEEP_TILES`` for 5+."""
+    ``WGMMA_DEEP_TILES`` for 5+, the ``WGMMA_WIDE_TILES`` for 7+."""
     if wide_tiles is None:
         wide_tiles = wide_tiles_offered()
     return _candidates(c, r, s, tma, wide_tiles, wgmma)
@@ -358,6 +359,7 @@ def _candidates(
     pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
     # the three-stage tiles as measured: 32-channel blocks (fitted down, a tile nobody timed)
     pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 and c % 32 == 0 else ()
+    pool += WGMMA_WIDE_TILES if tma and wgmma and r >= 7 and c % 16 == 0 else ()
     wide = rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     if wide and wide_tiles:
         pool += tuple(t for t in WIDE_KERNEL_TILES if tma or not t.tma)
@@ -776,6 +778,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 EXPERIMENTAL_FPROP_TILES,
                 WGMMA_TILES,
                 WGMMA_DEEP_TILES,
+                WGMMA_WIDE_TILES,
                 EXPERIMENTAL_WGMMA_TILES,
             )
         )

@@ -198,7 +198,6 @@ EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True),
     CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True, asets=3),
     CudaTile(8, 64, 32, 4, 1, 2, tma=2, wgmma=True),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3),
     # session 38: bands of 2 output rows (N = 16): a 5x5 kernel's MMAs 240 multiply-adds an
     # output against 320 with 4-row bands (7x7: 448 against 560), so fewer Toeplitz zeros read
     # from shared memory; the same A fragments, 1.5x the wgmma instructions
@@ -218,6 +217,14 @@ EXPERIMENTAL_WGMMA_TILES = (
 #: 16-channel tiles were within 3% of their two-stage forms (7x7 16x64: 84.3-85.4 against
 #: 84.8-86.2 us; 8x64: 97.4-99.3 against 99.5-100.4); not kept.
 WGMMA_DEEP_TILES = (CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True),)
+
+#: The 16x64 16-channel wgmma tile with three sets of A fragments (``asets``; session 38), a
+#: candidate for kernels of 7+ rows where C takes 16-channel blocks. ``scripts/gconv_wide_probe.py
+#: --experimental``, H100, C=64 N=128 fp16, events, two calls (``wide-probe-loop-s38-call1``,
+#: ``-call2``): 7x7 fprop / dgrad 80.6 / 79.5 and 81.9 / 80.0 us against 83.4 / 81.7 and 84.3 /
+#: 82.2 with two sets; at 5x5 no faster (67.9 / 68.3 against 68.3 / 69.0; the 8x64 32-channel
+#: three-stage candidate 60.0 / 58.9), so not offered there.
+WGMMA_WIDE_TILES = (CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3),)
 
 #: Rolling-row warpgroup-MMA tiles (``CudaTile.roll``, ``gconv_roll_src``; session 36): bands of
 #: ``th`` output rows, 16 or 32 channels, two or four groups a warpgroup (``roll_groups``),
