@@ -307,8 +307,9 @@ for step in "$@"; do
     wg-loop-s38)  # session 38: the group-loop wgmma tiles (a warpgroup takes 2 or 4 groups in
       # turn, epilogue under the next group's wgmmas) and three A-fragment sets (experimental):
       # their tests, then timed beside the candidates (ONLY, KS, DTYPES), then the MMA phase
-      # alone (TILEWISE_WG_ABLATE=9) of the same tiles at 5x5 (LOOP_ABLATE_ONLY)
-      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
+      # alone (TILEWISE_WG_ABLATE=9) of the same tiles at 5x5 (LOOP_ABLATE_ONLY); SKIP_TESTS=1
+      # times only
+      [ -n "${SKIP_TESTS:-}" ] || gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
         -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
       timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
         --kernels ${KS:-5 3 7} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-loop.json" \

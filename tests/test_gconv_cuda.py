@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import re
 
 import pytest
 import torch
@@ -488,7 +490,8 @@ def test_deep_and_experimental_wgmma_tiles(case, dtype, rng_seed):
     """The three-stage wgmma tiles (session 37) and the experimental ones (session 31: 2-CTA and
     split-warpgroup) alone on the odd shapes and the edge shapes, fprop and dgrad, three-way
     against fp64: the quick check of a change to that kernel (the every-tile test runs them
-    too)."""
+    too). ``TILEWISE_TEST_WG_ONLY`` (a regex) keeps the tiles whose name matches: a device call's
+    check of one new tile."""
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
     c, r, s = case[1], case[4], case[5]
@@ -497,6 +500,8 @@ def test_deep_and_experimental_wgmma_tiles(case, dtype, rng_seed):
         + gconv_cuda.WGMMA_WIDE_TILES
         + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
     )
+    only = os.environ.get("TILEWISE_TEST_WG_ONLY")
+    pool = tuple(t for t in pool if only is None or re.search(only, t.name))
     tiles = [gconv_cuda._fitted(t, c) for t in pool]
     tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
     if not tiles:

@@ -56,6 +56,7 @@ class CudaTile:
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
+    prefetch: bool = False  # wgmma fprop/dgrad: A fragments a column ahead (asets 3)
 
     @property
     def name(self) -> str:
@@ -67,6 +68,7 @@ class CudaTile:
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
+        sets += "p" if self.prefetch else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
@@ -206,6 +208,10 @@ EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, band_rows=2),
     CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
+    # session 38: A fragments a column ahead (``prefetch``, three sets): loaded under the column
+    # before's wgmmas, not just before their own
+    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, prefetch=True),
+    CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, prefetch=True),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not
