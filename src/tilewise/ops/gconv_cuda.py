@@ -271,7 +271,6 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.cb in (8, 16, 32, 64)
             and tile.asets in (2, 3)
             and (tile.asets == 2 or s >= tile.asets)  # fewer columns: ptxas serialized
-            and (not tile.prefetch or (tile.asets == 3 and wgmma_group_loop(tile) == 1))
             and tile.warps % 4 == 0
             # several warpgroups a group, or (a group loop) several groups a warpgroup
             and (tile.warps % (4 * (tile.cb // 8)) == 0 or (tile.cb // 2) % tile.warps == 0)
@@ -481,8 +480,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
-            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, PF=int(tile.prefetch),
-            MIN_CTAS=tile.min_ctas,
+            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
             WGMMA=_wgmma_asm(bf16, 8 * tile.band_rows),
             ABLATE=WG_ABLATE,

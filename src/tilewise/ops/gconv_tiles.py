@@ -24,10 +24,11 @@ class CudaTile:
     share the work of a small problem and each reduces fewer sums; the input is read once per
     row block. ``wsmem`` (row-pair fprop/dgrad, experimental): the weights stay in shared memory,
     read by ``ldmatrix`` per kernel column and row pair, instead of in registers. ``wgmma``
-    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of 4, ``warps`` 4 a group
-    times the warpgroups a group, ``wgmma_split``):
-    the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in registers, the weights as a
-    Toeplitz B in shared memory; among wgrad tiles (sm_90a only), the warpgroup-MMA
+    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of ``band_rows``,
+    ``warps`` 4 a group times the warpgroups a group, ``wgmma_split``, or 4 for every 2 or 4
+    groups, ``wgmma_group_loop``): the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in
+    registers (``asets`` sets of A fragments, 2 or 3), the weights as a Toeplitz B in shared
+    memory (N = ``band_rows`` output rows x 8 channels, 4 or 2); among wgrad tiles (sm_90a only), the warpgroup-MMA
     wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
     32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one or two more: producer warps load
     the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
@@ -56,7 +57,6 @@ class CudaTile:
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
-    prefetch: bool = False  # wgmma fprop/dgrad: A fragments a column ahead (asets 3)
 
     @property
     def name(self) -> str:
@@ -68,7 +68,6 @@ class CudaTile:
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
-        sets += "p" if self.prefetch else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
@@ -191,27 +190,22 @@ WGMMA_TILES = (
 EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 16, 8, 2, 2, tma=2, wgmma=True),
     CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True),
-    # session 38: fewer warpgroups than groups, each taking two (8 warps) or four (4 warps)
-    # groups in turn, a group's epilogue under the next one's wgmmas (``wgmma_group_loop``),
-    # and three sets of A fragments (``asets``: two columns' wgmmas in flight while a third
-    # column's fragments load) where the registers allow
+    # session 38 (``wide-probe-loop-s38-call1``, ``-call2``; H100, C=64 N=128 fp16, events,
+    # fprop / dgrad): fewer warpgroups than groups, each taking two groups in turn, a group's
+    # epilogue under the next one's wgmmas (``wgmma_group_loop``), with two or three A-fragment
+    # sets (``asets``): 5x5 63.6 / 63.6 and 63.5 / 62.8 us against the 32-channel candidates'
+    # 60.0-61.1 / 58.9-60.9 (the MMA phase alone 51.0-52.5 against 49.7-49.8: fewer warps
+    # slow it more than the overlap gains); with three halo stages or one warpgroup for four
+    # groups slower still (dropped)
     CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True),
     CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, asets=3),
-    CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True),
-    CudaTile(8, 64, 32, 8, 1, 3, tma=2, wgmma=True, asets=3),
-    CudaTile(8, 64, 32, 4, 1, 2, tma=2, wgmma=True),
     # session 38: bands of 2 output rows (N = 16): a 5x5 kernel's MMAs 240 multiply-adds an
-    # output against 320 with 4-row bands (7x7: 448 against 560), so fewer Toeplitz zeros read
-    # from shared memory; the same A fragments, 1.5x the wgmma instructions
+    # output against 320 with 4-row bands (7x7: 448 against 560), fewer Toeplitz zeros read from
+    # shared memory, the same A fragments, 1.5x the wgmma instructions: 5x5 59.2 / 59.8 us
+    # (three stages) against 59.4 / 60.1, 7x7 16x64 91.4 / 89.8 against 84.3 / 82.2
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, band_rows=2),
     CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, band_rows=2),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, band_rows=2),
-    CudaTile(8, 64, 32, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
-    # session 38: A fragments a column ahead (``prefetch``, three sets): loaded under the column
-    # before's wgmmas, not just before their own
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, prefetch=True),
-    CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, prefetch=True),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not

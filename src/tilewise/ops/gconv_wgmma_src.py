@@ -92,12 +92,6 @@ typedef unsigned long long u64;
 #if AS < 2 || AS > 3
 #error "the wgmma kernel takes 2 or 3 sets of A fragments"
 #endif
-// 1: each column's A fragments loaded a column ahead, under the column before's wgmmas (AS 3,
-// GL 1; CudaTile.prefetch)
-#define PF {PF}
-#if PF && (AS != 3 || GL != 1)
-#error "A fragments a column ahead take three sets and one group a warpgroup"
-#endif
 #if NST < 2 || NST > 3  // first_halos and the loop's stage arithmetic are written for 2 or 3
 #error "the wgmma kernel takes 2 or 3 halo stages"
 #endif
@@ -359,11 +353,6 @@ tw_gconv_fprop_wg"""
         // set is reloaded once the wgmmas of the column AS back have completed (wait_group)
         u32 a[AS][IPW][4];
         u32 flag = 0;
-#if PF
-#pragma unroll
-        for (int ip = 0; ip < IPW; ++ip)
-            ldsm_x4(a[0][ip], hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm, gw));
-#endif
 #pragma unroll
         for (int k = 0; k < GL; ++k) {{
             const int g = gw + k * (NG / GL);
@@ -371,22 +360,12 @@ tw_gconv_fprop_wg"""
 #pragma unroll
             for (int s = 0; s < S; ++s) {{
                 const int c = k * S + s;
-#if PF  // column c + 1's set is column c - 2's: loaded once that column's wgmmas completed
-                if (c >= 2) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (s + 1 < S) {{
-#pragma unroll
-                    for (int ip = 0; ip < IPW; ++ip)
-                        ldsm_x4(a[(c + 1) % AS][ip],
-                                hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s + 1, g));
-                }}
-#else
                 if (c >= AS)
                     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(AS - 1) : "memory");
 #pragma unroll
                 for (int ip = 0; ip < IPW; ++ip)
                     ldsm_x4(a[c % AS][ip],
                             hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
-#endif
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
                 for (int ip = 0; ip < IPW; ++ip)
