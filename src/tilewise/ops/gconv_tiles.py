@@ -11,36 +11,35 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CudaTile:
-    """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb``
-    channels per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows).
-    ``rowpair``: the row-pair fprop/dgrad kernel instead (weights as A in registers; warps =
-    groups x column splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of
-    that many CTAs per channel block, summing through distributed shared memory (0: persistent
-    CTAs and fp32 atomics). ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles
-    (wgrad: and the dy tiles) arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per
-    tile into a swizzled dense buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the
-    output tiles leave by it too. ``tap_rows`` (wgrad, tap kernel, no TMA): each CTA takes that
-    many of the kernel's rows of taps (a divisor of R; 0: all), so R / tap_rows times the CTAs
-    share the work of a small problem and each reduces fewer sums; the input is read once per
-    row block. ``wsmem`` (row-pair fprop/dgrad, experimental): the weights stay in shared memory,
-    read by ``ldmatrix`` per kernel column and row pair, instead of in registers. ``wgmma``
-    (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th`` a multiple of ``band_rows``,
-    ``warps`` 4 a group times the warpgroups a group, ``wgmma_split``, or 4 for every 2 or 4
-    groups, ``wgmma_group_loop``): the warpgroup-MMA kernel (``gconv_wgmma_src``), pixels as M in
-    registers (``asets`` sets of A fragments, 2 or 3), the weights as a Toeplitz B in shared
-    memory (N = ``band_rows`` output rows x 8 channels, 4 or 2); among wgrad tiles (sm_90a only), the warpgroup-MMA
-    wgrad (``gconv_wgrad_wg_src``): ``th`` input rows a step, ``tw`` output columns a chunk (16,
-    32, 48 or 64), ``cb`` 8 per warpgroup, ``warps`` 4 a group (one or two more: producer warps load
-    the rows, ``wgrad_wg_producer``), ``stages`` steps loaded ahead (with a producer: ring steps),
-    ``wsmem`` the MMA reads dy from shared memory (else through ``ldmatrix`` into registers),
-    ``tma`` (experimental) 1: the rows arrive by tensor copies (one producer warp); 2: staged
-    with a pixel's groups side by side and re-laid out by the warpgroups; 3: staged the same
-    way and re-laid out by the producer threads into MMA rings of ``RELAYOUT_RING_STEPS``.
-    ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=2``, ``tw=64``): the rolling-row warpgroup-MMA
-    kernel (``gconv_roll_src``): bands of ``th`` output rows, each input row read once and met by
-    every kernel row in one set of MMAs (N = kernel rows x 8 channels, no Toeplitz zeros); a
-    warpgroup per two or four groups of 8 channels (``roll_groups``: cb / (2 warps)), ``stages``
-    slots of ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
+    """Launch shape of the NVRTC kernel: an output tile of ``th`` x ``tw`` pixels by ``cb`` channels
+    per CTA, ``warps`` warps (each owning ``th * tw / (16 * warps)`` 16-pixel rows). ``rowpair``:
+    the row-pair fprop/dgrad kernel instead (weights as A in registers; warps = groups x column
+    splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of that many CTAs per
+    channel block, summing through distributed shared memory (0: persistent CTAs and fp32 atomics).
+    ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad: and the dy tiles)
+    arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense
+    buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output tiles leave by it too.
+    ``tap_rows`` (wgrad, tap kernel, no TMA): each CTA takes that many of the kernel's rows of taps
+    (a divisor of R; 0: all), so R / tap_rows times the CTAs share the work of a small problem and
+    each reduces fewer sums; the input is read once per row block. ``wsmem`` (row-pair fprop/dgrad,
+    experimental): the weights stay in shared memory, read by ``ldmatrix`` per kernel column and row
+    pair, instead of in registers. ``wgmma`` (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th``
+    a multiple of ``band_rows``, ``warps`` 4 a group times the warpgroups a group, ``wgmma_split``,
+    or 4 for every 2 or 4 groups, ``wgmma_group_loop``): the warpgroup-MMA kernel
+    (``gconv_wgmma_src``), pixels as M in registers (``asets`` sets of A fragments, 2 or 3), the
+    weights as a Toeplitz B in shared memory (N = ``band_rows`` output rows x 8 channels, 4 or 2);
+    among wgrad tiles (sm_90a only), the warpgroup-MMA wgrad (``gconv_wgrad_wg_src``): ``th`` input
+    rows a step, ``tw`` output columns a chunk (16, 32, 48 or 64), ``cb`` 8 per warpgroup, ``warps``
+    4 a group (one or two more: producer warps load the rows, ``wgrad_wg_producer``), ``stages``
+    steps loaded ahead (with a producer: ring steps), ``wsmem`` the MMA reads dy from shared memory
+    (else through ``ldmatrix`` into registers), ``tma`` (experimental) 1: the rows arrive by tensor
+    copies (one producer warp); 2: staged with a pixel's groups side by side and re-laid out by the
+    warpgroups; 3: staged the same way and re-laid out by the producer threads into MMA rings of
+    ``RELAYOUT_RING_STEPS``. ``roll`` (fprop/dgrad, with ``wgmma``, ``tma=2``, ``tw=64``): the
+    rolling-row warpgroup-MMA kernel (``gconv_roll_src``): bands of ``th`` output rows, each input
+    row read once and met by every kernel row in one set of MMAs (N = kernel rows x 8 channels, no
+    Toeplitz zeros); a warpgroup per two or four groups of 8 channels (``roll_groups``: cb / (2
+    warps)), ``stages`` slots of ``ROLL_SLOT_ROWS`` input rows in the TMA ring."""
 
     th: int = 8
     tw: int = 16
