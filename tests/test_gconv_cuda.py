@@ -314,7 +314,9 @@ EXTRA_TILES = (
     CudaTile(8, 8, 8, 4, 4, 3),
     CudaTile(8, 16, 32, 8, 3, 2, rowpair=True),
     *gconv_cuda.EXPERIMENTAL_FPROP_TILES,  # session 29's weights-in-shared-memory tiles
-    *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,  # session 31's 2-CTA and split-warpgroup wgmma tiles
+    # session 31's 2-CTA and split-warpgroup wgmma tiles, session 38's group-loop and 2-row-band
+    # ones
+    *gconv_cuda.EXPERIMENTAL_WGMMA_TILES,
     *gconv_cuda.ROLL_TILES,  # session 36's rolling-row wgmma tiles
 )
 
@@ -403,14 +405,6 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, 
     dsame = torch.nn.grad.conv2d_input(x.shape, wd, xd, padding=pad, groups=g).cpu()
     tiles = [t for t in _tiles(c, k, k) if t.wgmma]
     assert tiles
-    # the group-loop and 2-row-band tiles (session 38; experimental): their exact path takes
-    # each group in turn, or reads B's copy of the weights at other offsets
-    tiles += [
-        t
-        for t in gconv_cuda.EXPERIMENTAL_WGMMA_TILES
-        if (gconv_cuda.wgmma_group_loop(t) > 1 or t.band_rows != 4)
-        and gconv_cuda.tile_ok(c, k, k, t)
-    ]
     # a grid of 1-2 CTAs a channel block: each walks 15-60 tiles (mbarrier phases of every stage
     # flip many times), and the full grid as chosen
     for tile, sms in [(t, n) for t in tiles for n in (None, 3)]:

@@ -138,7 +138,8 @@ def test_wgmma_tiles_only_with_tma_and_wgmma():
     assert wide <= set(gconv_cuda.candidates(64, 7, 7, True, True, True))
     assert wide <= set(gconv_cuda.candidates(48, 7, 5, True, True, True))
     assert not wide & set(gconv_cuda.candidates(64, 5, 5, True, True, True))
-    assert not wide & set(gconv_cuda.candidates(40, 7, 7, True, True, True))
+    # not fitted down to 8-channel blocks (C=40): a tile nobody timed
+    assert not any(t.asets == 3 for t in gconv_cuda.candidates(40, 7, 7, True, True, True))
 
 
 def test_wgmma_ablation_switch_keys_the_autotune_cache():
@@ -207,6 +208,14 @@ def test_wgmma_tile_rules():
     assert gconv_cuda._fitted(loop, 64) == loop
     assert (gconv_cuda._fitted(loop, 16).warps, gconv_cuda._fitted(loop, 8).warps) == (4, 4)
     assert gconv_cuda.wgmma_group_loop(gconv_cuda._fitted(loop, 16)) == 2
+    # bands of 2 or 4 rows; with several warpgroups a group each one's rows a multiple of 8 (a
+    # swizzle period of the halo: HWD is odd at odd S)
+    two = dataclasses.replace(ok, band_rows=2)
+    assert gconv_cuda.wgmma_bands(two) == 4 and gconv_cuda.tile_ok(64, 5, 5, two)
+    assert not gconv_cuda.tile_ok(64, 5, 5, dataclasses.replace(ok, band_rows=3))
+    split2 = CudaTile(16, 64, 16, 16, 1, 2, tma=2, wgmma=True, band_rows=2)
+    assert gconv_cuda.wgmma_split(split2) == 2 and gconv_cuda.tile_ok(64, 5, 5, split2)
+    assert not gconv_cuda.tile_ok(64, 5, 5, dataclasses.replace(split2, th=8))  # 4 rows each
     for c in (8, 24, 40):
         assert not any(t.wgmma for t in gconv_cuda.candidates(c, 5, 5, True, True, True)), c
     assert any(t.wgmma for t in gconv_cuda.candidates(48, 5, 5, True, True, True))

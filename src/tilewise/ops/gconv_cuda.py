@@ -182,8 +182,9 @@ def wgmma_split(tile: CudaTile) -> int:
 
 
 def wgmma_group_loop(tile: CudaTile) -> int:
-    """Groups of 8 channels each warpgroup of a ``wgmma`` tile takes in turn (the kernel's GL):
-    fewer warps than 4 a group; a group's epilogue runs under the next one's wgmmas."""
+    """Groups of 8 channels each warpgroup of a ``wgmma`` tile takes in turn (the kernel's GL;
+    2, 4 or 8): fewer warps than 4 a group; a group's epilogue runs under the next one's
+    wgmmas."""
     return max(1, 4 * (tile.cb // 8) // tile.warps)
 
 

@@ -25,7 +25,7 @@ class CudaTile:
     experimental): the weights stay in shared memory, read by ``ldmatrix`` per kernel column and row
     pair, instead of in registers. ``wgmma`` (fprop/dgrad, sm_90a only, ``tma=2``, ``tw=64``, ``th``
     a multiple of ``band_rows``, ``warps`` 4 a group times the warpgroups a group, ``wgmma_split``,
-    or 4 for every 2 or 4 groups, ``wgmma_group_loop``): the warpgroup-MMA kernel
+    or 4 for every 2, 4 or 8 groups, ``wgmma_group_loop``): the warpgroup-MMA kernel
     (``gconv_wgmma_src``), pixels as M in registers (``asets`` sets of A fragments, 2 or 3), the
     weights as a Toeplitz B in shared memory (N = ``band_rows`` output rows x 8 channels, 4 or 2);
     among wgrad tiles (sm_90a only), the warpgroup-MMA wgrad (``gconv_wgrad_wg_src``): ``th`` input

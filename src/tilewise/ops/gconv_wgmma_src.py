@@ -414,7 +414,7 @@ tw_gconv_fprop_wg"""
 
 
 def wgmma_asm(bf16: bool, n: int = 32, trans_b: bool = False, a_desc: bool = False) -> str:
-    """A ``wgmma`` body: m64nNk16 (this kernel: N = 32), A (4 registers) from ``a``, B by
+    """A ``wgmma`` body: m64nNk16 (this kernel: N = 8 BR), A (4 registers) from ``a``, B by
     descriptor (``trans_b``: MN-major), accumulating unless ``accumulate`` is 0. ``a_desc``: A by
     descriptor ``da`` too, MN-major (the wgrad kernel, ``gconv_wgrad_wg_src``)."""
     k = n // 2  # accumulator registers a thread; A's operands follow them
