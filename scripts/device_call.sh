@@ -51,6 +51,36 @@ gpu_tests() {  # gpu_tests LIMIT PYTEST-ARGS...
   grep -E "^(FAILED|ERROR)" "$R/tests.log" | head
   pack
 }
+wg_tests() {  # the wgmma kernel's quick GPU tests (WG_TESTS, TEST_LIMIT; SKIP_TESTS=1 skips)
+  [ -n "${SKIP_TESTS:-}" ] || gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
+    -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
+}
+wg_probe() {  # wg_probe NAME KERNELS [ONLY]: the wgmma tiles (experimental too) timed beside the
+  # candidates, C=64 N=128 (KS, DTYPES, ONLY, PROBE_LIMIT override), into wide-probe-NAME.*
+  local only=${ONLY:-${3:-}}
+  timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+    --kernels ${KS:-$2} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-$1.json" \
+    ${only:+--only "$only"} >"$R/wide-probe-$1.log" 2>&1
+  echo "rc $?: wide probe"
+  grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-$1.log" | cut -c1-150
+}
+wg_ablate() {  # wg_ablate PREFIX "SETTINGS" ONLY "KERNELS" LIMIT: the probe once a
+  # TILEWISE_WG_ABLATE setting, fprop and dgrad, C=64 N=128 fp16; PREFIX-SETTING.log keeps
+  # every run of a setting
+  local a
+  for a in $2; do
+    TILEWISE_WG_ABLATE=$a timeout "$5" python scripts/gconv_wide_probe.py --experimental \
+      --only "$3" --kernels $4 --n 128 --dtypes fp16 >"$R/wg-ablate.tmp" 2>&1
+    echo "ablate $a rc $?"
+    grep -E "(fprop|dgrad).*cudawg" "$R/wg-ablate.tmp" | cut -c1-110
+    cat "$R/wg-ablate.tmp" >>"$R/$1-$a.log"
+  done
+  rm -f "$R/wg-ablate.tmp"
+}
+c64_study() {  # c64_study NAME KERNEL: fprop/dgrad at C=64 (STUDY_N, DTYPES, STUDY_LIMIT)
+  study "$1${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels "$2" \
+    --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16}
+}
 par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at once
   local name=$1 start k=0 pids=()
   shift
@@ -296,47 +326,24 @@ for step in "$@"; do
       pack ;;
     wg-stages-s37)  # session 37: the wgmma tiles with three halo stages (experimental): their
       # tests, then timed beside the candidates (ONLY, KS, DTYPES)
-      gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
-        -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
-      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
-        --kernels ${KS:-7 5 3} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-wgs3.json" \
-        ${ONLY:+--only "$ONLY"} >"$R/wide-probe-wgs3.log" 2>&1
-      echo "rc $?: wide probe"
-      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-wgs3.log" | cut -c1-150
+      wg_tests
+      wg_probe wgs3 "7 5 3"
       pack ;;
     wg-loop-s38)  # session 38: the group-loop wgmma tiles (a warpgroup takes 2 or 4 groups in
       # turn, epilogue under the next group's wgmmas) and three A-fragment sets (experimental):
       # their tests, then timed beside the candidates (ONLY, KS, DTYPES), then the MMA phase
       # alone (TILEWISE_WG_ABLATE=9) of the same tiles at 5x5 (LOOP_ABLATE_ONLY); SKIP_TESTS=1
       # times only
-      [ -n "${SKIP_TESTS:-}" ] || gpu_tests "${TEST_LIMIT:-240}" tests/test_gconv_cuda.py \
-        -k "${WG_TESTS:-test_deep_and_experimental_wgmma_tiles or test_wgmma_tiles_over_many_tiles}" -x
-      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
-        --kernels ${KS:-5 3 7} --n 128 --dtypes ${DTYPES:-fp16} --json "$R/wide-probe-loop.json" \
-        --only "${ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" >"$R/wide-probe-loop.log" 2>&1
-      echo "rc $?: wide probe"
-      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-loop.log" | cut -c1-150
-      for a in ${LOOP_ABLATE_SET:-9}; do
-        TILEWISE_WG_ABLATE=$a timeout "${ABLATE_LIMIT:-100}" python scripts/gconv_wide_probe.py \
-          --experimental --only "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" \
-          --kernels 5 --n 128 --dtypes fp16 >"$R/wg-loop-ablate-$a.log" 2>&1
-        echo "ablate $a rc $?"
-        grep -E "(fprop|dgrad).*cudawg" "$R/wg-loop-ablate-$a.log" | cut -c1-110
-      done
+      wg_tests
+      wg_probe loop "5 3 7" "cudawg_t8x64c32|cudawg_t16x64c16w8"
+      wg_ablate wg-loop-ablate "${LOOP_ABLATE_SET:-9}" \
+        "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" 5 "${ABLATE_LIMIT:-100}"
       pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
       # after the weights as before session 37, 8 no halo loads; 16/32, evict-first L2 hints on
       # the stores/loads, were read in call 8 and removed): what each costs
-      for a in ${ABLATE_SET:-0 1 2 3}; do
-        TILEWISE_WG_ABLATE=$a timeout 100 python scripts/gconv_wide_probe.py --experimental \
-          --only "${ABLATE_ONLY:-cudawg}" --kernels ${KS:-7 5} --n 128 --dtypes fp16 \
-          >"$R/wg-ablate.tmp" 2>&1
-        echo "ablate $a rc $?"
-        grep -E "(fprop|dgrad).*cudawg" "$R/wg-ablate.tmp" | cut -c1-110
-        cat "$R/wg-ablate.tmp" >>"$R/wg-ablate-$a.log"  # a setting run twice keeps both
-      done
-      rm -f "$R/wg-ablate.tmp"
+      wg_ablate wg-ablate "${ABLATE_SET:-0 1 2 3}" "${ABLATE_ONLY:-cudawg}" "${KS:-7 5}" 100
       pack ;;
     roll-ablate-s36)  # session 36: the rolling-row tiles with parts switched off (1 TMA stores,
       # 2 MMAs, 3 both; 4, no waits for rows, hangs): what each costs
@@ -370,17 +377,14 @@ for step in "$@"; do
       study "gconv-s35-k357${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-150}" --kernels 3 5 7 \
         --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;
     k5-s37)  # session 37: the 5x5 fprop/dgrad cells at C=64 with the three-stage wgmma candidate
-      study "gconv-s37-k5${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 5 \
-        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+      c64_study gconv-s37-k5 5 ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
-      study "gconv-s38-k7${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 7 \
-        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+      c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
       # shellcheck disable=SC2086
       gpu_tests "${TEST_LIMIT:-240}" ${TESTS_S38:?name the tests} ;;
     k3-s37)  # session 37: the 3x3 fprop/dgrad cells at C=64 (the wgmma kernel's early first halos)
-      study "gconv-s37-k3${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels 3 \
-        --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+      c64_study gconv-s37-k3 3 ;;
     second-run-s35)  # session 35: a program's first step in fresh processes (cold, second, no
       # NVRTC cache, PyTorch's own)
       timeout "${SECOND_LIMIT:-300}" python benchmarks/second_run.py --check --out "$R" \

@@ -113,9 +113,8 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         return 1024 + b + tile.stages * slot + stg + 16 * tile.stages + 16
     if tile.wgmma:  # see gconv_wgmma_src: B, ``stages`` halo stages, the staging tile, the
         # mbarriers, on 1024 bytes
-        br = tile.band_rows
-        j = (r + br) // 2  # the kernel's k-steps a band (J)
-        b = _up1k(tile.cb // 8 * s * (2 * j + br - 1) * 128)
+        spb = 2 * wgmma_ksteps(r, tile) + tile.band_rows - 1  # the kernel's SPB
+        b = _up1k(tile.cb // 8 * s * spb * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         stg = _up1k(tile.th * tile.tw * tile.cb * 2)
         return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
@@ -188,6 +187,12 @@ def wgmma_group_loop(tile: CudaTile) -> int:
     return max(1, 4 * (tile.cb // 8) // tile.warps)
 
 
+def wgmma_ksteps(r: int, tile: CudaTile) -> int:
+    """k-steps (2 input rows each) a band of a ``wgmma`` tile takes a kernel column (the kernel's
+    J): its ``band_rows`` output rows read ``r + band_rows - 1`` input rows."""
+    return (r + tile.band_rows) // 2
+
+
 def wgmma_bands(tile: CudaTile) -> int:
     """Bands of ``band_rows`` rows each of a ``wgmma`` tile's warpgroups takes (the kernel's
     NBW)."""
@@ -202,7 +207,7 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     rule had said no), 12x64 7x7 146-154, 16x64 7x7 178-190, 16x64 16-channel 3x3 181; the CPU
     suite compiles every candidate and experimental tile and fails on a spill."""
     bands, br = wgmma_bands(tile), tile.band_rows
-    row_pairs = br // 2 * (bands - 1) + (r + br) // 2  # the kernel's IPW
+    row_pairs = br // 2 * (bands - 1) + wgmma_ksteps(r, tile)  # the kernel's IPW
     # several warpgroups a group: 16x64 16-channel at 7x7 spilled 240 bytes at 128 a thread where
     # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
     more = 40 if wgmma_split(tile) == 1 else 48
@@ -274,7 +279,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and (tile.asets == 2 or s >= tile.asets)  # fewer columns: ptxas serialized
             and tile.warps % 4 == 0
             # several warpgroups a group, or (a group loop) several groups a warpgroup
-            and (tile.warps % (4 * (tile.cb // 8)) == 0 or (tile.cb // 2) % tile.warps == 0)
+            and (tile.warps % (4 * (tile.cb // 8)) == 0 or 4 * (tile.cb // 8) % tile.warps == 0)
             and tile.band_rows in (2, 4)
             and tile.th % (tile.band_rows * wgmma_split(tile)) == 0
             # several warpgroups a group: each one's rows start on a swizzle period

@@ -88,6 +88,7 @@ typedef unsigned long long u64;
 #error "the wgmma kernel takes bands of 2 or 4 rows"
 #endif
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
+#define GRP(gw, k) ((gw) + (k) * (NG / GL))  // warpgroup gw's k-th group
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
 #if AS < 2 || AS > 3
 #error "the wgmma kernel takes 2 or 3 sets of A fragments"
@@ -216,7 +217,7 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
     const int wl = ((warp >> 2) % HS) * 4 + (warp & 3);
 #pragma unroll 1
     for (int k = 0; k < GL; ++k) {{
-        const int g = (warp >> 2) / HS + k * (NG / GL);
+        const int g = GRP((warp >> 2) / HS, k);
         // B word: out channel lane / 4, in channels ci, ci + 1
         const u32 wb = sbase + g * B_BYTES + (lane >> 2) * 16 + ci * 2;
 #if HAS_BIAS
@@ -288,7 +289,7 @@ tw_gconv_fprop_wg"""
 {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gw = (warp >> 2) / HS, w4 = warp & 3;  // groups gw + k NG / GL, k < GL
+    const int gw = (warp >> 2) / HS, w4 = warp & 3;  // groups GRP(gw, k), k < GL
     // this warpgroup's bands hb0 .. hb0 + NBW - 1 read the halo from input row BR hb0 on and
     // write the staging tile from output row BR hb0 on: whole swizzle periods (tile_ok)
     const int hb0 = ((warp >> 2) % HS) * NBW;
@@ -329,7 +330,7 @@ tw_gconv_fprop_wg"""
     for (int k = 0; k < GL; ++k)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            bv[k][h] = HAS_BIAS ? bias[c0 + 8 * (gw + k * (NG / GL)) + 2 * (lane & 3) + h] : 0.f;
+            bv[k][h] = HAS_BIAS ? bias[c0 + 8 * GRP(gw, k) + 2 * (lane & 3) + h] : 0.f;
     const u32 stg = sbase + OFF_STG;
     // GL > 1: two accumulator sets, so a group's epilogue runs under the next group's wgmmas
     float acc[GL > 1 ? 2 : 1][NBW][4 * BR];
@@ -355,8 +356,8 @@ tw_gconv_fprop_wg"""
         u32 flag = 0;
 #pragma unroll
         for (int k = 0; k < GL; ++k) {{
-            const int g = gw + k * (NG / GL);
-            const u32 bk = bgt + k * (NG / GL) * B_BYTES;
+            const int g = GRP(gw, k);
+            const u32 bk = bgt + (g - gw) * B_BYTES;
 #pragma unroll
             for (int s = 0; s < S; ++s) {{
                 const int c = k * S + s;
@@ -382,14 +383,14 @@ tw_gconv_fprop_wg"""
                 if (k > 0 && s == (S < AS ? S : AS) - 1) {{
                     if (S < AS) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                     if (k == 1) staging_free(tid);
-                    flag |= epilogue(acc[(k - 1) & 1], stg + out_row0, g - NG / GL, lane, w4,
+                    flag |= epilogue(acc[(k - 1) & 1], stg + out_row0, GRP(gw, k - 1), lane, w4,
                                      bv[k - 1][0], bv[k - 1][1]);
                 }}
             }}
         }}
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (GL == 1) staging_free(tid);
-        flag |= epilogue(acc[(GL - 1) & 1], stg + out_row0, gw + (GL - 1) * (NG / GL), lane, w4,
+        flag |= epilogue(acc[(GL - 1) & 1], stg + out_row0, GRP(gw, GL - 1), lane, w4,
                          bv[GL - 1][0], bv[GL - 1][1]);
         if (__syncthreads_or((flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
             exact_tile(sbase, hb, stg, bias, c0);
