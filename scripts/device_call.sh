@@ -339,16 +339,6 @@ for step in "$@"; do
       wg_ablate wg-loop-ablate "${LOOP_ABLATE_SET:-9}" \
         "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" 5 "${ABLATE_LIMIT:-100}"
       pack ;;
-    px-s39)  # session 39: the paired-pixel wgmma tiles (pixel_pairs, experimental): their tests
-      # (TILEWISE_TEST_WG_ONLY=px), timed beside their unpaired forms at 5x5, 3x3, 7x7 (KS,
-      # ONLY), then the MMA phase alone (TILEWISE_WG_ABLATE=9) at 5x5 (PX_ABLATE_SET)
-      TILEWISE_TEST_WG_ONLY=${TILEWISE_TEST_WG_ONLY:-px} \
-        WG_TESTS=${WG_TESTS:-test_deep_and_experimental_wgmma_tiles} wg_tests
-      wg_probe px "5 3 7" "cudawg_t8x64c32w16m1s[23]_|cudawg_t16x64c16w8m1s2|cudawg_t8x64c16w8m1s2"
-      wg_ablate px-ablate "${PX_ABLATE_SET:-0 9}" \
-        "${PX_ABLATE_ONLY:-cudawg_t8x64c32w16m1s3_|cudawg_t16x64c16w8m1s2|cudawg_t8x64c16w8m1s2}" \
-        5 "${ABLATE_LIMIT:-100}"
-      pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
       # after the weights as before session 37, 8 no halo loads; 16/32, evict-first L2 hints on

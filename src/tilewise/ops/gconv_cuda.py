@@ -212,23 +212,7 @@ def wgmma_registers_fit(r: int, s: int, tile: CudaTile) -> bool:
     # the same warpgroup's work alone (8x64, 2 CTAs an SM) took 114 (ptxas)
     more = 40 if wgmma_split(tile) == 1 else 48
     accumulators = 4 * br * bands * (2 if wgmma_group_loop(tile) > 1 else 1)
-    if tile.pixel_pairs:
-        # a set is a row pair's S fragments, but ptxas (nvcc 13.0, session 39) copies an odd
-        # column's fragment once per band it meets and keeps more around the bands: 8x64 120 a
-        # thread at 3x3, serialized at 5x5 (128); 16x64 16-channel 168 / 232 / spilled at 7x7
-        # (255); the rule, fitted to these, leaves out every tile that spilled or serialized
-        a_set, more = 4 * (2 * s - 1), more + 24 * (bands - 2)
-    else:
-        a_set = 4 * row_pairs
-    return accumulators + tile.asets * a_set + more <= register_cap(tile)
-
-
-def wgmma_columns(r: int, s: int, tile: CudaTile) -> int:
-    """A-fragment loads a group of a ``wgmma`` tile takes (the kernel's NCOL): kernel columns,
-    or with ``pixel_pairs`` input row pairs (the kernel's IPW)."""
-    if tile.pixel_pairs:
-        return tile.band_rows // 2 * (wgmma_bands(tile) - 1) + wgmma_ksteps(r, tile)
-    return s
+    return accumulators + 4 * tile.asets * row_pairs + more <= register_cap(tile)
 
 
 #: input rows a slot of the rolling-row kernel's ring holds (its RB), and output rows each
@@ -271,7 +255,6 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if tile.roll:  # as the kernel is written (gconv_roll_src) and smem_bytes counts it
         return (
             tile.wgmma
-            and not tile.pixel_pairs
             and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
             and tile.tma == 2
             and tile.tw == 64
@@ -293,11 +276,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and tile.tw == 64
             and tile.cb in (8, 16, 32, 64)
             and tile.asets in (2, 3)
-            # fewer columns: ptxas serialized
-            and (tile.asets == 2 or wgmma_columns(r, s, tile) >= tile.asets)
-            # pixel pairs: the 128-byte swizzle spreads 8 pixels 2 apart over the banks only for
-            # 32- and 64-byte pixels; (S + 1) / 2 whole ldmatrix.x4 a row pair
-            and (not tile.pixel_pairs or (tile.cb in (16, 32) and s % 2 == 1))
+            and (tile.asets == 2 or s >= tile.asets)  # fewer columns: ptxas serialized
             and tile.warps % 4 == 0
             # several warpgroups a group, or (a group loop) several groups a warpgroup
             and (tile.warps % (4 * (tile.cb // 8)) == 0 or 4 * (tile.cb // 8) % tile.warps == 0)
@@ -309,8 +288,8 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
         )
-    if tile.tma not in (0, 1, 2) or tile.tap_rows or tile.pixel_pairs:  # tap_rows: wgrad only;
-        return False  # pixel_pairs: wgmma only
+    if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
+        return False
     if tile.wsmem and not (tile.rowpair and rowpair_registers_fit(r, s, tile)):
         return False
     box_too_big = tile.th + r - 1 > 256 or tile.tw + s - 1 > 256  # TMA boxes: <= 256 a side
@@ -507,8 +486,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
-            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, PX=int(tile.pixel_pairs),
-            MIN_CTAS=tile.min_ctas,
+            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
             WGMMA=_wgmma_asm(bf16, 8 * tile.band_rows),
             ABLATE=WG_ABLATE,
@@ -656,8 +634,7 @@ class BoundLaunch:
                  dependent=False, planned=False) -> None:  # fmt: skip
         self.kernel, self.signature, self.grid, self.block = kernel, signature, grid, block
         self.smem, self.dev, self.scalars, self.n_ptrs = smem, dev, tuple(scalars), n_ptrs
-        # maps: (pointer index, cb, box w, box h[, swizzle mode])
-        self.maps, self.dependent = maps, dependent
+        self.maps, self.dependent = maps, dependent  # maps: (pointer index, cb, box w, box h)
         self.planned = None
         lean = _launcher(kernel, signature, dependent) if planned else None
         if lean is not None:  # its own launcher, dependent only where the kernel's lean one is
@@ -668,7 +645,7 @@ class BoundLaunch:
 
     def launch(self, ptrs: list) -> None:
         """Launch with the problem's tensors ``ptrs`` (in the kernel's pointer order)."""
-        live = ptrs + [_tensor_map(ptrs[i], *m) for i, *m in self.maps]
+        live = ptrs + [_tensor_map(ptrs[i], cb, bw, bh) for i, cb, bw, bh in self.maps]
         if self.planned is None:
             args = ptrs + list(self.scalars) + live[self.n_ptrs :]
             _launch(self.kernel, self.signature, self.grid, self.block, args, self.smem,
@@ -736,10 +713,9 @@ def bind_fprop(
         maps += [(0, tile.cb, tile.tw + s - 1, 1), (3, 8 * roll_groups(tile), tile.tw, 1)]
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
-        swz = 3 if tile.pixel_pairs else None  # the paired-pixel kernel's 128-byte swizzle
-        maps.append((0, tile.cb, tile.tw + s - 1, halo_rows, swz))
+        maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
         if tile.tma == 2:
-            maps.append((3, tile.cb, tile.tw, tile.th, swz))
+            maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
     smem = smem_bytes(r, s, tile)
@@ -761,13 +737,9 @@ def _log_once(message: str) -> None:
     log.warning(message)
 
 
-def _tensor_map(
-    t: torch.Tensor, cb: int, box_w: int, box_h: int, swizzle: int | None = None
-) -> _tma.TensorMap:
-    key = (t.data_ptr(), t.shape, t.dtype, cb, box_w, box_h, swizzle)
-    return _TMA_MAPS.get(
-        key, lambda: (_tma.nhwc_halo_map(t, cb, box_w, box_h, swizzle), t.data_ptr())
-    )
+def _tensor_map(t: torch.Tensor, cb: int, box_w: int, box_h: int) -> _tma.TensorMap:
+    key = (t.data_ptr(), t.shape, t.dtype, cb, box_w, box_h)
+    return _TMA_MAPS.get(key, lambda: (_tma.nhwc_halo_map(t, cb, box_w, box_h), t.data_ptr()))
 
 
 #: output pixels (N x Ho x Wo) up to which the cluster tiles are candidates: beyond, 8 CTAs per
@@ -859,8 +831,6 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     tap source's fprop kernel gives each warp a 16-pixel row), clusters of at most
     ``NON_PORTABLE_MAX_CLUSTER`` (tap kernel only; above ``MAX_CLUSTER`` experimental);
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
-    if tile.pixel_pairs:  # fprop/dgrad only
-        return False
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
         plain = not (tile.rowpair or tile.cluster or tile.tap_rows)

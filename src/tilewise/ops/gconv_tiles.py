@@ -56,9 +56,6 @@ class CudaTile:
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
-    # wgmma fprop/dgrad: a lane's two M rows are adjacent pixels, so kernel column s + 1's A
-    # fragment is half of column s's ((S + 1) / 2 ldmatrix.x4 an input row pair against S)
-    pixel_pairs: bool = False
 
     @property
     def name(self) -> str:
@@ -70,7 +67,6 @@ class CudaTile:
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
-        sets += "px" if self.pixel_pairs else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
@@ -209,15 +205,6 @@ EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, band_rows=2),
     CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, band_rows=2),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
-    # session 39: paired pixels (``pixel_pairs``): a lane's M rows are adjacent pixels, so a
-    # kernel column's A fragment is half the one before's ((S + 1) / 2 ldmatrix.x4 an input row
-    # pair against S; Nsight Compute, session 39: the MMA phase's shared-memory wavefronts 60%
-    # ldmatrix, 40% the wgmmas' B)
-    CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, pixel_pairs=True),
-    CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, pixel_pairs=True),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, pixel_pairs=True),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, pixel_pairs=True),
-    CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True, pixel_pairs=True),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not

@@ -89,7 +89,6 @@ typedef unsigned long long u64;
 #endif
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
 #define GRP(gw, k) ((gw) + (k) * (NG / GL))  // warpgroup gw's k-th group
-#define PX {PX}  // M rows pair adjacent pixels (CudaTile.pixel_pairs; session 39)
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
 #if AS < 2 || AS > 3
 #error "the wgmma kernel takes 2 or 3 sets of A fragments"
@@ -112,18 +111,13 @@ typedef unsigned long long u64;
 #define J ((R + BR) / 2)
 #define IP ((TH + R) / 2)
 #define IPW (BR / 2 * (NBW - 1) + J)
-#define NCOL (PX ? IPW : S)  // A-fragment loads a group: input row pairs (PX) or kernel columns
 #define HH (2 * IP)
 #define HWD (TW + S - 1)
 #define PIXB (CB * 2)
 #define UP1K(v) (((v) + 1023) / 1024 * 1024)
 // a pixel's 16-byte chunk of group g: the TMA's swizzle of PIXB-byte rows (a stage on 1024 bytes)
-#if PX  // paired pixels: the 128-byte swizzle on the address (stages on 1024 bytes)
-#define HOFF(p, g) (((p) * PIXB + 16 * (g)) ^ (((p) * PIXB >> 3) & 0x70))
-#else
 #define SWZ(p) (((p) * NG / 8) % NG)
 #define HOFF(p, g) ((p) * PIXB + 16 * ((g) ^ SWZ(p)))
-#endif
 // B: per group, per kernel column s, core matrices W[r][s] (8 out x 8 in) at
 // s * SPB + BR - 1 + r
 #define SPB (2 * J + BR - 1)
@@ -264,8 +258,7 @@ __device__ __forceinline__ void staging_free(int tid) {{
     __syncthreads();
 }}
 // a group's accumulators, plus bias, rounded into the staging tile at ``dst`` (this warpgroup's
-// first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels (PX: pixels 16 w4 + 2 (lane / 4)
-// (+ 1)); cols 8 i + 2 (lane % 4) (+ 1):
+// first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1):
 // band row BR - 1 - i, out channels 2 (lane % 4) (+ 1). Returns bit 15 or 31 set where a rounded
 // output's exponent is all ones (Inf or NaN, an fp32 overflow included).
 __device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][4 * BR], u32 dst, int g, int lane,
@@ -277,11 +270,7 @@ __device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][4 * BR], u32 dst
         for (int i = 0; i < BR; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{
-#if PX
-                const int p = (BR * b + BR - 1 - i) * TW + 16 * w4 + 2 * (lane >> 2) + h;
-#else
                 const int p = (BR * b + BR - 1 - i) * TW + 16 * w4 + (lane >> 2) + 8 * h;
-#endif
                 const float* d = acc[b] + 4 * i + 2 * h;
                 const u32 v = pack2(d[0] + bv0, d[1] + bv1);
                 if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
@@ -335,12 +324,7 @@ tw_gconv_fprop_wg"""
     const u32 bg = sbase + gw * B_BYTES;
     // this lane's ldmatrix row: matrix q = lane / 8 (pixels + 8 for odd q, input row + 1 for
     // q > 1)
-    // (PX: pixel 2 (lane % 8) + q % 2 of the warp's 16, the first of a vector pair)
-#if PX
-    const int q = lane >> 3, lm = 16 * w4 + 2 * (lane & 7) + (q & 1), ljj = q >> 1;
-#else
     const int q = lane >> 3, lm = 16 * w4 + (lane & 7) + 8 * (q & 1), ljj = q >> 1;
-#endif
     float bv[GL][2];
 #pragma unroll
     for (int k = 0; k < GL; ++k)
@@ -366,70 +350,24 @@ tw_gconv_fprop_wg"""
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
         u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
         asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
-        // A fragments in AS sets by running column c (over the warpgroup's groups): a kernel
-        // column's fragments of every input row pair, or (PX) an input row pair's pixel vectors
-        // k = 0 .. S, a lane's M rows g, g + 8 being pixels 16 w4 + 2 g + s (+ 1) in kernel column
-        // s, so column s's fragment is vectors s, s + 1: (S + 1) / 2 ldmatrix.x4 a row pair
-        // against S. A set is reloaded once the wgmmas of the column AS back have completed
-#if PX
-        u32 a[AS][S][4];  // a row pair's fragments, kernel column by column
-#else
+        // A fragments in AS sets by running kernel column c (over the warpgroup's groups): a
+        // set is reloaded once the wgmmas of the column AS back have completed (wait_group)
         u32 a[AS][IPW][4];
-#endif
         u32 flag = 0;
 #pragma unroll
         for (int k = 0; k < GL; ++k) {{
             const int g = GRP(gw, k);
             const u32 bk = bgt + (g - gw) * B_BYTES;
 #pragma unroll
-            for (int cc = 0; cc < NCOL; ++cc) {{
-                const int c = k * NCOL + cc;
+            for (int s = 0; s < S; ++s) {{
+                const int c = k * S + s;
                 if (c >= AS)
                     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(AS - 1) : "memory");
-#if PX  // the even columns' fragments by ldmatrix, an odd column's copied from its neighbours'
-                {{
-                    // the lane's pixel opaque per row pair: the swizzled addresses made where
-                    // used, not kept (a register each); the copies made once, not per wgmma
-                    int lp;
-                    asm volatile("mov.b32 %0, %1;\n" : "=r"(lp) : "r"(lm));
-                    const int p0 = (BR * hb0 + 2 * cc + ljj) * HWD + lp;
-#pragma unroll
-                    for (int s = 0; s < S; s += 2) ldsm_x4(a[c % AS][s], hb + HOFF(p0 + s, g));
-                    // register e of column s: rows g (e even: column s - 1's rows g + 8) and
-                    // g + 8 (e odd: column s + 1's rows g), input row e / 2
-#pragma unroll
-                    for (int s = 1; s < S; s += 2)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {{
-                            const int from = s - 1 + 2 * (e & 1), fe = (e & 2) + 1 - (e & 1);
-                            asm volatile("mov.b32 %0, %1;\n"
-                                         : "=r"(a[c % AS][s][e]) : "r"(a[c % AS][from][fe]));
-                        }}
-                }}
-#else
 #pragma unroll
                 for (int ip = 0; ip < IPW; ++ip)
                     ldsm_x4(a[c % AS][ip],
-                            hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + cc, g));
-#endif
+                            hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#if PX
-                // opaque per row pair, each descriptor the base's plus a constant: a kernel
-                // column's descriptors serve two row pairs, and kept between them they cost more
-                // registers than they save instructions
-                u32 bkc;
-                asm volatile("mov.b32 %0, %1;\n" : "=r"(bkc) : "r"(bk));
-                const u64 d0 = desc(bkc, 128, 128);
-#pragma unroll
-                for (int s = 0; s < S; ++s)
-#pragma unroll
-                    for (int b = 0; b < NBW; ++b) {{
-                        const int j = cc - BR / 2 * b;
-                        if (j >= 0 && j < J && !(ABLATE & 2))
-                            wgmma(acc[k & 1][b], a[c % AS][s], d0 + (s * SPB + 2 * j) * 8,
-                                  s > 0 || j > 0);
-                    }}
-#else
 #pragma unroll
                 for (int ip = 0; ip < IPW; ++ip)
 #pragma unroll
@@ -437,14 +375,13 @@ tw_gconv_fprop_wg"""
                         const int j = ip - BR / 2 * b;
                         if (j >= 0 && j < J && !(ABLATE & 2))
                             wgmma(acc[k & 1][b], a[c % AS][ip],
-                                  desc(bk + (cc * SPB + 2 * j) * 128, 128, 128), cc > 0 || j > 0);
+                                  desc(bk + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
                     }}
-#endif
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 // the group before's wgmmas have completed by column AS - 1's wait: its
                 // epilogue runs under this group's first columns
-                if (k > 0 && cc == (NCOL < AS ? NCOL : AS) - 1) {{
-                    if (NCOL < AS) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                if (k > 0 && s == (S < AS ? S : AS) - 1) {{
+                    if (S < AS) asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                     if (k == 1) staging_free(tid);
                     flag |= epilogue(acc[(k - 1) & 1], stg + out_row0, GRP(gw, k - 1), lane, w4,
                                      bv[k - 1][0], bv[k - 1][1]);

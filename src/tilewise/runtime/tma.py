@@ -56,12 +56,9 @@ class TiledMap:
             raise ValueError(f"tensor map: a {row}-byte box row exceeds swizzle {self.swizzle}")
 
 
-def nhwc_halo_map(
-    x: torch.Tensor, channels: int, box_w: int, box_h: int, swizzle: int | None = None
-) -> TiledMap:
+def nhwc_halo_map(x: torch.Tensor, channels: int, box_w: int, box_h: int) -> TiledMap:
     """The map of a channels_last [N, C, H, W] tensor whose box is ``channels`` channels by
-    ``box_w`` x ``box_h`` pixels of one image, swizzled by the box's row bytes (``swizzle``: a
-    wider mode, e.g. 3, the 128-byte one, over 32- or 64-byte rows). A pixel of more
+    ``box_w`` x ``box_h`` pixels of one image, swizzled by the box's row bytes. A pixel of more
     than 128 bytes (the widest swizzled row) is split into 128-byte rows: a 5-d map (row
     elements, rows, w, h, n) whose box lands in shared memory in the same order, each pixel's
     rows back to back, so the kernel's addressing does not change."""
@@ -79,14 +76,12 @@ def nhwc_halo_map(
         )
     if row not in SWIZZLE_BY_ROW_BYTES:
         raise ValueError(f"tensor map: argument 'channels' {channels} gives a {row}-byte row")
-    if swizzle is not None and swizzle < SWIZZLE_BY_ROW_BYTES[row]:
-        raise ValueError(f"tensor map: argument 'swizzle' {swizzle} is narrower than {row} bytes")
     return TiledMap(
         dtype=x.dtype,
         sizes=(c, w, h, n),
         strides=(c * elem, w * c * elem, h * w * c * elem),
         box=(channels, box_w, box_h, 1),
-        swizzle=SWIZZLE_BY_ROW_BYTES[row] if swizzle is None else swizzle,
+        swizzle=SWIZZLE_BY_ROW_BYTES[row],
     )
 
 
