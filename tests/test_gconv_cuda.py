@@ -388,9 +388,10 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, 
     dgrad, with NaN and +-Inf in the input: NaN and Inf exactly where the fp64 reference (CPU)
     has them, Infs of its sign (the Toeplitz weights' zeros meet other outputs' inputs: such a
     tile is recomputed exactly), the rest within the three-way bound where PyTorch's own output
-    is finite too."""
+    is finite too. ``TILEWISE_TEST_WG_ONLY`` (a regex) keeps the tiles whose name matches."""
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
+    only = os.environ.get("TILEWISE_TEST_WG_ONLY")
     c, g = 64, 8
     x = _cl(torch.randn(12, c, 37, 70, device="cuda"))
     x[1, 5, 7, 9], x[7, 60, 30, 66], x[11, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
@@ -403,8 +404,11 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, 
     dref = torch.nn.grad.conv2d_input(x.shape, w64, x64, padding=pad, groups=g)
     same = F.conv2d(xd, wd, bd, padding=pad, groups=g).cpu()
     dsame = torch.nn.grad.conv2d_input(x.shape, wd, xd, padding=pad, groups=g).cpu()
-    tiles = [t for t in _tiles(c, k, k) if t.wgmma]
-    assert tiles
+    tiles = [t for t in _tiles(c, k, k) if t.wgmma and (only is None or re.search(only, t.name))]
+    if only is None:
+        assert tiles
+    elif not tiles:
+        pytest.skip(f"no wgmma tile matching {only!r} takes {k}x{k}")
     # a grid of 1-2 CTAs a channel block: each walks 15-60 tiles (mbarrier phases of every stage
     # flip many times), and the full grid as chosen
     for tile, sms in [(t, n) for t in tiles for n in (None, 3)]:

@@ -90,6 +90,14 @@ typedef unsigned long long u64;
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
 #define GRP(gw, k) ((gw) + (k) * (NG / GL))  // warpgroup gw's k-th group
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
+// decoupled warpgroups (CudaTile.decoupled, session 39; HS 1, GL 1 only): each warpgroup stages
+// and stores its own group's outputs (an 8-channel box) and releases a halo stage on its own,
+// the last to release one loading the tile NST ahead into it: no CTA-wide barrier in the tile
+// loop, so one warpgroup's epilogue runs under the others' wgmmas
+#define DC {DC}
+#if DC && (HS != 1 || GL != 1)
+#error "decoupled warpgroups take one group each"
+#endif
 #if AS < 2 || AS > 3
 #error "the wgmma kernel takes 2 or 3 sets of A fragments"
 #endif
@@ -126,6 +134,14 @@ typedef unsigned long long u64;
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
 #define OFF_STG (OFF_HALO + NST * HALO_BYTES)
 #define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
+#define OFF_CNT (OFF_MBAR + 8 * NST)  // DC: a stage's releases so far (u32 each)
+// an output pixel's group g in the staging tile: the TMA's swizzle, or (DC) the warpgroup's own
+// dense 8-channel tile
+#if DC
+#define SOFF(p, g) ((p) * 16)
+#else
+#define SOFF(p, g) HOFF(p, g)
+#endif
 #if IS_BF16
 #define EXP_MASK2 0x7f807f80u
 #define EXP_ONE2 0x00800080u
@@ -245,7 +261,7 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 asm volatile("st.shared.u32 [%0], %1;\n"
-                             :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
+                             :: "r"(stg + SOFF(row * TW + px + 8 * h, g) + 2 * ci),
                                 "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
                              : "memory");
         }}
@@ -256,6 +272,17 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
 __device__ __forceinline__ void staging_free(int tid) {{
     if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     __syncthreads();
+}}
+// DC: warpgroup gw's named barrier (1 + gw), and its threads' OR of ``v``
+__device__ __forceinline__ void wg_sync(int gw) {{
+    asm volatile("barrier.cta.sync %0, 128;\n" :: "r"(1 + gw) : "memory");
+}}
+__device__ __forceinline__ int wg_any(int gw, int v) {{
+    int r;
+    asm volatile("{{ .reg .pred p, q; setp.ne.s32 q, %1, 0; "
+                 "barrier.cta.red.or.pred p, %2, 128, q; selp.s32 %0, 1, 0, p; }}\n"
+                 : "=r"(r) : "r"(v), "r"(1 + gw) : "memory");
+    return r;
 }}
 // a group's accumulators, plus bias, rounded into the staging tile at ``dst`` (this warpgroup's
 // first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1):
@@ -276,7 +303,7 @@ __device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][4 * BR], u32 dst
                 if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
                 if (ABLATE & 1) continue;
                 asm volatile("st.shared.u32 [%0], %1;\n"
-                             :: "r"(dst + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
+                             :: "r"(dst + SOFF(p, g) + 4 * (lane & 3)), "r"(v)
                              : "memory");
             }}
     return flag;
@@ -310,6 +337,14 @@ tw_gconv_fprop_wg"""
         if (!(ABLATE & 12))
             first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
                         n_tiles);
+#if DC  // the last stage's tile too (the loop loads a stage once all warpgroups release it)
+#pragma unroll
+        for (int k = 0; k < NST; ++k) ((u32*)(sm + OFF_CNT))[k] = 0u;
+        const int tl = blockIdx.x + (NST - 1) * gridDim.x;
+        if (!(ABLATE & 12) && tl < n_tiles)
+            tma_halo(sbase + OFF_HALO + (NST - 1) * HALO_BYTES, mbar + 8 * (NST - 1), &tmap, tl,
+                     c0, pad_h, pad_w, tiles_h, tiles_w);
+#endif
     }}
     for (int i = tid; i < NG * S * SPB * 64; i += NT) {{
         const int ci = i & 7, co = (i >> 3) & 7, m = (i >> 6) % (S * SPB);
@@ -343,7 +378,7 @@ tw_gconv_fprop_wg"""
         const int parity = (it / NST) & 1;
 #endif
         // stage nxt was last read by the tile before, which every warp has finished
-        if (tid == 0 && tn < n_tiles && !(ABLATE & 8))
+        if (!DC && tid == 0 && tn < n_tiles && !(ABLATE & 8))
             tma_halo(sbase + OFF_HALO + nxt * HALO_BYTES, mbar + 8 * nxt, &tmap, tn, c0, pad_h,
                      pad_w, tiles_h, tiles_w);
         if (!(ABLATE & 8)) mbar_wait(mbar + 8 * buf, parity);
@@ -389,6 +424,39 @@ tw_gconv_fprop_wg"""
             }}
         }}
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#if DC
+        // the warpgroup's own staging tile, free once its last store has read it
+        const u32 wstg = stg + gw * (TH * TW * 16);
+        const bool leader = (tid & 127) == 0;
+        if (leader) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        wg_sync(gw);
+        flag = epilogue(acc[0], wstg, gw, lane, w4, bv[0][0], bv[0][1]);
+        if (wg_any(gw, (flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
+            exact_tile(sbase, hb, wstg, bias, c0);
+            wg_sync(gw);
+        }}
+        // the warpgroup has read the halo: the last of the NG warpgroups to release the stage
+        // loads the tile NST ahead into it
+        if (leader) {{
+            __threadfence_block();
+            const u32 done = atomicAdd((u32*)(sm + OFF_CNT) + buf, 1u);
+            const int ta = t + NST * gridDim.x;
+            __threadfence_block();
+            if (done % NG == NG - 1 && ta < n_tiles && !(ABLATE & 8))
+                tma_halo(hb, mbar + 8 * buf, &tmap, ta, c0, pad_h, pad_w, tiles_h, tiles_w);
+        }}
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        wg_sync(gw);
+        if (leader && !(ABLATE & 1)) {{
+            int n, y0, x0;
+            tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                         :: "l"(&tmap_y), "r"(c0 + 8 * gw), "r"(x0), "r"(y0), "r"(n), "r"(wstg)
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }}
+#else
         if (GL == 1) staging_free(tid);
         flag |= epilogue(acc[(GL - 1) & 1], stg + out_row0, GRP(gw, GL - 1), lane, w4,
                          bv[GL - 1][0], bv[GL - 1][1]);
@@ -407,8 +475,10 @@ tw_gconv_fprop_wg"""
                          : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }}
+#endif
     }}
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (DC ? (tid & 127) == 0 : tid == 0)
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
 )
