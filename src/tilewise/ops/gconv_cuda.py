@@ -117,8 +117,9 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = _up1k(tile.cb // 8 * s * spb * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         stg = _up1k(tile.th * tile.tw * tile.cb * 2)
-        # mbarriers, and with decoupled warpgroups a release count, a stage
-        return 1024 + b + tile.stages * halo + stg + (12 if tile.decoupled else 8) * tile.stages
+        if tile.decoupled:  # two staging tiles, their mbarriers, a count a stage and staging tile
+            return 1024 + b + tile.stages * halo + 2 * stg + 12 * (tile.stages + 2)
+        return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
         # wsmem: one 512-byte A matrix per (group, kernel column, row pair), 16-byte aligned
@@ -719,8 +720,8 @@ def bind_fprop(
     elif tile.tma:  # the wgmma kernel loads whole input row pairs
         halo_rows = wgmma_halo_rows(r, tile) if tile.wgmma else tile.th + r - 1
         maps.append((0, tile.cb, tile.tw + s - 1, halo_rows))
-        if tile.tma == 2:  # decoupled warpgroups: each stores its own group's 8 channels
-            maps.append((3, 8 if tile.decoupled else tile.cb, tile.tw, tile.th))
+        if tile.tma == 2:
+            maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
     smem = smem_bytes(r, s, tile)

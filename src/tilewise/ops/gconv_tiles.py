@@ -212,7 +212,8 @@ EXPERIMENTAL_WGMMA_TILES = (
     # session 39: decoupled warpgroups (``decoupled``): the MMA phase alone of the 16x64 tile
     # (TILEWISE_WG_ABLATE=9) is 44.9 us at 5x5 against 69.2 whole, of the 8x64 three-stage one
     # 49.1 against 59.7: the CTA-wide barriers of the epilogue keep every warpgroup's wgmmas
-    # off the tensor pipe at once
+    # off the tensor pipe at once. A first form (call 5) stored each group's 8 channels itself,
+    # a 16-byte box: correct, 2.3x slower at every kernel size (``wide-probe-dc8-s39``)
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, decoupled=True),
     CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, decoupled=True),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, decoupled=True),

@@ -90,10 +90,11 @@ typedef unsigned long long u64;
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
 #define GRP(gw, k) ((gw) + (k) * (NG / GL))  // warpgroup gw's k-th group
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
-// decoupled warpgroups (CudaTile.decoupled, session 39; HS 1, GL 1 only): each warpgroup stages
-// and stores its own group's outputs (an 8-channel box) and releases a halo stage on its own,
-// the last to release one loading the tile NST ahead into it: no CTA-wide barrier in the tile
-// loop, so one warpgroup's epilogue runs under the others' wgmmas
+// decoupled warpgroups (CudaTile.decoupled, session 39; HS 1, GL 1 only): each warpgroup
+// releases a halo stage on its own, the last to release one loading the tile NST ahead into it,
+// and writes its group's outputs into one of two staging tiles, the last to write one storing
+// it: no CTA-wide barrier in the tile loop, so one warpgroup's epilogue runs under the others'
+// wgmmas
 #define DC {DC}
 #if DC && (HS != 1 || GL != 1)
 #error "decoupled warpgroups take one group each"
@@ -133,15 +134,11 @@ typedef unsigned long long u64;
 #define OFF_HALO UP1K(NG * B_BYTES)
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
 #define OFF_STG (OFF_HALO + NST * HALO_BYTES)
-#define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
-#define OFF_CNT (OFF_MBAR + 8 * NST)  // DC: a stage's releases so far (u32 each)
-// an output pixel's group g in the staging tile: the TMA's swizzle, or (DC) the warpgroup's own
-// dense 8-channel tile
-#if DC
-#define SOFF(p, g) ((p) * 16)
-#else
-#define SOFF(p, g) HOFF(p, g)
-#endif
+#define STG_BYTES UP1K(TH * TW * PIXB)
+#define OFF_MBAR (OFF_STG + (1 + DC) * STG_BYTES)
+// DC: after the stages' mbarriers, the staging tiles' (their stores have read them), then the
+// releases of each stage and the writes of each staging tile so far (u32 each)
+#define OFF_CNT (OFF_MBAR + 8 * (NST + 2 * DC))
 #if IS_BF16
 #define EXP_MASK2 0x7f807f80u
 #define EXP_ONE2 0x00800080u
@@ -261,7 +258,7 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 asm volatile("st.shared.u32 [%0], %1;\n"
-                             :: "r"(stg + SOFF(row * TW + px + 8 * h, g) + 2 * ci),
+                             :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
                                 "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
                              : "memory");
         }}
@@ -303,7 +300,7 @@ __device__ __forceinline__ u32 epilogue(const float (&acc)[NBW][4 * BR], u32 dst
                 if (!(ABLATE & 2)) flag |= (v & EXP_MASK2) + EXP_ONE2;
                 if (ABLATE & 1) continue;
                 asm volatile("st.shared.u32 [%0], %1;\n"
-                             :: "r"(dst + SOFF(p, g) + 4 * (lane & 3)), "r"(v)
+                             :: "r"(dst + HOFF(p, g) + 4 * (lane & 3)), "r"(v)
                              : "memory");
             }}
     return flag;
@@ -339,7 +336,11 @@ tw_gconv_fprop_wg"""
                         n_tiles);
 #if DC  // the last stage's tile too (the loop loads a stage once all warpgroups release it)
 #pragma unroll
-        for (int k = 0; k < NST; ++k) ((u32*)(sm + OFF_CNT))[k] = 0u;
+        for (int k = 0; k < 2; ++k)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * (NST + k)));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < NST + 2; ++k) ((u32*)(sm + OFF_CNT))[k] = 0u;
         const int tl = blockIdx.x + (NST - 1) * gridDim.x;
         if (!(ABLATE & 12) && tl < n_tiles)
             tma_halo(sbase + OFF_HALO + (NST - 1) * HALO_BYTES, mbar + 8 * (NST - 1), &tmap, tl,
@@ -425,36 +426,45 @@ tw_gconv_fprop_wg"""
         }}
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #if DC
-        // the warpgroup's own staging tile, free once its last store has read it
-        const u32 wstg = stg + gw * (TH * TW * 16);
+        // staging tile it % 2, free once the store of the tile two before has read it
+        const int sb = it & 1;
+        const u32 wstg = stg + sb * STG_BYTES, sfree = mbar + 8 * (NST + sb);
         const bool leader = (tid & 127) == 0;
-        if (leader) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        wg_sync(gw);
+        if (it >= 2) mbar_wait(sfree, ((it >> 1) - 1) & 1);
         flag = epilogue(acc[0], wstg, gw, lane, w4, bv[0][0], bv[0][1]);
         if (wg_any(gw, (flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
             exact_tile(sbase, hb, wstg, bias, c0);
             wg_sync(gw);
         }}
-        // the warpgroup has read the halo: the last of the NG warpgroups to release the stage
-        // loads the tile NST ahead into it
-        if (leader) {{
-            __threadfence_block();
-            const u32 done = atomicAdd((u32*)(sm + OFF_CNT) + buf, 1u);
-            const int ta = t + NST * gridDim.x;
-            __threadfence_block();
-            if (done % NG == NG - 1 && ta < n_tiles && !(ABLATE & 8))
-                tma_halo(hb, mbar + 8 * buf, &tmap, ta, c0, pad_h, pad_w, tiles_h, tiles_w);
-        }}
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         wg_sync(gw);
-        if (leader && !(ABLATE & 1)) {{
-            int n, y0, x0;
-            tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                         " [%0, {{%1, %2, %3, %4}}], [%5];\n"
-                         :: "l"(&tmap_y), "r"(c0 + 8 * gw), "r"(x0), "r"(y0), "r"(n), "r"(wstg)
-                         : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        if (leader) {{
+            u32* const cnt = (u32*)(sm + OFF_CNT);
+            // the warpgroup has read the halo: the last of the NG to release the stage loads the
+            // tile NST ahead into it
+            __threadfence_block();
+            const u32 released = atomicAdd(cnt + buf, 1u);
+            const int ta = t + NST * gridDim.x;
+            if (released % NG == NG - 1 && ta < n_tiles && !(ABLATE & 8))
+                tma_halo(hb, mbar + 8 * buf, &tmap, ta, c0, pad_h, pad_w, tiles_h, tiles_w);
+            // the last of the NG to write the staging tile stores it, and once the store has
+            // read it, frees it
+            const u32 written = atomicAdd(cnt + NST + sb, 1u);
+            __threadfence_block();
+            if (written % NG == NG - 1) {{
+                if (!(ABLATE & 1)) {{
+                    int n, y0, x0;
+                    tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+                    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                                 " [%0, {{%1, %2, %3, %4}}], [%5];\n"
+                                 :: "l"(&tmap_y), "r"(c0), "r"(x0), "r"(y0), "r"(n), "r"(wstg)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                }}
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(sfree)
+                             : "memory");
+            }}
         }}
 #else
         if (GL == 1) staging_free(tid);
