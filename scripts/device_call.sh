@@ -339,13 +339,6 @@ for step in "$@"; do
       wg_ablate wg-loop-ablate "${LOOP_ABLATE_SET:-9}" \
         "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" 5 "${ABLATE_LIMIT:-100}"
       pack ;;
-    dc-s39)  # session 39: the decoupled-warpgroup wgmma tiles (experimental): their tests
-      # (TILEWISE_TEST_WG_ONLY=dc: the odd shapes, many tiles a CTA with non-finite inputs),
-      # then timed beside their coupled forms at 5x5, 3x3, 7x7 (KS, ONLY)
-      TILEWISE_TEST_WG_ONLY=${TILEWISE_TEST_WG_ONLY:-dc} WG_TESTS=${WG_TESTS:-"experimental_wgmma_tiles or over_many_tiles"} \
-        wg_tests
-      wg_probe dc "5 3 7" "cudawg_t8x64c32w16m1s[23]|cudawg_t16x64c16w8m1s2|cudawg_t8x64c16w8m1s2"
-      pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos
       # after the weights as before session 37, 8 no halo loads; 16/32, evict-first L2 hints on

@@ -117,8 +117,6 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         b = _up1k(tile.cb // 8 * s * spb * 128)
         halo = _up1k(wgmma_halo_rows(r, tile) * (tile.tw + s - 1) * tile.cb * 2)
         stg = _up1k(tile.th * tile.tw * tile.cb * 2)
-        if tile.decoupled:  # two staging tiles, their mbarriers, a count a stage and staging tile
-            return 1024 + b + tile.stages * halo + 2 * stg + 12 * (tile.stages + 2)
         return 1024 + b + tile.stages * halo + stg + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * ((r + 2) // 2) - 2
@@ -257,7 +255,6 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     if tile.roll:  # as the kernel is written (gconv_roll_src) and smem_bytes counts it
         return (
             tile.wgmma
-            and not tile.decoupled
             and not (tile.rowpair or tile.wsmem or tile.cluster or tile.tap_rows)
             and tile.tma == 2
             and tile.tw == 64
@@ -284,8 +281,6 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             # several warpgroups a group, or (a group loop) several groups a warpgroup
             and (tile.warps % (4 * (tile.cb // 8)) == 0 or 4 * (tile.cb // 8) % tile.warps == 0)
             and tile.band_rows in (2, 4)
-            # decoupled warpgroups: each one group, whole
-            and (not tile.decoupled or wgmma_split(tile) == wgmma_group_loop(tile) == 1)
             and tile.th % (tile.band_rows * wgmma_split(tile)) == 0
             # several warpgroups a group: each one's rows start on a swizzle period
             and (wgmma_split(tile) == 1 or tile.band_rows * wgmma_bands(tile) % 8 == 0)
@@ -293,7 +288,7 @@ def tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
             and wgmma_halo_rows(r, tile) <= 256
             and wgmma_registers_fit(r, s, tile)
         )
-    if tile.tma not in (0, 1, 2) or tile.tap_rows or tile.decoupled:  # wgrad, wgmma tiles only
+    if tile.tma not in (0, 1, 2) or tile.tap_rows:  # tap_rows: wgrad tiles only
         return False
     if tile.wsmem and not (tile.rowpair and rowpair_registers_fit(r, s, tile)):
         return False
@@ -491,8 +486,7 @@ def source(
     if entry == "tw_gconv_fprop" and tile.wgmma:
         src = _SOURCE_WG.format(
             R=r, S=s, TH=tile.th, CB=tile.cb, HS=wgmma_split(tile), NST=tile.stages,
-            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, DC=int(tile.decoupled),
-            MIN_CTAS=tile.min_ctas,
+            GL=wgmma_group_loop(tile), AS=tile.asets, BR=tile.band_rows, MIN_CTAS=tile.min_ctas,
             IS_BF16=int(bf16), HAS_BIAS=int(bias > 0), DGRAD=int(dgrad),
             WGMMA=_wgmma_asm(bf16, 8 * tile.band_rows),
             ABLATE=WG_ABLATE,
@@ -837,8 +831,6 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     tap source's fprop kernel gives each warp a 16-pixel row), clusters of at most
     ``NON_PORTABLE_MAX_CLUSTER`` (tap kernel only; above ``MAX_CLUSTER`` experimental);
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
-    if tile.decoupled:  # fprop/dgrad only
-        return False
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
         plain = not (tile.rowpair or tile.cluster or tile.tap_rows)

@@ -56,9 +56,6 @@ class CudaTile:
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
-    # wgmma fprop/dgrad, one group a warpgroup: each warpgroup stores its own group's outputs
-    # and releases halo stages on its own (no CTA-wide barrier in the tile loop)
-    decoupled: bool = False
 
     @property
     def name(self) -> str:
@@ -70,7 +67,6 @@ class CudaTile:
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
-        sets += "dc" if self.decoupled else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
 
 
@@ -209,16 +205,6 @@ EXPERIMENTAL_WGMMA_TILES = (
     CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, band_rows=2),
     CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, band_rows=2),
     CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, band_rows=2),
-    # session 39: decoupled warpgroups (``decoupled``): the MMA phase alone of the 16x64 tile
-    # (TILEWISE_WG_ABLATE=9) is 44.9 us at 5x5 against 69.2 whole, of the 8x64 three-stage one
-    # 49.1 against 59.7: the CTA-wide barriers of the epilogue keep every warpgroup's wgmmas
-    # off the tensor pipe at once. A first form (call 5) stored each group's 8 channels itself,
-    # a 16-byte box: correct, 2.3x slower at every kernel size (``wide-probe-dc8-s39``)
-    CudaTile(8, 64, 32, 16, 1, 2, tma=2, wgmma=True, decoupled=True),
-    CudaTile(8, 64, 32, 16, 1, 3, tma=2, wgmma=True, decoupled=True),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, decoupled=True),
-    CudaTile(16, 64, 16, 8, 1, 2, tma=2, wgmma=True, asets=3, decoupled=True),
-    CudaTile(8, 64, 16, 8, 1, 2, tma=2, wgmma=True, decoupled=True),
 )
 
 #: The 8x64 32-channel wgmma tile with three halo stages (two tiles' loads ahead of the MMAs, not

@@ -90,15 +90,6 @@ typedef unsigned long long u64;
 #define GL {GL}  // groups of 8 channels a warpgroup takes in turn (HS 1 only)
 #define GRP(gw, k) ((gw) + (k) * (NG / GL))  // warpgroup gw's k-th group
 #define AS {AS}  // sets of A fragments (CudaTile.asets)
-// decoupled warpgroups (CudaTile.decoupled, session 39; HS 1, GL 1 only): each warpgroup
-// releases a halo stage on its own, the last to release one loading the tile NST ahead into it,
-// and writes its group's outputs into one of two staging tiles, the last to write one storing
-// it: no CTA-wide barrier in the tile loop, so one warpgroup's epilogue runs under the others'
-// wgmmas
-#define DC {DC}
-#if DC && (HS != 1 || GL != 1)
-#error "decoupled warpgroups take one group each"
-#endif
 #if AS < 2 || AS > 3
 #error "the wgmma kernel takes 2 or 3 sets of A fragments"
 #endif
@@ -134,11 +125,7 @@ typedef unsigned long long u64;
 #define OFF_HALO UP1K(NG * B_BYTES)
 #define HALO_BYTES UP1K(HH * HWD * PIXB)
 #define OFF_STG (OFF_HALO + NST * HALO_BYTES)
-#define STG_BYTES UP1K(TH * TW * PIXB)
-#define OFF_MBAR (OFF_STG + (1 + DC) * STG_BYTES)
-// DC: after the stages' mbarriers, the staging tiles' (their stores have read them), then the
-// releases of each stage and the writes of each staging tile so far (u32 each)
-#define OFF_CNT (OFF_MBAR + 8 * (NST + 2 * DC))
+#define OFF_MBAR (OFF_STG + UP1K(TH * TW * PIXB))
 #if IS_BF16
 #define EXP_MASK2 0x7f807f80u
 #define EXP_ONE2 0x00800080u
@@ -270,17 +257,6 @@ __device__ __forceinline__ void staging_free(int tid) {{
     if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     __syncthreads();
 }}
-// DC: warpgroup gw's named barrier (1 + gw), and its threads' OR of ``v``
-__device__ __forceinline__ void wg_sync(int gw) {{
-    asm volatile("barrier.cta.sync %0, 128;\n" :: "r"(1 + gw) : "memory");
-}}
-__device__ __forceinline__ int wg_any(int gw, int v) {{
-    int r;
-    asm volatile("{{ .reg .pred p, q; setp.ne.s32 q, %1, 0; "
-                 "barrier.cta.red.or.pred p, %2, 128, q; selp.s32 %0, 1, 0, p; }}\n"
-                 : "=r"(r) : "r"(v), "r"(1 + gw) : "memory");
-    return r;
-}}
 // a group's accumulators, plus bias, rounded into the staging tile at ``dst`` (this warpgroup's
 // first row). Band b's D: rows 16 w4 + lane / 4 (+ 8) = pixels; cols 8 i + 2 (lane % 4) (+ 1):
 // band row BR - 1 - i, out channels 2 (lane % 4) (+ 1). Returns bit 15 or 31 set where a rounded
@@ -334,18 +310,6 @@ tw_gconv_fprop_wg"""
         if (!(ABLATE & 12))
             first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
                         n_tiles);
-#if DC  // the last stage's tile too (the loop loads a stage once all warpgroups release it)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * (NST + k)));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#pragma unroll
-        for (int k = 0; k < NST + 2; ++k) ((u32*)(sm + OFF_CNT))[k] = 0u;
-        const int tl = blockIdx.x + (NST - 1) * gridDim.x;
-        if (!(ABLATE & 12) && tl < n_tiles)
-            tma_halo(sbase + OFF_HALO + (NST - 1) * HALO_BYTES, mbar + 8 * (NST - 1), &tmap, tl,
-                     c0, pad_h, pad_w, tiles_h, tiles_w);
-#endif
     }}
     for (int i = tid; i < NG * S * SPB * 64; i += NT) {{
         const int ci = i & 7, co = (i >> 3) & 7, m = (i >> 6) % (S * SPB);
@@ -379,7 +343,7 @@ tw_gconv_fprop_wg"""
         const int parity = (it / NST) & 1;
 #endif
         // stage nxt was last read by the tile before, which every warp has finished
-        if (!DC && tid == 0 && tn < n_tiles && !(ABLATE & 8))
+        if (tid == 0 && tn < n_tiles && !(ABLATE & 8))
             tma_halo(sbase + OFF_HALO + nxt * HALO_BYTES, mbar + 8 * nxt, &tmap, tn, c0, pad_h,
                      pad_w, tiles_h, tiles_w);
         if (!(ABLATE & 8)) mbar_wait(mbar + 8 * buf, parity);
@@ -425,48 +389,6 @@ tw_gconv_fprop_wg"""
             }}
         }}
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#if DC
-        // staging tile it % 2, free once the store of the tile two before has read it
-        const int sb = it & 1;
-        const u32 wstg = stg + sb * STG_BYTES, sfree = mbar + 8 * (NST + sb);
-        const bool leader = (tid & 127) == 0;
-        if (it >= 2) mbar_wait(sfree, ((it >> 1) - 1) & 1);
-        flag = epilogue(acc[0], wstg, gw, lane, w4, bv[0][0], bv[0][1]);
-        if (wg_any(gw, (flag & 0x80008000u) != 0u) && !(ABLATE & 8)) {{
-            exact_tile(sbase, hb, wstg, bias, c0);
-            wg_sync(gw);
-        }}
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        wg_sync(gw);
-        if (leader) {{
-            u32* const cnt = (u32*)(sm + OFF_CNT);
-            // the warpgroup has read the halo: the last of the NG to release the stage loads the
-            // tile NST ahead into it
-            __threadfence_block();
-            const u32 released = atomicAdd(cnt + buf, 1u);
-            const int ta = t + NST * gridDim.x;
-            if (released % NG == NG - 1 && ta < n_tiles && !(ABLATE & 8))
-                tma_halo(hb, mbar + 8 * buf, &tmap, ta, c0, pad_h, pad_w, tiles_h, tiles_w);
-            // the last of the NG to write the staging tile stores it, and once the store has
-            // read it, frees it
-            const u32 written = atomicAdd(cnt + NST + sb, 1u);
-            __threadfence_block();
-            if (written % NG == NG - 1) {{
-                if (!(ABLATE & 1)) {{
-                    int n, y0, x0;
-                    tile_pos(t, tiles_h, tiles_w, n, y0, x0);
-                    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                                 " [%0, {{%1, %2, %3, %4}}], [%5];\n"
-                                 :: "l"(&tmap_y), "r"(c0), "r"(x0), "r"(y0), "r"(n), "r"(wstg)
-                                 : "memory");
-                    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-                }}
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(sfree)
-                             : "memory");
-            }}
-        }}
-#else
         if (GL == 1) staging_free(tid);
         flag |= epilogue(acc[(GL - 1) & 1], stg + out_row0, GRP(gw, GL - 1), lane, w4,
                          bv[GL - 1][0], bv[GL - 1][1]);
@@ -485,10 +407,8 @@ tw_gconv_fprop_wg"""
                          : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
         }}
-#endif
     }}
-    if (DC ? (tid & 127) == 0 : tid == 0)
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }}
 """
 )
