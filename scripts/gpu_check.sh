@@ -3,8 +3,8 @@
 # and pytest: install tilewise without fetching anything, run the GPU tests, run the benchmarks
 # named as arguments (default: pointwise), write logs/JSON/PNG under $OUT (default ./out) and
 # print a short summary table last.
-#   usage: [GPU_TESTS="tests/test_x.py ..."] [GPU_TEST_TIMEOUT=300] [GPU_TEST_JOBS=8]
-#          [GPU_TEST_SHARDS=3] scripts/gpu_check.sh [--no-tests] [BENCH ...]
+#   usage: [GPU_TESTS="tests/test_x.py ..." | GPU_TEST_IDS=FILE] [GPU_TEST_TIMEOUT=300]
+#          [GPU_TEST_JOBS=8] [GPU_TEST_SHARDS=3] scripts/gpu_check.sh [--no-tests] [BENCH ...]
 #   (test files run one at a time, or GPU_TEST_JOBS at once, each under its own timeout; the
 #   summary has a line per file; the files measured slower on an H100 get longer limits, see
 #   slow_limit below)
@@ -111,6 +111,15 @@ if [ "$run_tests" = 1 ]; then
   if [ "$shards" -gt 1 ]; then
     ordered=$("$PY" scripts/shard_tests.py --order $files) && [ -n "$ordered" ] && files=$ordered
   fi
+  # GPU_TEST_IDS=FILE: the node ids in FILE instead of whole files (e.g. an earlier run's
+  # gpu_remaining.ids), dealt over max(GPU_TEST_SHARDS, GPU_TEST_JOBS) units "rerun.py@J"
+  if [ -n "${GPU_TEST_IDS:-}" ]; then
+    mkdir -p "$OUT/shards"
+    rerun=$((shards > ${GPU_TEST_JOBS:-1} ? shards : ${GPU_TEST_JOBS:-1}))
+    n=$("$PY" scripts/shard_tests.py --split "$GPU_TEST_IDS" "$rerun" "$OUT/shards/gpu_tests__rerun")
+    for ((j = 0; j < ${n:-0}; j++)); do units+=("rerun.py@$j"); done
+    files=""
+  fi
   for f in $files; do
     if [ "$shards" -gt 1 ] && [ "$(slow_limit "$f")" -gt 300 ]; then
       mkdir -p "$OUT/shards"
@@ -135,6 +144,11 @@ if [ "$run_tests" = 1 ]; then
     test_status+=$'\n'"$(cat "${log%.log}.status" 2>/dev/null || echo "  $u: no status")"
     grep -sE "^(FAILED|ERROR) " "$log" | head -n 5 | sed 's/^/    /'
   done
+  # the shards' cases that never finished (cut by a limit or the deadline, or never started):
+  # the next call runs them with GPU_TEST_IDS=gpu_remaining.ids (carry the file)
+  "$PY" scripts/shard_tests.py --remaining "$OUT" >"$OUT/gpu_remaining.ids" 2>/dev/null || true
+  left=$(grep -c . "$OUT/gpu_remaining.ids" 2>/dev/null || true)
+  [ "${left:-0}" -gt 0 ] && test_status+=$'\n'"  $left cases never finished: gpu_remaining.ids"
 fi
 
 for b in "${benches[@]}"; do

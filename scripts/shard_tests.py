@@ -10,6 +10,10 @@ in one process, which ran past 470 s while the other units finished early.
     python scripts/shard_tests.py --gather DIR        # durations from DIR/*.times, merged over
                                                       # tests/gpu_durations.txt, to stdout
     python scripts/shard_tests.py --order FILE...     # the files, longest known total first
+    python scripts/shard_tests.py --remaining DIR     # node ids of DIR's shards that never
+                                                      # finished (cut or not started), to stdout
+    python scripts/shard_tests.py --split IDS UNITS PREFIX  # node ids from the file IDS dealt
+                                                      # like a test file's cases
 
 ``*.times`` files hold "start|end EPOCH NODEID" lines (``tests/conftest.py`` writes them under
 ``TILEWISE_TEST_TIMES``). A test with a start and no end was cut off: it counts from its start to
@@ -91,6 +95,35 @@ def gather(folder: Path, known: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+def _ended(path: Path) -> set[str]:
+    """Node ids with an ``end`` line in a ``*.times`` file (none if there is no file)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return set()
+    return {
+        p[2] for p in (line.split(maxsplit=2) for line in lines) if len(p) == 3 and p[0] == "end"
+    }
+
+
+def remaining(folder: Path) -> list[str]:
+    """Node ids of ``folder``'s shard units (``shards/NAME.ids``) that never ended in their unit's
+    ``NAME.times``: the cases a unit's time limit cut, or that a unit never started (session 39
+    reran 16 such cases of the grouped-conv files by hand; ``GPU_TEST_IDS`` takes this list)."""
+    out: list[str] = []
+    for ids in sorted((folder / "shards").glob("*.ids")):
+        ended = _ended(folder / f"{ids.stem}.times")
+        out += [n for n in ids.read_text().splitlines() if n.strip() and n not in ended]
+    return out
+
+
+def write_units(bins: list[list[str]], prefix: str) -> int:
+    """Each unit's node ids into ``PREFIX@J.ids``; the number of units."""
+    for j, b in enumerate(bins):
+        Path(f"{prefix}@{j}.ids").write_text("\n".join(b) + "\n")
+    return len(bins)
+
+
 def collect(path: str) -> list[str] | None:
     """The GPU-marked node ids of one test file, or None if collection fails."""
     try:
@@ -112,6 +145,13 @@ def main() -> None:
     if sys.argv[1] == "--order":
         print("\n".join(order(sys.argv[2:], read_durations())))
         return
+    if sys.argv[1] == "--remaining":
+        print("\n".join(remaining(Path(sys.argv[2]))))
+        return
+    if sys.argv[1] == "--split":
+        ids = [n.strip() for n in Path(sys.argv[2]).read_text().splitlines() if n.strip()]
+        print(write_units(plan(ids, int(sys.argv[3]), read_durations()), sys.argv[4]) if ids else 0)
+        return
     if sys.argv[1] == "--gather":
         times = gather(Path(sys.argv[2]), read_durations())
         for node, sec in sorted(times.items(), key=lambda kv: -kv[1]):
@@ -122,10 +162,7 @@ def main() -> None:
     if cases is None:
         print(0)  # gpu_check runs the whole file as one unit
         return
-    bins = plan(cases, units, read_durations())
-    for j, b in enumerate(bins):
-        Path(f"{prefix}@{j}.ids").write_text("\n".join(b) + "\n")
-    print(len(bins))
+    print(write_units(plan(cases, units, read_durations()), prefix))
 
 
 if __name__ == "__main__":

@@ -103,3 +103,33 @@ def test_conftest_writes_test_times(tmp_path):
     events = [line.split()[0] + " " + line.split()[2] for line in out.read_text().splitlines()]
     assert events == [f"start {node}", f"end {node}"]
     assert shard_tests.gather(tmp_path, {})[node] >= 0.0
+
+
+def test_remaining_lists_the_cases_that_never_ended(tmp_path):
+    """A shard's cases without an ``end`` line (cut, or never started: no times file at all) are
+    listed, in the shards' order; finished ones (passed or failed) are not."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "gpu_tests__test_a@0.ids").write_text("tests/a.py::t[1]\ntests/a.py::t[2]\n\n")
+    (shards / "gpu_tests__test_a@1.ids").write_text("tests/a.py::u\n")
+    (tmp_path / "gpu_tests__test_a@0.times").write_text(
+        "start 1.0 tests/a.py::t[1]\nend 2.0 tests/a.py::t[1]\nstart 2.0 tests/a.py::t[2]\n"
+    )
+    assert shard_tests.remaining(tmp_path) == ["tests/a.py::t[2]", "tests/a.py::u"]
+    assert shard_tests.remaining(tmp_path / "nothing") == []
+
+
+def test_split_deals_an_id_file_into_units(tmp_path):
+    """``--split IDS UNITS PREFIX`` writes each unit's ids and prints the unit count (0 for an
+    empty file, which writes nothing)."""
+    ids = tmp_path / "left.ids"
+    ids.write_text("tests/a.py::x\n\ntests/b.py::y\ntests/b.py::z\n")
+    prefix = tmp_path / "gpu_tests__rerun"
+    run = [sys.executable, str(_PATH), "--split", str(ids), "2", str(prefix)]
+    res = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() == "2", res.stderr
+    units = [Path(f"{prefix}@{j}.ids").read_text().split() for j in range(2)]
+    assert sorted(units[0] + units[1]) == ["tests/a.py::x", "tests/b.py::y", "tests/b.py::z"]
+    ids.write_text("\n")
+    res = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.stdout.strip() == "0"
