@@ -105,6 +105,7 @@ if [ "$run_tests" = 1 ]; then
   # deals the cases, longest first by tests/gpu_durations.txt. The slow files' units start first;
   # each unit's test times are gathered below into $OUT/gpu_durations.txt.
   shards=${GPU_TEST_SHARDS:-1}
+  rm -rf "$OUT/shards"  # an earlier run's units (OUT=./out is reused) are not this run's
   units=()
   later=()  # the files not sharded, started after the shards
   # longest known total first (tests/gpu_durations.txt), so no slow file's units wait for a slot
