@@ -72,38 +72,39 @@ def order(files: Sequence[str], known: Mapping[str, float]) -> list[str]:
     return sorted(files, key=lambda f: -total[f])
 
 
+def _events(path: Path) -> list[tuple[str, float, str]]:
+    """The well-formed ("start" | "end", epoch, node id) lines of a ``*.times`` file (none if
+    there is no file)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(maxsplit=2)
+        if len(parts) != 3 or parts[0] not in ("start", "end"):
+            continue
+        try:
+            out.append((parts[0], float(parts[1]), parts[2]))
+        except ValueError:
+            continue
+    return out
+
+
 def gather(folder: Path, known: Mapping[str, float]) -> dict[str, float]:
     """Seconds per test from the ``*.times`` files in ``folder``, over ``known``."""
     out = dict(known)
     for path in sorted(folder.glob("*.times")):
         starts: dict[str, float] = {}
-        for line in path.read_text().splitlines():
-            parts = line.split(maxsplit=2)
-            if len(parts) != 3 or parts[0] not in ("start", "end"):
-                continue
-            try:
-                stamp = float(parts[1])
-            except ValueError:
-                continue
-            if parts[0] == "start":
-                starts[parts[2]] = stamp
-            elif parts[2] in starts:
-                out[parts[2]] = stamp - starts.pop(parts[2])
+        for kind, stamp, node in _events(path):
+            if kind == "start":
+                starts[node] = stamp
+            elif node in starts:
+                out[node] = stamp - starts.pop(node)
         cut_at = path.stat().st_mtime
         for node, start in starts.items():  # cut off: at least this long
             out[node] = max(out.get(node, 0.0), cut_at - start)
     return out
-
-
-def _ended(path: Path) -> set[str]:
-    """Node ids with an ``end`` line in a ``*.times`` file (none if there is no file)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return set()
-    return {
-        p[2] for p in (line.split(maxsplit=2) for line in lines) if len(p) == 3 and p[0] == "end"
-    }
 
 
 def remaining(folder: Path) -> list[str]:
@@ -112,7 +113,7 @@ def remaining(folder: Path) -> list[str]:
     reran 16 such cases of the grouped-conv files by hand; ``GPU_TEST_IDS`` takes this list)."""
     out: list[str] = []
     for ids in sorted((folder / "shards").glob("*.ids")):
-        ended = _ended(folder / f"{ids.stem}.times")
+        ended = {n for kind, _, n in _events(folder / f"{ids.stem}.times") if kind == "end"}
         out += [n for n in ids.read_text().splitlines() if n.strip() and n not in ended]
     return out
 

@@ -321,6 +321,17 @@ EXTRA_TILES = (
 )
 
 
+#: a regex over tile names: the wgmma tests that read it keep only the tiles it matches (a device
+#: call's check of new tiles)
+_WG_ONLY = "TILEWISE_TEST_WG_ONLY"
+
+
+def _wg_only(tiles):
+    """``tiles`` whose name matches ``TILEWISE_TEST_WG_ONLY`` (all of them when it is unset)."""
+    only = os.environ.get(_WG_ONLY)
+    return [t for t in tiles if only is None or re.search(only, t.name)]
+
+
 def _wgmma() -> bool:
     """Whether this GPU takes the warpgroup-MMA tiles (compute capability 9.0, TMA)."""
     return gconv_cuda.wgmma_usable(torch.empty(0, device="cuda"))
@@ -391,7 +402,6 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, 
     is finite too. ``TILEWISE_TEST_WG_ONLY`` (a regex) keeps the tiles whose name matches."""
     if not _wgmma():
         pytest.skip("no sm_90 (wgmma) GPU")
-    only = os.environ.get("TILEWISE_TEST_WG_ONLY")
     c, g = 64, 8
     x = _cl(torch.randn(12, c, 37, 70, device="cuda"))
     x[1, 5, 7, 9], x[7, 60, 30, 66], x[11, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
@@ -404,11 +414,10 @@ def test_wgmma_tiles_over_many_tiles_with_non_finite_inputs(k, dtype, rng_seed, 
     dref = torch.nn.grad.conv2d_input(x.shape, w64, x64, padding=pad, groups=g)
     same = F.conv2d(xd, wd, bd, padding=pad, groups=g).cpu()
     dsame = torch.nn.grad.conv2d_input(x.shape, wd, xd, padding=pad, groups=g).cpu()
-    tiles = [t for t in _tiles(c, k, k) if t.wgmma and (only is None or re.search(only, t.name))]
-    if only is None:
-        assert tiles
-    elif not tiles:
-        pytest.skip(f"no wgmma tile matching {only!r} takes {k}x{k}")
+    tiles = _wg_only([t for t in _tiles(c, k, k) if t.wgmma])
+    if not tiles and os.environ.get(_WG_ONLY) is not None:
+        pytest.skip(f"no wgmma tile matching {os.environ[_WG_ONLY]!r} takes {k}x{k}")
+    assert tiles
     # a grid of 1-2 CTAs a channel block: each walks 15-60 tiles (mbarrier phases of every stage
     # flip many times), and the full grid as chosen
     for tile, sms in [(t, n) for t in tiles for n in (None, 3)]:
@@ -498,9 +507,7 @@ def test_deep_and_experimental_wgmma_tiles(case, dtype, rng_seed):
         + gconv_cuda.WGMMA_WIDE_TILES
         + gconv_cuda.EXPERIMENTAL_WGMMA_TILES
     )
-    only = os.environ.get("TILEWISE_TEST_WG_ONLY")
-    pool = tuple(t for t in pool if only is None or re.search(only, t.name))
-    tiles = [gconv_cuda._fitted(t, c) for t in pool]
+    tiles = [gconv_cuda._fitted(t, c) for t in _wg_only(pool)]
     tiles = [t for t in dict.fromkeys(tiles) if gconv_cuda.tile_ok(c, r, s, t)]
     if not tiles:
         pytest.skip(f"no deep or experimental wgmma tile takes C={c} {r}x{s}")
