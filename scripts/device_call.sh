@@ -109,6 +109,8 @@ DWCL_TESTS=(
   tests/test_gconv_library.py ""
 )
 GEMV_TESTS=(tests/test_gemv_cuda.py "row_chunks or every_candidate")
+#: the wgmma candidates at 3x3, 5x5 and 7x7 (C=64): session 40's descriptor A/B
+DESC_TILES="cudawg_t8x64c32w16m1s[23]_tma|cudawg_t16x64c16w8m1s2(a3)?_tma"
 WGRAD_K5_N8=(--channels 64 --kernels 5 --extra-kernels --n 8 --passes wgrad)
 
 ncu_wgrad() {  # ncu_wgrad FILE LIMIT KERNEL SKIP METRICS CMD...: Nsight Compute on launch
@@ -338,6 +340,16 @@ for step in "$@"; do
       wg_probe loop "5 3 7" "cudawg_t8x64c32|cudawg_t16x64c16w8"
       wg_ablate wg-loop-ablate "${LOOP_ABLATE_SET:-9}" \
         "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" 5 "${ABLATE_LIMIT:-100}"
+      pack ;;
+    desc-s40)  # session 40: the wgmma descriptors' base read from lane 0 (uniform datapath)
+      # against the opaque per-tile form (TILEWISE_WG_ABLATE=16): the candidates' edge-shape and
+      # many-tiles tests, then both forms whole (DESC_KS) in turn, then the MMA phase alone
+      # (9 against 25) at 5x5
+      WG_TESTS=${WG_TESTS:-test_wgmma_tiles_on_edge_shapes or test_wgmma_tiles_over_many_tiles} \
+        wg_tests
+      wg_ablate desc "${DESC_SET:-0 16 0 16}" "${DESC_ONLY:-$DESC_TILES}" "${DESC_KS:-5 7 3}" \
+        "${ABLATE_LIMIT:-120}"
+      wg_ablate desc "${DESC_PHASE_SET:-9 25}" "${DESC_ONLY:-$DESC_TILES}" 5 "${ABLATE_LIMIT:-120}"
       pack ;;
     wg-ablate-s37)  # session 37: wgmma tiles with parts switched off (TILEWISE_WG_ABLATE: 1 no
       # staging writes or TMA stores, 2 no wgmmas, 3 the halo loads alone, 4 the first halos

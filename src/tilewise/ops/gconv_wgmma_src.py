@@ -102,7 +102,8 @@ typedef unsigned long long u64;
 // the epilogue stores garbage unchecked), 3 both: the halo loads alone; 4 issues the first
 // halos after the weights are staged (the order before session 37); 8 loads no halos (the MMAs
 // read whatever the stages hold; the non-finite check is read, not acted on): 9, the MMAs and
-// the epilogue's arithmetic alone
+// the epilogue's arithmetic alone; 16 (results exact) keeps the descriptor base opaque per tile
+// in vector registers, the form before session 40
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
@@ -348,8 +349,13 @@ tw_gconv_fprop_wg"""
                      pad_w, tiles_h, tiles_w);
         if (!(ABLATE & 8)) mbar_wait(mbar + 8 * buf, parity);
         const u32 hb = sbase + OFF_HALO + buf * HALO_BYTES;
-        u32 bgt;  // opaque per tile: the descriptors are made where used, not kept in registers
-        asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
+        // the descriptors' base, lane 0's: warp-uniform to ptxas, so the descriptor arithmetic
+        // runs on the uniform datapath (session 40); ABLATE & 16, opaque per tile as before
+        u32 bgt;
+        if (ABLATE & 16)
+            asm volatile("mov.b32 %0, %1;\n" : "=r"(bgt) : "r"(bg));
+        else
+            bgt = __shfl_sync(0xffffffffu, bg, 0);
         // A fragments in AS sets by running kernel column c (over the warpgroup's groups): a
         // set is reloaded once the wgmmas of the column AS back have completed (wait_group)
         u32 a[AS][IPW][4];
