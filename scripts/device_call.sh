@@ -341,7 +341,9 @@ for step in "$@"; do
       wg_ablate wg-loop-ablate "${LOOP_ABLATE_SET:-9}" \
         "${LOOP_ABLATE_ONLY:-cudawg_t8x64c32|cudawg_t16x64c16w8}" 5 "${ABLATE_LIMIT:-100}"
       pack ;;
-    desc-s40)  # session 40: the wgmma descriptors' base read from lane 0 (uniform datapath)
+    desc-s40)  # session 40: the wgmma descriptors' base read from lane 0 (uniform datapath),
+      # descriptors by an add, a column's wgmmas alternating accumulators (ABLATE 32: the old
+      # order; 48 also the old opaque base)
       # against the opaque per-tile form (TILEWISE_WG_ABLATE=16): the candidates' edge-shape and
       # many-tiles tests, then both forms whole (DESC_KS) in turn, then the MMA phase alone
       # (9 against 25) at 5x5

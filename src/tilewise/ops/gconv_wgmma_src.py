@@ -103,7 +103,8 @@ typedef unsigned long long u64;
 // halos after the weights are staged (the order before session 37); 8 loads no halos (the MMAs
 // read whatever the stages hold; the non-finite check is read, not acted on): 9, the MMAs and
 // the epilogue's arithmetic alone; 16 (results exact) keeps the descriptor base opaque per tile
-// in vector registers, the form before session 40
+// in vector registers, the form before session 40; 32 (exact) issues a column's wgmmas by A
+// fragment, the order before session 40
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
@@ -364,6 +365,9 @@ tw_gconv_fprop_wg"""
         for (int k = 0; k < GL; ++k) {{
             const int g = GRP(gw, k);
             const u32 bk = bgt + (g - gw) * B_BYTES;
+            // descriptors are linear in the address (shared addresses < 2^18 never carry out of
+            // the 14-bit field): one made a group, the rest by an add
+            const u64 dk = desc(bk, 128, 128);
 #pragma unroll
             for (int s = 0; s < S; ++s) {{
                 const int c = k * S + s;
@@ -374,15 +378,17 @@ tw_gconv_fprop_wg"""
                     ldsm_x4(a[c % AS][ip],
                             hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                // band-major by Toeplitz row j, so consecutive wgmmas take other accumulators
+                // (a wgmma on the accumulator just written waits for it: session 30's probe,
+                // one accumulator against two); ABLATE & 32, by A fragment as before session 40
 #pragma unroll
-                for (int ip = 0; ip < IPW; ++ip)
-#pragma unroll
-                    for (int b = 0; b < NBW; ++b) {{
-                        const int j = ip - BR / 2 * b;
-                        if (j >= 0 && j < J && !(ABLATE & 2))
-                            wgmma(acc[k & 1][b], a[c % AS][ip],
-                                  desc(bk + (s * SPB + 2 * j) * 128, 128, 128), s > 0 || j > 0);
-                    }}
+                for (int o = 0; o < IPW * NBW; ++o) {{
+                    const int ip = (ABLATE & 32) ? o / NBW : o / NBW + BR / 2 * (o % NBW);
+                    const int b = o % NBW, j = ip - BR / 2 * b;
+                    if (ip < IPW && j >= 0 && j < J && !(ABLATE & 2))
+                        wgmma(acc[k & 1][b], a[c % AS][ip],
+                              dk + (s * SPB + 2 * j) * 8, s > 0 || j > 0);
+                }}
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 // the group before's wgmmas have completed by column AS - 1's wait: its
                 // epilogue runs under this group's first columns
