@@ -343,10 +343,9 @@ for step in "$@"; do
       pack ;;
     desc-s40)  # session 40: the wgmma descriptors' base read from lane 0 (uniform datapath),
       # descriptors by an add, a column's wgmmas alternating accumulators (ABLATE 32: the old
-      # order; 48 also the old opaque base)
-      # against the opaque per-tile form (TILEWISE_WG_ABLATE=16): the candidates' edge-shape and
-      # many-tiles tests, then both forms whole (DESC_KS) in turn, then the MMA phase alone
-      # (9 against 25) at 5x5
+      # order; 48 also the old opaque base; 16 the old base alone): the candidates' edge-shape
+      # and many-tiles tests, then the forms whole (DESC_SET, DESC_KS) in turn, then the MMA
+      # phase alone (DESC_PHASE_SET: 9 and 9 plus the bits) at 5x5
       WG_TESTS=${WG_TESTS:-test_wgmma_tiles_on_edge_shapes or test_wgmma_tiles_over_many_tiles} \
         wg_tests
       wg_ablate desc "${DESC_SET:-0 16 0 16}" "${DESC_ONLY:-$DESC_TILES}" "${DESC_KS:-5 7 3}" \
@@ -392,6 +391,10 @@ for step in "$@"; do
         --channels 64 --n 128 --passes fprop dgrad --dtypes fp16 ;;
     k5-s37)  # session 37: the 5x5 fprop/dgrad cells at C=64 with the three-stage wgmma candidate
       c64_study gconv-s37-k5 5 ;;
+    k57-s40)  # session 40: the 5x5 and 7x7 fprop/dgrad cells at C=64 after the wgmma
+      # descriptor change
+      study "gconv-s40-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-330}" --kernels 5 7 --channels 64 \
+        --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
