@@ -104,7 +104,10 @@ typedef unsigned long long u64;
 // read whatever the stages hold; the non-finite check is read, not acted on): 9, the MMAs and
 // the epilogue's arithmetic alone; 16 (results exact) keeps the descriptor base opaque per tile
 // in vector registers, the form before session 40; 32 (exact) issues a column's wgmmas by A
-// fragment, the order before session 40
+// fragment, the order before session 40; 64 loads A for the first AS columns only (the later
+// columns reuse those fragments: whether the per-column loads and the fence's wait for them
+// bound the MMA phase), 128 with 64 also drops the per-column wait_group (as session 30's rate
+// probe: only the wgmmas' own queue between them)
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
@@ -371,12 +374,13 @@ tw_gconv_fprop_wg"""
 #pragma unroll
             for (int s = 0; s < S; ++s) {{
                 const int c = k * S + s;
-                if (c >= AS)
+                if (c >= AS && !(ABLATE & 128))
                     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(AS - 1) : "memory");
+                if (c < AS || !(ABLATE & 64))
 #pragma unroll
-                for (int ip = 0; ip < IPW; ++ip)
-                    ldsm_x4(a[c % AS][ip],
-                            hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
+                    for (int ip = 0; ip < IPW; ++ip)
+                        ldsm_x4(a[c % AS][ip],
+                                hb + halo_row0 + HOFF((2 * ip + ljj) * HWD + lm + s, g));
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                 // band-major by Toeplitz row j, so consecutive wgmmas take other accumulators
                 // (a wgmma on the accumulator just written waits for it: session 30's probe,
