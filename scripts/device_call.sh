@@ -77,8 +77,10 @@ wg_ablate() {  # wg_ablate PREFIX "SETTINGS" ONLY "KERNELS" LIMIT: the probe onc
   done
   rm -f "$R/wg-ablate.tmp"
 }
-c64_study() {  # c64_study NAME KERNEL: fprop/dgrad at C=64 (STUDY_N, DTYPES, STUDY_LIMIT)
-  study "$1${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-300}" --kernels "$2" \
+c64_study() {  # c64_study NAME "KERNELS" [LIMIT]: fprop/dgrad at C=64 (STUDY_N, DTYPES,
+  # STUDY_LIMIT over LIMIT, default 300)
+  # shellcheck disable=SC2086
+  study "$1${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-${3:-300}}" --kernels $2 \
     --channels 64 --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16}
 }
 par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at once
@@ -393,8 +395,7 @@ for step in "$@"; do
       c64_study gconv-s37-k5 5 ;;
     k57-s40)  # session 40: the 5x5 and 7x7 fprop/dgrad cells at C=64 after the wgmma
       # descriptor change
-      study "gconv-s40-k57${STUDY_SUFFIX:-}" "${STUDY_LIMIT:-330}" --kernels 5 7 --channels 64 \
-        --n ${STUDY_N:-128 256} --passes fprop dgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+      c64_study gconv-s40-k57 "5 7" 330 ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)

@@ -14,25 +14,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tilewise.bench import sass
 from tilewise.ops import gconv_cuda
-
-
-def _cuobjdump() -> str:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    import triton  # its NVIDIA backend ships one
-
-    path = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    if not path.exists():
-        sys.exit("no cuobjdump on PATH or in Triton's NVIDIA backend")
-    return str(path)
 
 
 def _tiles(pass_: str, k: int) -> list[gconv_cuda.CudaTile]:
@@ -55,15 +42,11 @@ def report(job: tuple) -> str:
         gconv_cuda.WG_ABLATE = ablate
         src, _ = gconv_cuda.source(k, k, tile, bf16, not bf16, bf16, "tw_gconv_fprop")
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.cu").write_text(src)
-        cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-o", f"{d}/k.cubin", "-Xptxas", "-v"]
-        res = subprocess.run([*cmd, f"{d}/k.cu"], capture_output=True, text=True)
-        log = res.stdout + res.stderr
-        if res.returncode:
-            return f"{k}x{k} {tile.name} compile failed: {log[-300:]}"
-        dump = [_cuobjdump(), "-sass", f"{d}/k.cubin"]
-        sass = subprocess.run(dump, capture_output=True, text=True).stdout
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        try:
+            cubin, log = sass.compile_cubin(src, Path(d))
+        except RuntimeError as err:
+            return f"{k}x{k} {tile.name} compile failed: {str(err)[-300:]}"
+        ops = sass.opcodes(cubin)
     count = lambda prefix: sum(1 for op in ops if op.startswith(prefix))  # noqa: E731
     regs = max(int(m) for m in re.findall(r"Used (\d+) registers", log))
     spill = sum(int(m) for m in re.findall(r"(\d+) bytes spill stores", log))
@@ -82,8 +65,8 @@ def main() -> None:
     ap.add_argument("--ablate", type=int, nargs="+", default=[0])
     ap.add_argument("--jobs", type=int, default=4)
     args = ap.parse_args()
-    if shutil.which("nvcc") is None:
-        sys.exit("nvcc is not installed")
+    if sass.NVCC is None or sass.cuobjdump() is None:
+        sys.exit("nvcc or cuobjdump is not installed")
     jobs = [
         (args.pass_, k, tile, bf16, ablate)
         for k in args.kernels

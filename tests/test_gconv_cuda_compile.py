@@ -8,17 +8,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tilewise.bench import sass
 from tilewise.ops import gconv_cuda
 from tilewise.ops.gconv_cuda import CudaTile
 
-NVCC = shutil.which("nvcc")
+NVCC = sass.NVCC
 #: R x S kernels whose row-pair weights exceed ROWPAIR_MAX_FRAGMENTS (fragments: 28, 24, 21, 20)
 WIDE_KERNELS = ((7, 7), (6, 6), (5, 7), (7, 5))
 
@@ -362,19 +362,7 @@ def test_wgmma_wgrad_tiles_compile_without_spills(rs, tmp_path):
             assert "serialized" not in logs[0], (rs, tile.name, logs[0][-1500:])
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import triton
-    except ImportError:
-        return None
-    path = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    return str(path) if path.exists() else None
-
-
-@pytest.mark.skipif(NVCC is None or _cuobjdump() is None, reason="nvcc or cuobjdump missing")
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
 @pytest.mark.parametrize("k", [5, 7])
 def test_wgmma_descriptors_stay_on_the_uniform_datapath(k, tmp_path):
     """The wgmma fprop/dgrad kernel's descriptors are built in uniform registers (session 40: the
@@ -384,13 +372,7 @@ def test_wgmma_descriptors_stay_on_the_uniform_datapath(k, tmp_path):
     assert tiles
     for tile in tiles:
         src, _ = gconv_cuda.source(k, k, tile, False, True, False, "tw_gconv_fprop")
-        (tmp_path / "k.cu").write_text(src)
-        cubin = tmp_path / "k.cubin"
-        cmd = [NVCC, "-arch=sm_90a", "-cubin", "-o", str(cubin), str(tmp_path / "k.cu")]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-2000:]
-        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True)
-        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass.stdout)
+        ops = sass.opcodes(sass.compile_cubin(src, tmp_path)[0])
         hgmma = sum(op.startswith("HGMMA") for op in ops)
         r2ur = sum(op.startswith("R2UR") for op in ops)
         assert hgmma >= 40 and r2ur < hgmma, (k, tile.name, r2ur, hgmma)
