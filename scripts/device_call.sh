@@ -396,6 +396,9 @@ for step in "$@"; do
     k57-s40)  # session 40: the 5x5 and 7x7 fprop/dgrad cells at C=64 after the wgmma
       # descriptor change
       c64_study gconv-s40-k57 "5 7" 330 ;;
+    k357-s41)  # session 41 (the first H200-only session): the 3x3, 5x5 and 7x7 fprop/dgrad
+      # cells at C=64 (STUDY_N, DTYPES as c64_study)
+      c64_study gconv-s41-k357 "3 5 7" 420 ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
