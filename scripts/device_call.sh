@@ -399,6 +399,21 @@ for step in "$@"; do
     k357-s41)  # session 41 (the first H200-only session): the 3x3, 5x5 and 7x7 fprop/dgrad
       # cells at C=64 (STUDY_N, DTYPES as c64_study)
       c64_study gconv-s41-k357 "3 5 7" 420 ;;
+    h200-k3-s41)  # session 41: every 3x3 fprop/dgrad tile on the H200 (the candidates, the
+      # experimental wgmma tiles, three-stage forms as extras), then the wgmma candidates'
+      # halo loads alone (3) and MMA phase alone (9) beside whole (0)
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+        --kernels 3 --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
+        --json "$R/wide-probe-h200-k3.json" --extra "8,64,32,16,1,3,tma=2,wgmma=True" \
+        "16,16,32,4,2,3,rowpair=True,tma=2" "16,16,64,8,1,3,rowpair=True,tma=2" \
+        "8,32,64,16,1,3,rowpair=True,tma=2" "16,32,32,8,1,3,rowpair=True,tma=2" \
+        >"$R/wide-probe-h200-k3.log" 2>&1
+      echo "rc $?: wide probe"
+      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-h200-k3.log" | cut -c1-150
+      pack
+      wg_ablate k3-ablate "${ABLATE_SET:-0 3 9}" "${DESC_ONLY:-$DESC_TILES}" 3 \
+        "${ABLATE_LIMIT:-60}"
+      pack ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
