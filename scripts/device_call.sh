@@ -414,6 +414,16 @@ for step in "$@"; do
       wg_ablate k3-ablate "${ABLATE_SET:-0 3 9}" "${DESC_ONLY:-$DESC_TILES}" 3 \
         "${ABLATE_LIMIT:-60}"
       pack ;;
+    probe-extra)  # session 41: the wide probe with extra tiles (PROBE_EXTRA: CudaTile argument
+      # strings, space-separated; PROBE_K, PROBE_N, DTYPES, PROBE_ONLY, PROBE_NAME)
+      # shellcheck disable=SC2086
+      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+        --kernels ${PROBE_K:-3} --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
+        --json "$R/wide-probe-${PROBE_NAME:-extra}.json" ${PROBE_ONLY:+--only "$PROBE_ONLY"} \
+        --extra ${PROBE_EXTRA:-} >"$R/wide-probe-${PROBE_NAME:-extra}.log" 2>&1
+      echo "rc $?: wide probe ${PROBE_NAME:-extra}"
+      grep -E "copy:|cudawg|cudarp" "$R/wide-probe-${PROBE_NAME:-extra}.log" | cut -c1-100
+      pack ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
