@@ -424,6 +424,18 @@ for step in "$@"; do
       echo "rc $?: wide probe ${PROBE_NAME:-extra}"
       grep -E "copy:|cudawg|cudarp" "$R/wide-probe-${PROBE_NAME:-extra}.log" | cut -c1-100
       pack ;;
+    timer-probe-s41)  # session 41: every candidate of the C=64 3x3 fprop/dgrad read warm, briefly,
+      # cold and rotated (which timer ranks as the study does, on the H200's 60 MB L2), then the
+      # wgmma 3x3 tiles without stores (1) and without wgmmas (2)
+      # shellcheck disable=SC2086
+      timeout "${PROBE_LIMIT:-240}" python scripts/autotune_timer_probe.py --n ${PROBE_N:-128 256} \
+        --kernels ${PROBE_K:-3} --dtypes ${DTYPES:-fp16} --json "$R/timer-probe.json" \
+        >"$R/timer-probe.log" 2>&1
+      echo "rc $?: timer probe"
+      grep -E "copy:|^(fprop|dgrad)|picks" "$R/timer-probe.log"
+      pack
+      wg_ablate k3-ablate "${ABLATE_SET:-1 2}" "${DESC_ONLY:-$DESC_TILES}" 3 "${ABLATE_LIMIT:-60}"
+      pack ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)

@@ -1,0 +1,130 @@
+"""Which of the autotuner's timers ranks the grouped conv's candidates as the study does (session
+41: on the H200, whose L2 holds 60 MB, the study's warm-timed picks at C=64 3x3 N = 128 / 256 ran
+42.4 / 82.2 us by graph replay while the wide probe read another tile at 40.3-41.6 / 75.3-76.4).
+
+Per problem and pass, every candidate the autotuner would time (the NVRTC tiles and cuDNN; the
+Triton configs with ``--triton``) is read four ways: ``warm`` (``autotune._bench``: graph replays
+of one input set, what a pass above ``BOTH_WAYS_MAX_BYTES`` is chosen by), ``screen`` (the brief
+warm reading that drops candidates first), ``cold`` (``autotune._bench_cold``: L2 read out
+before each run) and ``rotated`` (a CUDA graph over three input sets, the study's graph column).
+The table is sorted by ``rotated``; the last lines say what each timer would pick and what that
+pick costs in rotated time.
+
+    python scripts/autotune_timer_probe.py [--n 128 256] [--kernels 3] [--channels 64]
+        [--dtypes fp16] [--passes fprop dgrad] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+import torch
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import GraphTimer
+from tilewise.ops import gconv, gconv_library
+from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
+from tilewise.runtime import autotune
+
+SIDES = {64: 64, 128: 32, 256: 16}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TIMERS = ("warm", "screen", "cold", "rotated")
+
+
+def _name(cfg) -> str:
+    return getattr(cfg, "name", None) or str(cfg)
+
+
+def _read(fn, sets, device) -> dict[str, float]:
+    """Milliseconds of ``fn`` by each timer (inf where one fails)."""
+    out = {}
+    for timer, read in (
+        ("warm", lambda: autotune._bench(lambda: fn(*sets[0]))),
+        ("screen", lambda: autotune._bench_screen(lambda: fn(*sets[0]))),
+        ("cold", lambda: autotune._bench_cold(lambda: fn(*sets[0]), device)),
+        ("rotated", lambda: statistics.median(GraphTimer(fn, sets).sample(20)) * 1e3),
+    ):
+        try:
+            out[timer] = float(read())
+        except Exception as exc:  # a tile the compiler or device rejects: no reading
+            print(f"  {timer} failed: {exc}")
+            out[timer] = math.inf
+    return out
+
+
+def probe(c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw: float) -> dict:
+    hw, pad, dt = SIDES[c], k // 2, DTYPES[dname]
+    sets = []
+    for _ in range(3):  # three sets: each call reads inputs the L2 no longer holds
+        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
+        w = (torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5).to(dt)
+        sets.append((x, w, torch.empty_like(x)))
+    dgrad = pass_ == "dgrad"
+    x0, w0, _ = sets[0]
+    problem = GConvProblem.from_tensors(x0, w0, None, pad, pad)
+    level = gconv._cuda_level(x0, sets[0][2])
+    library = gconv_library.offered(x0, False)
+    sms = torch.cuda.get_device_properties(x0.device).multi_processor_count
+    cands = gconv._candidates(problem, pass_, sms, level, library, True)
+    if not triton:
+        cands = tuple(cf for cf in cands if not hasattr(cf, "block_m"))
+
+    rows = []
+    for cfg in cands:
+
+        def fn(x, w, o, cfg=cfg):
+            return gconv._launch(x, w, None, o, pad, pad, cfg, dgrad)
+
+        ms = _read(fn, sets, x0.device)
+        rows.append(dict(config=_name(cfg), **ms))
+    nbytes = 2 * x0.nbytes + w0.nbytes
+    rows.sort(key=lambda r: r["rotated"])
+    print(f"\n{pass_} C={c} {k}x{k} N={n} {dname} ({len(rows)} candidates; us; rotated also as "
+          "fraction of copy)")  # fmt: skip
+    print(f"{'config':44s}" + "".join(f"{t:>10s}" for t in TIMERS) + "      frac")
+    for r in rows:
+        frac = nbytes / (r["rotated"] * 1e-3) / copy_bw if math.isfinite(r["rotated"]) else 0.0
+        cols = "".join(f"{r[t] * 1e3:10.1f}" for t in TIMERS)
+        print(f"{r['config']:44s}{cols}{frac:10.3f}")
+    best_rot = rows[0]["rotated"]
+    picks = {}
+    for t in TIMERS:
+        pick = min(rows, key=lambda r, t=t: r[t])
+        loss = pick["rotated"] / best_rot
+        picks[t] = dict(config=pick["config"], rotated=pick["rotated"], loss=loss)
+        print(f"  {t:8s} picks {pick['config']:44s} rotated {pick['rotated'] * 1e3:7.1f} us "
+              f"({pick['rotated'] / best_rot:.3f}x the best)")  # fmt: skip
+    return dict(c=c, k=k, n=n, dtype=dname, pass_=pass_, bytes=nbytes, rows=rows, picks=picks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--kernels", type=int, nargs="+", default=[3])
+    ap.add_argument("--channels", type=int, nargs="+", default=[64], choices=sorted(SIDES))
+    ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=sorted(DTYPES))
+    ap.add_argument("--passes", nargs="+", default=["fprop", "dgrad"], choices=["fprop", "dgrad"])
+    ap.add_argument("--triton", action="store_true", help="the Triton configs too")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    copy_bw = measure_copy_bandwidth()
+    print(f"copy: {copy_bw / 1e12:.3f} TB/s")
+    out = []
+    for c in args.channels:
+        for k in args.kernels:
+            for n in args.n:
+                for dname in args.dtypes:
+                    for pass_ in args.passes:
+                        out.append(probe(c, k, n, dname, pass_, args.triton, copy_bw))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": environment(), "copy_bytes_per_s": copy_bw, "problems": out},
+                      f, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
