@@ -503,6 +503,8 @@ for step in "$@"; do
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;
+    big3-s41)  # session 41: the same cells on the H200 (the first session with no H100)
+      study gconv-s41-h200-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --n 128 256 ;;
     k57-big)
       study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \
         --extra-kernels --n 32 128 256 --passes fprop dgrad ;;
