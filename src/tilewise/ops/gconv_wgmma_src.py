@@ -107,7 +107,7 @@ typedef unsigned long long u64;
 // fragment, the order before session 40; 64 loads A for the first AS columns only (the later
 // columns reuse those fragments: whether the per-column loads and the fence's wait for them
 // bound the MMA phase), 128 with 64 also drops the per-column wait_group (as session 30's rate
-// probe: only the wgmmas' own queue between them)
+// probe: only the wgmmas' own queue between them); 256, 512 (exact) delay some CTAs' start
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
@@ -312,6 +312,10 @@ tw_gconv_fprop_wg"""
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the TMA unit
+        // 256 / 512 (exact; session 41): the odd CTAs start ~2 us late / CTA b starts (b % 4)
+        // x ~0.7 us late, so the SMs' load and store phases do not stay in step
+        if (ABLATE & 256 && blockIdx.x & 1) __nanosleep(2000);
+        if (ABLATE & 512) __nanosleep((blockIdx.x & 3) * 700);
         if (!(ABLATE & 12))
             first_halos(sbase + OFF_HALO, mbar, &tmap, c0, pad_h, pad_w, tiles_h, tiles_w,
                         n_tiles);
