@@ -259,6 +259,36 @@ def test_candidates_fit_the_channels_and_shared_memory():
     assert not gconv_cuda.usable(torch.zeros(1, 8, 2, 2), torch.zeros(1, 8, 2, 2))
 
 
+def test_dependent_launches_ask_for_shared_memory_that_caps_ctas_per_sm(monkeypatch):
+    """``launch_smem``: a programmatic dependent launch of a row-pair tile asks for enough shared
+    memory that ``min_ctas`` CTAs fit an SM and one more does not (where ``min_ctas`` fit at all),
+    in whole allocation units; a plain launch, and any launch with the cap switched off, asks for
+    the kernel's own ``smem_bytes``."""
+    sm, res = gconv_cuda.SMEM_SM, gconv_cuda.SMEM_RESERVED
+    padded = 0
+    for c in (64, 128, 256):
+        for k in (3, 5, 7):
+            for t in gconv_cuda.candidates(c, k, k, tma=True, wgmma=True):
+                own = gconv_cuda.smem_bytes(k, k, t)
+                assert gconv_cuda.launch_smem(k, k, t, False) == own
+                if not t.rowpair:
+                    continue
+                asked = gconv_cuda.launch_smem(k, k, t, True)
+                assert own <= asked <= gconv_cuda.SMEM_MAX
+                if t.min_ctas * (own + res) > sm:  # min_ctas never fit: nothing to cap
+                    assert asked == own, t.name
+                    continue
+                assert asked % gconv_cuda.SMEM_GRANULE == 0, t.name
+                assert t.min_ctas * (asked + res) <= sm < (t.min_ctas + 1) * (asked + res), t.name
+                padded += asked - own > gconv_cuda.SMEM_GRANULE
+    # e.g. the 8x16 4-CTA TMA tile at 3x3: 7 fit by its own 32 KB
+    assert padded >= 3
+    tile = CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2)
+    assert sm // (gconv_cuda.smem_bytes(3, 3, tile) + res) > 4
+    monkeypatch.setenv(gconv_cuda.ENV_OCCUPANCY_CAP, "0")
+    assert gconv_cuda.launch_smem(3, 3, tile, True) == gconv_cuda.smem_bytes(3, 3, tile)
+
+
 def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():
     plain = gconv_cuda.candidates(64, 3, 3, wide_tiles=False)
     with_tma = gconv_cuda.candidates(64, 3, 3, tma=True, wide_tiles=False)

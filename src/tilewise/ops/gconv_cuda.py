@@ -554,8 +554,11 @@ def _kernel(
     with torch.cuda.device(device):
         arch = "90a" if tile.wgmma else None  # wgmma: sm_90a only
         kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
-        size = wgrad_smem_bytes if entry.startswith("tw_gconv_wgrad") else smem_bytes
-        kernel.set_shared_memory_config(size(r, s, tile))
+        if entry.startswith("tw_gconv_wgrad"):
+            kernel.set_shared_memory_config(wgrad_smem_bytes(r, s, tile))
+        else:  # the most any launch asks for (a dependent one may ask for more: launch_smem)
+            most = _capped_smem(r, s, tile) if tile.rowpair else smem_bytes(r, s, tile)
+            kernel.set_shared_memory_config(most)
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
             lib = torch.cuda._utils._get_gpu_runtime_library()
             lib.cuFuncSetAttribute(kernel.func, _CARVEOUT_ATTRIBUTE, 100)
@@ -587,6 +590,40 @@ def _launch(
 
 #: switches the row-pair kernel's programmatic dependent launches off ("0")
 ENV_PDL = "TILEWISE_GCONV_PDL"
+#: "0" lets a programmatic dependent launch ask for only the shared memory its kernel uses
+#: (``launch_smem``; the form before session 41)
+ENV_OCCUPANCY_CAP = "TILEWISE_GCONV_OCCUPANCY_CAP"
+#: the unit shared memory is allocated to a CTA in (compute capability 8.x and 9.x)
+SMEM_GRANULE = 128
+
+
+def launch_smem(r: int, s: int, tile: CudaTile, dependent: bool) -> int:
+    """Dynamic shared memory a launch of ``tile`` asks for: the kernel's own (``smem_bytes``),
+    raised for a programmatic dependent launch until no more than ``min_ctas`` CTAs fit on an
+    SM (unless ``TILEWISE_GCONV_OCCUPANCY_CAP=0``).
+
+    Why (session 41, H200, ``scripts/autotune_timer_probe.py``): the row-pair kernel lets the
+    next launch's CTAs be scheduled as soon as its own start, and those wait on any SM with room
+    left. Where an SM fits more CTAs than the persistent grid's ``min_ctas`` (8x16 tiles: 7 by
+    shared memory against 4), the next kernel starts with its CTAs piled on some SMs, and its
+    static tile order makes those SMs the critical path: back-to-back launches of the 8x16 4-CTA
+    tile read 54 us at C=64 3x3 N = 128 against 37 with the GPU idle before each. Asking for
+    enough shared memory that a (``min_ctas`` + 1)-th CTA cannot fit leaves each SM the same
+    share, whatever the order CTAs land in; the kernel itself is unchanged."""
+    if not dependent or os.environ.get(ENV_OCCUPANCY_CAP, "1") == "0":
+        return smem_bytes(r, s, tile)
+    return _capped_smem(r, s, tile)
+
+
+def _capped_smem(r: int, s: int, tile: CudaTile) -> int:
+    """``smem_bytes`` raised (in ``SMEM_GRANULE`` steps) until ``min_ctas`` + 1 CTAs no longer
+    fit an SM's ``SMEM_SM``, where ``min_ctas`` still do; else ``smem_bytes``."""
+    smem = smem_bytes(r, s, tile)
+    share = SMEM_SM // (tile.min_ctas + 1) - SMEM_RESERVED + SMEM_GRANULE
+    padded = cdiv(max(smem, share), SMEM_GRANULE) * SMEM_GRANULE
+    if padded > SMEM_MAX or tile.min_ctas * (padded + SMEM_RESERVED) > SMEM_SM:
+        return smem  # no room to pad: min_ctas CTAs must still fit
+    return padded
 
 
 def dependent_launch(device: torch.device) -> bool:
@@ -718,7 +755,7 @@ def bind_fprop(
             maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
-    smem = smem_bytes(r, s, tile)
+    smem = launch_smem(r, s, tile, dependent)
     signature = _TMA_SIGNATURES[tile.tma]
     return BoundFprop(kernel, signature, grid, block, smem, dev, scalars, 4, maps, dependent,
                       planned)  # fmt: skip
@@ -789,6 +826,8 @@ SOURCE_DIGEST = hashlib.sha1(
             )
         )
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
+        # the launch rule timings depend on (session 41: launch_smem), or its absence
+        + ("occupancy cap" if os.environ.get(ENV_OCCUPANCY_CAP, "1") != "0" else "")
     ).encode()
 ).hexdigest()[:10]
 

@@ -30,6 +30,7 @@ SWITCH_ENV = (
     gconv_library.ENV,
     gconv_cuda.ENV_WIDE_TILES,
     gconv_cuda.ENV_PDL,
+    gconv_cuda.ENV_OCCUPANCY_CAP,
     gconv_cuda.ENV_EXPERIMENTAL_WGRAD,
     autotune.ENV_AUTOTUNE,
     autotune.ENV_CACHE_DIR,
