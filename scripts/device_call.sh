@@ -17,7 +17,8 @@ mkdir -p "$OUT"
 pack() {  # written aside and moved: a copy taken mid-write is never half a tarball
   cp .tw-cache/autotune.json "$R/" 2>/dev/null
   local tmp="$OUT/.bundle.$BASHPID.tmp"  # the repacker and a step may pack at once
-  tar czf "$tmp" -C "$R" . && mv -f "$tmp" "$OUT/bundle.tgz"
+  # BUNDLE_NAME: runs of this script in a loop under one OUT each keep their own bundle
+  tar czf "$tmp" -C "$R" . && mv -f "$tmp" "$OUT/${BUNDLE_NAME:-bundle}.tgz"
 }
 # every PACK_EVERY seconds (default 45) the bundle is packed again, so a call the device tool
 # cuts at its limit (session 26, call 7: the budget left shortened it, and the step, packed
@@ -436,6 +437,23 @@ for step in "$@"; do
       pack
       wg_ablate k3-ablate "${ABLATE_SET:-1 2}" "${DESC_ONLY:-$DESC_TILES}" 3 "${ABLATE_LIMIT:-60}"
       pack ;;
+    occupancy-s41)  # session 41 (prepared after its device time): the row-pair dependent
+      # launches' shared-memory cap (gconv_cuda.launch_smem): its GPU tests (the PDL chain, the
+      # TMA pipelines, every tile), then every C=64 3x3 candidate read warm, cold and rotated with
+      # the cap off and on (autotune_timer_probe), then the >= 64 MB 3x3 cells studied with it on
+      gpu_tests "${TEST_LIMIT:-200}" tests/test_gconv_cuda.py \
+        -k "dependent_launches or tma_pipeline or every_tile_fprop" -x
+      for cap in 0 1; do
+        # shellcheck disable=SC2086
+        TILEWISE_GCONV_OCCUPANCY_CAP=$cap timeout "${PROBE_LIMIT:-150}" \
+          python scripts/autotune_timer_probe.py --n ${PROBE_N:-128 256} \
+          --json "$R/timer-probe-cap$cap.json" >"$R/timer-probe-cap$cap.log" 2>&1
+        echo "cap $cap rc $?"
+        grep -E "^(fprop|dgrad)|picks|cudarp_t8x16c32w4m4s2_tma2 " "$R/timer-probe-cap$cap.log"
+        pack
+      done
+      [ -n "${SKIP_STUDY:-}" ] || study gconv-s42-h200-big3 "${BIG3_LIMIT:-300}" --channels 64 128 \
+        --kernels 3 --extra-kernels --n 128 256 ;;
     k7-s38)  # session 38: the 7x7 fprop/dgrad cells at C=64 with the three-A-set 16x64 candidate
       c64_study gconv-s38-k7 7 ;;
     tests-s38)  # session 38: the GPU tests named by TESTS_S38 (node ids or files, space-separated)
@@ -503,7 +521,8 @@ for step in "$@"; do
     big3-s29)  # 3x3 at >= 64 MB (C=64, 128; N = 128, 256), all passes: the issue's bars re-read
       study gconv-s29-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --extra-kernels \
         --n 128 256 ;;
-    big3-s41)  # session 41: the same cells on the H200 (the first session with no H100)
+    big3-s41)  # session 41: the same cells on the H200 (the first session with no H100); without
+      # --extra-kernels the study's 5x5/7x7 C=64 cells came along (the 420 s limit cut 7x7 bf16)
       study gconv-s41-h200-big3 "${BIG3_LIMIT:-420}" --channels 64 128 --kernels 3 --n 128 256 ;;
     k57-big)
       study gconv-s21-k57-big 420 --channels 64 --kernels 5 7 \

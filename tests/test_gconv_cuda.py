@@ -600,10 +600,10 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
 
 @pytest.mark.gpu
 def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
-    """The row-pair kernel is launched as a programmatic dependent launch: a chain of convs, each
-    reading the output the one before it has just written (no other kernel between them), on one
-    stream and replayed in a CUDA graph, equals the same chain launched plainly, bitwise, for TMA
-    and non-TMA tiles."""
+    """The row-pair kernel is launched as a programmatic dependent launch (asking for the shared
+    memory of ``launch_smem``): a chain of convs, each reading the output the one before it has
+    just written (no other kernel between them), on one stream and replayed in a CUDA graph,
+    equals the same chain launched plainly, bitwise, for TMA and non-TMA tiles."""
     c, dtype = 64, torch.float16
     x = _cl(torch.randn(16, c, 40, 40, device="cuda", dtype=dtype))
     w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dtype) * 72**-0.5  # variance kept ~1
@@ -628,6 +628,10 @@ def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
         kernel = gconv_cuda._kernel(3, 3, tile, False, False, False, torch.cuda.current_device())
         launcher = gconv_cuda._launcher(kernel, gconv_cuda._TMA_SIGNATURES[tile.tma], True)
         assert gconv_cuda.dependent_launch(x.device) and launcher.dependent, tile.name
+        # the dependent launch asks for the shared memory that caps an SM at min_ctas CTAs
+        bound = gconv_cuda.bind_fprop(x, w, None, x, 1, 1, tile)
+        assert bound.smem == gconv_cuda.launch_smem(3, 3, tile, True), tile.name
+        assert bound.smem >= gconv_cuda.smem_bytes(3, 3, tile), tile.name
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
