@@ -107,7 +107,8 @@ typedef unsigned long long u64;
 // fragment, the order before session 40; 64 loads A for the first AS columns only (the later
 // columns reuse those fragments: whether the per-column loads and the fence's wait for them
 // bound the MMA phase), 128 with 64 also drops the per-column wait_group (as session 30's rate
-// probe: only the wgmmas' own queue between them); 256, 512 (exact) delay some CTAs' start
+// probe: only the wgmmas' own queue between them); 256, 512 (exact) delay some CTAs' start;
+// 1024 (exact) stores the output tile by st.global instead of the TMA store
 #define ABLATE {ABLATE}
 #define NG (CB / 8)
 #define NT (128 * NG * HS / GL)
@@ -253,6 +254,28 @@ __device__ __forceinline__ void exact_tile(u32 sbase, u32 hs, u32 stg,
                              :: "r"(stg + HOFF(row * TW + px + 8 * h, g) + 2 * ci),
                                 "r"(pack2(d[2 * h] + bv0, d[2 * h + 1] + bv1))
                              : "memory");
+        }}
+    }}
+}}
+
+// ABLATE & 1024 (exact; session 41): the staged tile leaves by 16-byte st.global from every
+// thread (8 channels of a pixel each, the pixels' chunks in order), clipped at the image's edge,
+// instead of one TMA store: whether the TMA unit serializes the halo loads behind the stores
+__device__ __forceinline__ void store_tile_lsu(u32 stg, u16* __restrict__ y, int t, int Ho,
+                                               int Wo, int C, int c0, int tiles_h, int tiles_w,
+                                               int tid) {{
+    int n, y0, x0;
+    tile_pos(t, tiles_h, tiles_w, n, y0, x0);
+#pragma unroll 4
+    for (int i = tid; i < TH * TW * NG; i += NT) {{
+        const int g = i % NG, p = i / NG, row = p / TW, col = p % TW;
+        if (y0 + row < Ho && x0 + col < Wo) {{
+            u32 v0, v1, v2, v3;
+            asm volatile("ld.shared.v4.u32 {{%0, %1, %2, %3}}, [%4];\n"
+                         : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(stg + HOFF(p, g)));
+            u16* dst = y + (((long long)n * Ho + y0 + row) * Wo + x0 + col) * C + c0 + 8 * g;
+            asm volatile("st.global.v4.u32 [%0], {{%1, %2, %3, %4}};\n"
+                         :: "l"(dst), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
         }}
     }}
 }}
@@ -418,7 +441,9 @@ tw_gconv_fprop_wg"""
         }}
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if (tid == 0 && !(ABLATE & 1)) {{
+        if (ABLATE & 1024) {{
+            if (!(ABLATE & 1)) store_tile_lsu(stg, y, t, Ho, Wo, C, c0, tiles_h, tiles_w, tid);
+        }} else if (tid == 0 && !(ABLATE & 1)) {{
             int n, y0, x0;
             tile_pos(t, tiles_h, tiles_w, n, y0, x0);
             asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
