@@ -607,7 +607,7 @@ def launch_smem(r: int, s: int, tile: CudaTile, dependent: bool) -> int:
     left. Where an SM fits more CTAs than the persistent grid's ``min_ctas`` (8x16 tiles: 7 by
     shared memory against 4), the next kernel starts with its CTAs piled on some SMs, and its
     static tile order makes those SMs the critical path: back-to-back launches of the 8x16 4-CTA
-    tile read 54 us at C=64 3x3 N = 128 against 37 with the GPU idle before each. Asking for
+    tile read 54 us at C=64 3x3 N = 128 against 37 each behind an L2 flush (cold). Asking for
     enough shared memory that a (``min_ctas`` + 1)-th CTA cannot fit leaves each SM the same
     share, whatever the order CTAs land in; the kernel itself is unchanged."""
     if not dependent or os.environ.get(ENV_OCCUPANCY_CAP, "1") == "0":
