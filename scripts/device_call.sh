@@ -454,10 +454,14 @@ for step in "$@"; do
       done
       [ -n "${SKIP_STUDY:-}" ] || study gconv-s42-h200-big3 "${BIG3_LIMIT:-300}" --channels 64 128 \
         --kernels 3 --extra-kernels --n 128 256 ;;
-    lsu-store-s41)  # session 41 (prepared after its device time): the wgmma tiles' output by
+    lsu-store-s41)  # session 41 (prepared after its device time): the read-only, write-only and
+      # copy ceilings (scripts/stream_ceilings.py), then the wgmma tiles' output by
       # st.global from every thread (TILEWISE_WG_ABLATE 1024, exact) against the TMA store (0),
       # whole and without wgmmas (2, 1026), 3x3 and 5x5, C=64 N=128 fp16: whether the TMA unit
       # serializes the halo loads behind the stores (the probe's err column checks 1024)
+      timeout 60 python scripts/stream_ceilings.py --json "$R/stream-ceilings.json" \
+        >"$R/stream-ceilings.log" 2>&1
+      echo "rc $?: $(tail -n 1 "$R/stream-ceilings.log")"
       wg_ablate lsu "${ABLATE_SET:-0 1024 2 1026 0 1024}" "${DESC_ONLY:-$DESC_TILES}" \
         "${KS:-3 5}" "${ABLATE_LIMIT:-80}"
       pack ;;
