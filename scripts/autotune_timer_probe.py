@@ -26,7 +26,7 @@ import torch
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
 from tilewise.bench.timing import GraphTimer
-from tilewise.ops import gconv, gconv_library
+from tilewise.ops import gconv, gconv_cuda, gconv_library
 from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
 from tilewise.runtime import autotune
 
@@ -69,19 +69,21 @@ def probe(c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw:
     level = gconv._cuda_level(x0, sets[0][2])
     library = gconv_library.offered(x0, False)
     sms = torch.cuda.get_device_properties(x0.device).multi_processor_count
-    cands = gconv._candidates(problem, pass_, sms, level, library, True)
+    cands = gconv._candidates(problem, pass_, sms, level, library, gconv_cuda.wide_tiles_offered())
     if not triton:
         cands = tuple(cf for cf in cands if not hasattr(cf, "block_m"))
 
     rows = []
     for cfg in cands:
 
-        def fn(x, w, o, cfg=cfg):
-            return gconv._launch(x, w, None, o, pad, pad, cfg, dgrad)
+        def fn(x, w, o, cfg=cfg, p=k - 1 - pad if dgrad else pad):  # dgrad: R - 1 - pad
+            return gconv._launch(x, w, None, o, p, p, cfg, dgrad)
 
         ms = _read(fn, sets, x0.device)
         rows.append(dict(config=_name(cfg), **ms))
     nbytes = 2 * x0.nbytes + w0.nbytes
+    if not any(math.isfinite(r["rotated"]) for r in rows):
+        raise RuntimeError(f"no candidate of {pass_} C={c} {k}x{k} N={n} {dname} gave a time")
     rows.sort(key=lambda r: r["rotated"])
     print(f"\n{pass_} C={c} {k}x{k} N={n} {dname} ({len(rows)} candidates; us; rotated also as "
           "fraction of copy)")  # fmt: skip

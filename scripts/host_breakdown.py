@@ -112,7 +112,7 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
             args.append(gconv_cuda._tensor_map(xd, tile.cb, tile.tw + k - 1, tile.th + k - 1))
             if tile.tma == 2:
                 args.append(gconv_cuda._tensor_map(out, tile.cb, tile.tw, tile.th))
-        smem = gconv_cuda.smem_bytes(k, k, tile)
+        smem = gconv_cuda.launch_smem(k, k, tile, dep)  # as bind_fprop asks (one wave)
         stream = torch._C._cuda_getCurrentRawStream(0)
         rows.update(
             {

@@ -284,9 +284,22 @@ def test_dependent_launches_ask_for_shared_memory_that_caps_ctas_per_sm(monkeypa
     # e.g. the 8x16 4-CTA TMA tile at 3x3: 7 fit by its own 32 KB
     assert padded >= 3
     tile = CudaTile(8, 16, 32, 4, 4, 2, rowpair=True, tma=2)
-    assert sm // (gconv_cuda.smem_bytes(3, 3, tile) + res) > 4
+    own = gconv_cuda.smem_bytes(3, 3, tile)
+    assert sm // (own + res) > 4
+    # a grid that needs 5 CTAs an SM (channel blocks rounding it up) gets room for 5, not 4;
+    # the ask never grows with the CTAs needed, so the kernel's maximum (at min_ctas) covers it
+    five = gconv_cuda.launch_smem(3, 3, tile, True, ctas_per_sm=5)
+    assert 5 * (five + res) <= sm < 6 * (five + res)
+    asks = [gconv_cuda.launch_smem(3, 3, tile, True, ctas_per_sm=k) for k in range(9)]
+    assert asks == sorted(asks, reverse=True) and asks[-1] == own  # 8 never fit: no padding
+    # another GPU's shared memory (100 KB an SM): a 2-CTA tile gets room for two and not three;
+    # the 4-CTA tile's four never fit there, so it is not padded
+    two = dataclasses.replace(tile, min_ctas=2)
+    small = gconv_cuda.launch_smem(3, 3, two, True, 0, sm_bytes=100 << 10, block_max=99 << 10)
+    assert 2 * (small + res) <= 100 << 10 < 3 * (small + res)
+    assert gconv_cuda.launch_smem(3, 3, tile, True, 0, 100 << 10, 99 << 10) == own
     monkeypatch.setenv(gconv_cuda.ENV_OCCUPANCY_CAP, "0")
-    assert gconv_cuda.launch_smem(3, 3, tile, True) == gconv_cuda.smem_bytes(3, 3, tile)
+    assert gconv_cuda.launch_smem(3, 3, tile, True) == own
 
 
 def test_tma_tiles_are_row_pair_fprop_candidates_only_when_asked():

@@ -27,7 +27,7 @@ READ_STEPS = 8
 def _read_sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
     pid = tl.program_id(0)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
-    base = pid * BLOCK * STEPS
+    base = pid.to(tl.int64) * BLOCK * STEPS  # 64-bit: tensors past 2^31 elements (8 GiB)
     for i in range(STEPS):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
         acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
@@ -38,7 +38,10 @@ def read_sum(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Per-program int32 sums (wrapping) of the contiguous int32 tensor ``x``: every element
     read once. ``out`` (optional) holds one int32 per program."""
     if x.dtype != torch.int32 or not x.is_contiguous():
-        raise ValueError(f"argument 'x' must be a contiguous int32 tensor, got {x.dtype}")
+        raise ValueError(
+            f"argument 'x' must be a contiguous int32 tensor, got {x.dtype} "
+            f"({'contiguous' if x.is_contiguous() else 'not contiguous'})"
+        )
     n = x.numel()
     programs = triton.cdiv(max(n, 1), READ_BLOCK * READ_STEPS)
     if out is None:

@@ -556,8 +556,12 @@ def _kernel(
         kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
         if entry.startswith("tw_gconv_wgrad"):
             kernel.set_shared_memory_config(wgrad_smem_bytes(r, s, tile))
-        else:  # the most any launch asks for (a dependent one may ask for more: launch_smem)
-            most = _capped_smem(r, s, tile) if tile.rowpair else smem_bytes(r, s, tile)
+        else:  # the most any launch asks for: a dependent one may ask for more (launch_smem;
+            # its most at min_ctas), on any GPU that makes dependent launches, whatever the
+            # switches say now (they may change before a launch)
+            most = smem_bytes(r, s, tile)
+            if tile.rowpair and _capability(torch.device("cuda", device)) >= (9, 0):
+                most = _capped_smem(r, s, tile, tile.min_ctas, *_device_smem(device))
             kernel.set_shared_memory_config(most)
         try:  # all of L1 as shared memory, so min_ctas CTAs fit on an SM
             lib = torch.cuda._utils._get_gpu_runtime_library()
@@ -597,10 +601,19 @@ ENV_OCCUPANCY_CAP = "TILEWISE_GCONV_OCCUPANCY_CAP"
 SMEM_GRANULE = 128
 
 
-def launch_smem(r: int, s: int, tile: CudaTile, dependent: bool) -> int:
+def launch_smem(
+    r: int,
+    s: int,
+    tile: CudaTile,
+    dependent: bool,
+    ctas_per_sm: int = 0,
+    sm_bytes: int = SMEM_SM,
+    block_max: int = SMEM_MAX,
+) -> int:
     """Dynamic shared memory a launch of ``tile`` asks for: the kernel's own (``smem_bytes``),
-    raised for a programmatic dependent launch until no more than ``min_ctas`` CTAs fit on an
-    SM (unless ``TILEWISE_GCONV_OCCUPANCY_CAP=0``).
+    raised for a programmatic dependent launch until no more CTAs fit an SM than the grid needs
+    there (``ctas_per_sm``, at least ``min_ctas``; unless ``TILEWISE_GCONV_OCCUPANCY_CAP=0``).
+    ``sm_bytes``, ``block_max``: the device's shared memory per SM and its per-CTA opt-in limit.
 
     Why (session 41, H200, ``scripts/autotune_timer_probe.py``): the row-pair kernel lets the
     next launch's CTAs be scheduled as soon as its own start, and those wait on any SM with room
@@ -608,22 +621,37 @@ def launch_smem(r: int, s: int, tile: CudaTile, dependent: bool) -> int:
     shared memory against 4), the next kernel starts with its CTAs piled on some SMs, and its
     static tile order makes those SMs the critical path: back-to-back launches of the 8x16 4-CTA
     tile read 54 us at C=64 3x3 N = 128 against 37 each behind an L2 flush (cold). Asking for
-    enough shared memory that a (``min_ctas`` + 1)-th CTA cannot fit leaves each SM the same
-    share, whatever the order CTAs land in; the kernel itself is unchanged."""
+    enough shared memory that one CTA more than the grid needs an SM cannot fit leaves each SM
+    its share, whatever the order CTAs land in; the kernel itself is unchanged. A grid larger
+    than ``min_ctas`` an SM (channel blocks rounding it up) is capped at what it needs, never
+    below, so no CTA waits for a second wave that the uncapped launch would not have had."""
     if not dependent or os.environ.get(ENV_OCCUPANCY_CAP, "1") == "0":
         return smem_bytes(r, s, tile)
-    return _capped_smem(r, s, tile)
+    return _capped_smem(r, s, tile, max(tile.min_ctas, ctas_per_sm), sm_bytes, block_max)
 
 
-def _capped_smem(r: int, s: int, tile: CudaTile) -> int:
-    """``smem_bytes`` raised (in ``SMEM_GRANULE`` steps) until ``min_ctas`` + 1 CTAs no longer
-    fit an SM's ``SMEM_SM``, where ``min_ctas`` still do; else ``smem_bytes``."""
+def _capped_smem(
+    r: int, s: int, tile: CudaTile, ctas: int, sm_bytes: int = SMEM_SM, block_max: int = SMEM_MAX
+) -> int:
+    """``smem_bytes`` raised to a whole ``SMEM_GRANULE`` count at which ``ctas`` + 1 CTAs no
+    longer fit ``sm_bytes`` while ``ctas`` still do; ``smem_bytes`` itself where no such size
+    exists within ``block_max``. Never increases with ``ctas``."""
     smem = smem_bytes(r, s, tile)
-    share = SMEM_SM // (tile.min_ctas + 1) - SMEM_RESERVED + SMEM_GRANULE
+    share = sm_bytes // (ctas + 1) - SMEM_RESERVED + SMEM_GRANULE
     padded = cdiv(max(smem, share), SMEM_GRANULE) * SMEM_GRANULE
-    if padded > SMEM_MAX or tile.min_ctas * (padded + SMEM_RESERVED) > SMEM_SM:
-        return smem  # no room to pad: min_ctas CTAs must still fit
+    if padded > block_max or ctas * (padded + SMEM_RESERVED) > sm_bytes:
+        return smem  # no room to pad: the CTAs the grid needs must still fit
     return padded
+
+
+@functools.cache
+def _device_smem(device: int) -> tuple[int, int]:
+    """(shared memory per SM, the per-CTA opt-in limit) of CUDA device ``device``; the Hopper
+    figures where PyTorch does not report them."""
+    props = torch.cuda.get_device_properties(device)
+    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or SMEM_SM)
+    optin = int(getattr(props, "shared_memory_per_block_optin", 0) or SMEM_MAX)
+    return per_sm, optin
 
 
 def dependent_launch(device: torch.device) -> bool:
@@ -755,7 +783,8 @@ def bind_fprop(
             maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
-    smem = launch_smem(r, s, tile, dependent)
+    per_sm = cdiv(grid_x * cblocks, num_sms(x.device))  # CTAs an SM holds for one wave
+    smem = launch_smem(r, s, tile, dependent, per_sm, *_device_smem(dev))
     signature = _TMA_SIGNATURES[tile.tma]
     return BoundFprop(kernel, signature, grid, block, smem, dev, scalars, 4, maps, dependent,
                       planned)  # fmt: skip
@@ -826,8 +855,9 @@ SOURCE_DIGEST = hashlib.sha1(
             )
         )
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
-        # the launch rule timings depend on (session 41: launch_smem), or its absence
-        + ("occupancy cap" if os.environ.get(ENV_OCCUPANCY_CAP, "1") != "0" else "")
+        # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
+        # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
+        + "launch_smem: dependent row-pair launches capped at the CTAs an SM needs"
     ).encode()
 ).hexdigest()[:10]
 

@@ -335,8 +335,10 @@ tw_gconv_fprop_wg"""
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar + 8 * k));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the TMA unit
-        // 256 / 512 (exact; session 41): the odd CTAs start ~2 us late / CTA b starts (b % 4)
-        // x ~0.7 us late, so the SMs' load and store phases do not stay in step
+        // 256 / 512 (exact; session 41): the odd CTAs' first halos leave up to ~2 us later /
+        // CTA b's (b % 4) x up to ~0.7 us later (__nanosleep sleeps 0 to 2x what it is asked,
+        // thread 0 only, under the weight gather), so the SMs' load and store phases need not
+        // stay in step
         if (ABLATE & 256 && blockIdx.x & 1) __nanosleep(2000);
         if (ABLATE & 512) __nanosleep((blockIdx.x & 3) * 700);
         if (!(ABLATE & 12))
