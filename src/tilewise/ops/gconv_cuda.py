@@ -647,7 +647,10 @@ def _capped_smem(
 @functools.cache
 def _device_smem(device: int) -> tuple[int, int]:
     """(shared memory per SM, the per-CTA opt-in limit) of CUDA device ``device``; the Hopper
-    figures where PyTorch does not report them."""
+    figures where PyTorch does not report them (or, as in the CPU tests' faked launches, has no
+    CUDA device to ask)."""
+    if not torch.cuda.is_available():
+        return SMEM_SM, SMEM_MAX
     props = torch.cuda.get_device_properties(device)
     per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or SMEM_SM)
     optin = int(getattr(props, "shared_memory_per_block_optin", 0) or SMEM_MAX)
