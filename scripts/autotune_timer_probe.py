@@ -17,6 +17,7 @@ pick costs in rotated time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -24,14 +25,16 @@ import statistics
 import torch
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.gconv import SHAPES, make_activations, make_weight
 from tilewise.bench.results import environment
 from tilewise.bench.timing import GraphTimer
 from tilewise.ops import gconv, gconv_cuda, gconv_library
-from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
+from tilewise.ops._common import num_sms
+from tilewise.ops.gconv_config import GConvProblem
 from tilewise.runtime import autotune
 
-SIDES = {64: 64, 128: 32, 256: 16}
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: the study's shapes: channels -> image side
+SIDES = {c: h for c, h, _ in SHAPES}
 TIMERS = ("warm", "screen", "cold", "rotated")
 
 
@@ -57,18 +60,17 @@ def _read(fn, sets, device) -> dict[str, float]:
 
 
 def probe(c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw: float) -> dict:
-    hw, pad, dt = SIDES[c], k // 2, DTYPES[dname]
+    hw, pad, dev = SIDES[c], k // 2, torch.device("cuda")
+    problem = GConvProblem(n, c, hw, hw, k, k, pad, pad, dname)
     sets = []
     for _ in range(3):  # three sets: each call reads inputs the L2 no longer holds
-        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=dt))
-        w = (torch.randn(c, 8, k, k, device="cuda") / (8 * k * k) ** 0.5).to(dt)
-        sets.append((x, w, torch.empty_like(x)))
+        x, dy = make_activations(problem, dev)  # dy's shape and layout: the output buffer
+        sets.append((x, make_weight(problem, dev), dy))
     dgrad = pass_ == "dgrad"
     x0, w0, _ = sets[0]
-    problem = GConvProblem.from_tensors(x0, w0, None, pad, pad)
     level = gconv._cuda_level(x0, sets[0][2])
     library = gconv_library.offered(x0, False)
-    sms = torch.cuda.get_device_properties(x0.device).multi_processor_count
+    sms = num_sms(x0.device)
     cands = gconv._candidates(problem, pass_, sms, level, library, gconv_cuda.wide_tiles_offered())
     if not triton:
         cands = tuple(cf for cf in cands if not hasattr(cf, "block_m"))
@@ -108,20 +110,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--kernels", type=int, nargs="+", default=[3])
     ap.add_argument("--channels", type=int, nargs="+", default=[64], choices=sorted(SIDES))
-    ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=sorted(DTYPES))
+    ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--passes", nargs="+", default=["fprop", "dgrad"], choices=["fprop", "dgrad"])
     ap.add_argument("--triton", action="store_true", help="the Triton configs too")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
-    out = []
-    for c in args.channels:
-        for k in args.kernels:
-            for n in args.n:
-                for dname in args.dtypes:
-                    for pass_ in args.passes:
-                        out.append(probe(c, k, n, dname, pass_, args.triton, copy_bw))
+    grid = itertools.product(args.channels, args.kernels, args.n, args.dtypes, args.passes)
+    out = [probe(*cell, args.triton, copy_bw) for cell in grid]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": environment(), "copy_bytes_per_s": copy_bw, "problems": out},

@@ -65,6 +65,18 @@ wg_probe() {  # wg_probe NAME KERNELS [ONLY]: the wgmma tiles (experimental too)
   echo "rc $?: wide probe"
   grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-$1.log" | cut -c1-150
 }
+probe_extra() {  # probe_extra NAME "EXTRAS": the wide probe (experimental tiles too) with extra
+  # tiles (CudaTile argument strings; PROBE_K, PROBE_N, DTYPES, PROBE_ONLY, PROBE_LIMIT) into
+  # wide-probe-NAME.*
+  # shellcheck disable=SC2086
+  timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
+    --kernels ${PROBE_K:-3} --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
+    --json "$R/wide-probe-$1.json" ${PROBE_ONLY:+--only "$PROBE_ONLY"} \
+    --extra $2 >"$R/wide-probe-$1.log" 2>&1
+  echo "rc $?: wide probe $1"
+  grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-$1.log" | cut -c1-150
+  pack
+}
 wg_ablate() {  # wg_ablate PREFIX "SETTINGS" ONLY "KERNELS" LIMIT: the probe once a
   # TILEWISE_WG_ABLATE setting, fprop and dgrad, C=64 N=128 fp16; PREFIX-SETTING.log keeps
   # every run of a setting
@@ -403,28 +415,15 @@ for step in "$@"; do
     h200-k3-s41)  # session 41: every 3x3 fprop/dgrad tile on the H200 (the candidates, the
       # experimental wgmma tiles, three-stage forms as extras), then the wgmma candidates'
       # halo loads alone (3) and MMA phase alone (9) beside whole (0)
-      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
-        --kernels 3 --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
-        --json "$R/wide-probe-h200-k3.json" --extra "8,64,32,16,1,3,tma=2,wgmma=True" \
-        "16,16,32,4,2,3,rowpair=True,tma=2" "16,16,64,8,1,3,rowpair=True,tma=2" \
-        "8,32,64,16,1,3,rowpair=True,tma=2" "16,32,32,8,1,3,rowpair=True,tma=2" \
-        >"$R/wide-probe-h200-k3.log" 2>&1
-      echo "rc $?: wide probe"
-      grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-h200-k3.log" | cut -c1-150
-      pack
+      X=",rowpair=True,tma=2"
+      PROBE_K=3 probe_extra h200-k3 "8,64,32,16,1,3,tma=2,wgmma=True 16,16,32,4,2,3$X
+        16,16,64,8,1,3$X 8,32,64,16,1,3$X 16,32,32,8,1,3$X"
       wg_ablate k3-ablate "${ABLATE_SET:-0 3 9}" "${DESC_ONLY:-$DESC_TILES}" 3 \
         "${ABLATE_LIMIT:-60}"
       pack ;;
     probe-extra)  # session 41: the wide probe with extra tiles (PROBE_EXTRA: CudaTile argument
       # strings, space-separated; PROBE_K, PROBE_N, DTYPES, PROBE_ONLY, PROBE_NAME)
-      # shellcheck disable=SC2086
-      timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
-        --kernels ${PROBE_K:-3} --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
-        --json "$R/wide-probe-${PROBE_NAME:-extra}.json" ${PROBE_ONLY:+--only "$PROBE_ONLY"} \
-        --extra ${PROBE_EXTRA:-} >"$R/wide-probe-${PROBE_NAME:-extra}.log" 2>&1
-      echo "rc $?: wide probe ${PROBE_NAME:-extra}"
-      grep -E "copy:|cudawg|cudarp" "$R/wide-probe-${PROBE_NAME:-extra}.log" | cut -c1-100
-      pack ;;
+      probe_extra "${PROBE_NAME:-extra}" "${PROBE_EXTRA:-}" ;;
     timer-probe-s41)  # session 41: every candidate of the C=64 3x3 fprop/dgrad read warm, briefly,
       # cold and rotated (which timer ranks as the study does, on the H200's 60 MB L2), then the
       # wgmma 3x3 tiles without stores (1) and without wgmmas (2)
