@@ -436,6 +436,15 @@ for step in "$@"; do
       pack
       wg_ablate k3-ablate "${ABLATE_SET:-1 2}" "${DESC_ONLY:-$DESC_TILES}" 3 "${ABLATE_LIMIT:-60}"
       pack ;;
+    rowpair-tests-s42)  # session 42: the GPU tests that launch row-pair tiles beyond
+      # occupancy-s41's (wide kernels, NaN/Inf, the lean launcher, edge shapes), the module's
+      # and the CUDA-graph tests, with the occupancy cap on, three processes at once
+      par_tests rowpair-s42 \
+        tests/test_gconv_cuda.py "wide_kernel_row_pair or nan_stays or nonfinite_blocks or lean_launcher or on_edge_shapes or edge_cases" \
+        tests/test_gconv.py "" tests/test_capture.py "" ;;
+    k57-s42)  # session 42: the C=64 5x5/7x7 fprop/dgrad cells with the occupancy cap on
+      # (row-pair tiles are 5x5/7x7 candidates too; session 41's k357-s41 without it)
+      DTYPES=${DTYPES:-fp16} c64_study gconv-s42-k57 "5 7" 300 ;;
     occupancy-s41)  # session 41 (prepared after its device time): the row-pair dependent
       # launches' shared-memory cap (gconv_cuda.launch_smem): its GPU tests (the PDL chain, the
       # TMA pipelines, every tile), then every C=64 3x3 candidate read warm, cold and rotated with
