@@ -445,6 +445,14 @@ for step in "$@"; do
     k57-s42)  # session 42: the C=64 5x5/7x7 fprop/dgrad cells with the occupancy cap on
       # (row-pair tiles are 5x5/7x7 candidates too; session 41's k357-s41 without it)
       DTYPES=${DTYPES:-fp16} c64_study gconv-s42-k57 "5 7" 300 ;;
+    wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
+      # datapath by default (session 40's probe bit 1024): its GPU tests, then the C=64 5x5/7x7
+      # wgrad cells (session 41's big3 read them without it)
+      par_tests wgrad-s42 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or wgmma_wgrad_tiles_on_odd" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_over_many or experimental_wgrad"
+      study gconv-s42-wgrad-k57 "${STUDY_LIMIT:-200}" --kernels 5 7 --channels 64 \
+        --n ${STUDY_N:-128 256} --passes wgrad --dtypes ${DTYPES:-fp16} ;;
     occupancy-s41)  # session 41 (prepared after its device time): the row-pair dependent
       # launches' shared-memory cap (gconv_cuda.launch_smem): its GPU tests (the PDL chain, the
       # TMA pipelines, every tile), then every C=64 3x3 candidate read warm, cold and rotated with

@@ -443,7 +443,6 @@ def _mode_label(mode: int) -> str:
         (128, "gb"),
         (256, "nodup"),
         (512, "ca"),
-        (1024, "ubase"),
     )
     return "+".join(n for b, n in names if mode & b) or "full"
 
@@ -576,8 +575,7 @@ def main() -> None:
         "bits 1 no MMAs, 2 no loads, 4 no atomics, 16 / 32 L2 fetches of 128 / 256 bytes, 64 "
         "(with 1) rows landing with a pixel's groups side by side, 128 lanes taking 8 pixels of "
         "one group, 256 no dy copies past the ring's end, 512 the row loads through L1 "
-        "(cp.async.ca; bit 2 does not stop tma=1 tiles' tensor copies), 1024 (exact) the "
-        "descriptors on the uniform datapath (session 40)",
+        "(cp.async.ca; bit 2 does not stop tma=1 tiles' tensor copies)",
     )
     ap.add_argument(
         "--timeline",

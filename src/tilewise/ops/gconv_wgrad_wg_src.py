@@ -86,9 +86,7 @@ typedef unsigned long long u64;
 #endif              // 16 / 32: the row loads ask L2 to fetch the 128 / 256 bytes around them;
                     // 64 (with 1): rows land with a pixel's groups side by side; 128: lanes
                     // take 8 pixels of one group (the staged tiles' order) in the plain loads;
-                    // 256: dy rows are not copied past the ring's end; 512: loads via L1;
-                    // 1024 (exact): the group's base read from lane 0, so the descriptors
-                    // are built on the uniform datapath (session 40; not yet timed)
+                    // 256: dy rows are not copied past the ring's end; 512: loads via L1
 // a thread's pieces: piece i is pixel PX(i) of group GR(i); staged (or probe bit 128), 8
 // consecutive pieces are 8 pixels of one group (a quarter warp's 16-byte accesses to 128
 // contiguous bytes of a group's row, and in the staging ring to 8 distinct bank quads through
@@ -334,11 +332,10 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #pragma unroll
     for (int i = 0; i < 4 * S; ++i) acc[i] = 0.f;
     float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
-#if WG_PROBE & 1024
-    const u32 gbase = __shfl_sync(0xffffffffu, sb + g * GROUP_BYTES, 0);  // warp-uniform
-#else
-    const u32 gbase = sb + g * GROUP_BYTES;
-#endif
+    // the group's base, lane 0's: warp-uniform to ptxas, so the descriptors are built on the
+    // uniform datapath (session 40's probe bit 1024; the default since session 42: 5x5 / 7x7
+    // C=64 N=128 fp16, 83.2 / 104.9 us to 75.1 / 89.7 at the w9 tile, the w10 tile 1-2%)
+    const u32 gbase = __shfl_sync(0xffffffffu, sb + g * GROUP_BYTES, 0);
     const int a_blk = 2 * w4 + ((lane >> 3) & 1), a_px = (lane & 7) + 8 * (lane >> 4);
     const u32 a_lane = gbase + a_blk * DY_ROW + a_px * 16;  // + the window's first slot
     unsigned cu = 0;
