@@ -445,6 +445,25 @@ for step in "$@"; do
     k57-s42)  # session 42: the C=64 5x5/7x7 fprop/dgrad cells with the occupancy cap on
       # (row-pair tiles are 5x5/7x7 candidates too; session 41's k357-s41 without it)
       DTYPES=${DTYPES:-fp16} c64_study gconv-s42-k57 "5 7" 300 ;;
+    ncu-k3-s42)  # session 42 (prepared after its device time): where the 3x3 kernels' DRAM
+      # bytes go. Nsight Compute with L2 left warm between launches (--cache-control none) on the
+      # wgmma 8x64 tile whole (0), loads and stores without wgmmas (2) and loads alone (3), and
+      # on the row-pair 8x16 4-CTA tile, C=64 N=128 fp16: DRAM bytes read and written against the
+      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, DRAM throughput
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      echo "ncu: ${NCU:-none}"
+      m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
+      m=$m,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum
+      for spec in ${NCU_SPECS:-"0|8,64,32,16,1,2,tma=2,wgmma=True" "2|8,64,32,16,1,2,tma=2,wgmma=True" "3|8,64,32,16,1,2,tma=2,wgmma=True" "0|8,16,32,4,4,2,rowpair=True,tma=2"}; do
+        a=${spec%%|*} t=${spec#*|}
+        f="$R/ncu-k3-a$a-${t//[^0-9a-z]/_}.txt"
+        TILEWISE_WG_ABLATE=$a timeout 120 "$NCU" --clock-control none --cache-control none \
+          -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --metrics "$m" \
+          python scripts/ncu_targets.py gconv-fprop --k 3 --tile-spec "$t" >"$f" 2>&1
+        echo "rc $? ablate $a tile $t"
+        grep -E "gpu__time|dram__|lts__" "$f" | head -8
+      done
+      pack ;;
     wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
       # datapath by default (session 40's probe bit 1024): its GPU tests, then the C=64 5x5/7x7
       # wgrad cells (session 41's big3 read them without it)
