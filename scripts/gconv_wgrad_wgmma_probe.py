@@ -37,7 +37,7 @@ import torch
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
-from tilewise.bench.timing import time_events
+from tilewise.bench.timing import TIMERS, time_calls
 from tilewise.ops import gconv_cuda, gconv_wgrad
 from tilewise.ops.gconv_config import GConvProblem, channels_last_copy
 from tilewise.ops.gconv_cuda_src import SMEM_U32
@@ -500,6 +500,7 @@ def _time_cell(
     bound_tiles=(),
     bound_modes=(),
     timeline_modes=(),
+    timer="graph",
 ) -> list[dict]:
     sets = [_data(n, c, hw, k, dt) for _ in range(3)]
     nbytes = sets[0][0].nbytes + sets[0][1].nbytes
@@ -532,14 +533,14 @@ def _time_cell(
         try:
             got = fn(x0, dy0, p0).float()
             err = float((got - ref).abs().max() / ref.abs().max())
-            sec = time_events(fn, sets, warmup=5, reps=30).median_s
+            sec = time_calls(fn, sets, timer).median_s
         except Exception as exc:
             print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
             continue
         base = base or sec
         frac = nbytes / sec / copy_bw
         row = dict(k=k, n=n, c=c, hw=hw, dtype=dname, impl=name, median_s=sec, frac_copy=frac,
-                   x_cudnn=base / sec, rel_err=err)  # fmt: skip
+                   x_cudnn=base / sec, rel_err=err, timer=timer)  # fmt: skip
         rows.append(row)
         print(
             f"wgrad C={c} {hw}x{hw} {k}x{k} N={n} {dname} {name:22s} {sec * 1e6:8.1f} us "
@@ -586,6 +587,7 @@ def main() -> None:
     )
     ap.add_argument("--checks", type=int, default=2, help="odd shapes checked a variant")
     ap.add_argument("--emulate", action="store_true", help="the index logic on the CPU only")
+    ap.add_argument("--timer", choices=TIMERS, default="graph", help="before session 42: events")
     ap.add_argument("--json")
     args = ap.parse_args()
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -632,7 +634,7 @@ def main() -> None:
         bound_tiles = named or gconv_cuda.WGMMA_WGRAD_TILES[:2]
     timeline_modes = [m | 8 for m in args.timeline]
     copy_bw = measure_copy_bandwidth(torch.device("cuda"))
-    print(f"copy: {copy_bw / 1e12:.3f} TB/s")
+    print(f"copy: {copy_bw / 1e12:.3f} TB/s; timer: {args.timer}")
     rows = []
     for shape in args.shapes:
         c, hw = (int(t) for t in shape.split(":"))
@@ -641,7 +643,7 @@ def main() -> None:
                 for dname in args.dtypes:
                     rows += _time_cell(
                         k, n, c, hw, dts[dname], dname, variants, copy_bw, lib_tiles,
-                        bound_tiles, args.bounds, timeline_modes,
+                        bound_tiles, args.bounds, timeline_modes, args.timer,
                     )  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.results import environment
-from tilewise.bench.timing import time_events
+from tilewise.bench.timing import TIMERS, time_calls
 from tilewise.ops import gconv_cuda
 from tilewise.ops.gconv_config import channels_last_copy
 from tilewise.ops.gconv_cuda import CudaTile
@@ -39,6 +39,7 @@ def _rows(
     extra: list[CudaTile],
     c: int = 64,
     only: str | None = None,
+    timer: str = "graph",
 ) -> list[dict]:
     hw, pad = SIDES[c], k // 2
     sets = []
@@ -74,14 +75,14 @@ def _rows(
                 out = torch.full_like(x, float("nan"))
                 got = fn(x, w, out)
                 err = float((got.float() - want).abs().max() / want.abs().max())
-                res[name] = (time_events(fn, sets, warmup=5, reps=30).median_s, err)
+                res[name] = (time_calls(fn, sets, timer).median_s, err)
             except Exception as exc:  # a tile that fails to compile or launch is reported
                 print(f"  {name}: {type(exc).__name__}: {exc}"[:300])
         base = res.get("cudnn", (None,))[0]
         for name, (sec, err) in res.items():
             row = dict(pass_="dgrad" if dgrad else "fprop", k=k, c=c, n=n, dtype=dname, impl=name,
                        median_s=sec, frac_copy=nbytes / sec / copy_bw,
-                       x_cudnn=base / sec if base else None, rel_err=err)  # fmt: skip
+                       x_cudnn=base / sec if base else None, rel_err=err, timer=timer)  # fmt: skip
             rows.append(row)
             print(
                 f"{row['pass_']:5} C={c} {k}x{k} N={n} {dname} {name:34s} {sec * 1e6:8.1f} us "
@@ -101,20 +102,21 @@ def main() -> None:
     ap.add_argument("--experimental", action="store_true", help="the EXPERIMENTAL_WGMMA_TILES too")
     ap.add_argument("--roll", action="store_true", help="the ROLL_TILES too")
     ap.add_argument("--only", default=None, help="time only tiles whose name matches this regex")
+    ap.add_argument("--timer", choices=TIMERS, default="graph", help="before session 42: events")
     args = ap.parse_args()
     extra = [eval(f"CudaTile({spec})") for spec in args.extra]  # a developer's arguments
     extra += list(gconv_cuda.EXPERIMENTAL_WGMMA_TILES) if args.experimental else []
     extra += list(gconv_cuda.ROLL_TILES) if args.roll else []
     torch.backends.cudnn.benchmark = True
     copy_bw = measure_copy_bandwidth()
-    print(f"copy: {copy_bw / 1e12:.3f} TB/s")
+    print(f"copy: {copy_bw / 1e12:.3f} TB/s; timer: {args.timer}")
     dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows = []
     for c in args.channels:
         for k in args.kernels:
             for n in args.n:
                 for dname in args.dtypes:
-                    rows += _rows(k, n, dname, dts[dname], copy_bw, extra, c, args.only)
+                    rows += _rows(k, n, dname, dts[dname], copy_bw, extra, c, args.only, args.timer)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)

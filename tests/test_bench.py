@@ -24,7 +24,14 @@ from tilewise.bench.results import (
     load_results,
     save_results,
 )
-from tilewise.bench.timing import Timing, profile_kernels, rotation_count, time_events
+from tilewise.bench.timing import (
+    TIMERS,
+    Timing,
+    profile_kernels,
+    rotation_count,
+    time_calls,
+    time_events,
+)
 from tilewise.registry import OPS, OpSpec, RowsProblem, rows_for_bytes
 
 MB = 1 << 20
@@ -72,6 +79,19 @@ def test_time_events_cpu_fallback_rotates_arg_sets():
     assert isinstance(t, Timing) and t.reps == 7 and t.method == "perf_counter"
     assert t.p20_s <= t.median_s <= t.p80_s
     assert seen == [0, 1] + [i % 3 for i in range(7)]
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_time_calls_runs_each_timer_over_the_arg_sets(timer):
+    """The probes' timer switch: both timers call ``fn`` over every arg set (on the CPU through
+    the perf_counter fallback), and an unknown timer is refused by name."""
+    seen = []
+    sets = [(i, torch.zeros(1)) for i in range(3)]
+    t = time_calls(lambda i, _: seen.append(i), sets, timer)
+    assert isinstance(t, Timing) and t.method == "perf_counter" and t.reps > 0
+    assert set(seen) == {0, 1, 2} and len(seen) > t.reps
+    with pytest.raises(ValueError, match="timer"):
+        time_calls(lambda i, _: None, sets, "wallclock")
 
 
 @no_cuda

@@ -324,6 +324,23 @@ def time_graph(
     return _timing(samples, timer.method)
 
 
+#: the probe scripts' timers: graph replay (the study's and the autotuner's figure) or one event
+#: pair a call
+TIMERS = ("graph", "events")
+
+
+def time_calls(fn: Callable[..., Any], arg_sets: ArgSets, timer: str = "graph") -> Timing:
+    """Median seconds a call of ``fn`` over ``arg_sets`` by ``timer`` (``TIMERS``), at the
+    probe scripts' counts. Graph replay by default: session 42's wgrad probe read one tile 10-17%
+    faster than another by events where the study's graph replay, which the autotuner also
+    uses, read them within 0-3%."""
+    if timer == "graph":
+        return time_graph(fn, arg_sets, warmup=3, rounds=4, replays=20)
+    if timer == "events":
+        return time_events(fn, arg_sets, warmup=5, reps=30)
+    raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
+
+
 def interleaved(
     timers: Mapping[str, GraphTimer | EventTimer],
     counts: Mapping[str, int] | int,
