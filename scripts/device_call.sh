@@ -449,7 +449,8 @@ for step in "$@"; do
       # bytes go. Nsight Compute with L2 left warm between launches (--cache-control none) on the
       # wgmma 8x64 tile whole (0), loads and stores without wgmmas (2) and loads alone (3), and
       # on the row-pair 8x16 4-CTA tile, C=64 N=128 fp16: DRAM bytes read and written against the
-      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, DRAM throughput
+      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, the memory units'
+      # throughputs (SpeedOfLight, MemoryWorkloadAnalysis)
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: ${NCU:-none}"
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
@@ -459,9 +460,10 @@ for step in "$@"; do
         f="$R/ncu-k3-a$a-${t//[^0-9a-z]/_}.txt"
         TILEWISE_WG_ABLATE=$a timeout 120 "$NCU" --clock-control none --cache-control none \
           -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --metrics "$m" \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis \
           python scripts/ncu_targets.py gconv-fprop --k 3 --tile-spec "$t" >"$f" 2>&1
         echo "rc $? ablate $a tile $t"
-        grep -E "gpu__time|dram__|lts__" "$f" | head -8
+        grep -E "gpu__time|dram__|lts__|Throughput|L2 Hit|Mem Busy|Max Bandwidth" "$f" | head -16
       done
       pack ;;
     wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
