@@ -331,9 +331,9 @@ TIMERS = ("graph", "events")
 
 def time_calls(fn: Callable[..., Any], arg_sets: ArgSets, timer: str = "graph") -> Timing:
     """Median seconds a call of ``fn`` over ``arg_sets`` by ``timer`` (``TIMERS``), at the
-    probe scripts' counts. Graph replay by default: session 42's wgrad probe read one tile 10-17%
-    faster than another by events where the study's graph replay, which the autotuner also
-    uses, read them within 0-3%."""
+    probe scripts' counts. Graph replay by default: session 42's wgrad probe read a kernel change as
+    11-17% faster by events where the study's graph replay, which the autotuner also uses,
+    read the cells -0.4% to +2.6% apart."""
     if timer == "graph":
         return time_graph(fn, arg_sets, warmup=3, rounds=4, replays=20)
     if timer == "events":

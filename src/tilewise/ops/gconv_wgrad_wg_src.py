@@ -334,7 +334,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     float dbs = 0.f;  // bias gradient of channel c0 + 8 g + tid % 8 over this thread's pixels
     // the group's base, lane 0's: warp-uniform to ptxas, so the descriptors are built on the
     // uniform datapath (session 40's probe bit 1024; the default since session 42: the C=64
-    // 5x5/7x7 wgrad cells 0-2.6% faster by the study's graph replay on an H200)
+    // 5x5/7x7 wgrad cells -0.4% to +2.6% by the study's graph replay on an H200)
     const u32 gbase = __shfl_sync(0xffffffffu, sb + g * GROUP_BYTES, 0);
     const int a_blk = 2 * w4 + ((lane >> 3) & 1), a_px = (lane & 7) + 8 * (lane >> 4);
     const u32 a_lane = gbase + a_blk * DY_ROW + a_px * 16;  // + the window's first slot
