@@ -118,7 +118,7 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
 
 # (file, -k expression) pairs and study arguments the steps below share
 DWCL_TESTS=(
-  tests/test_gconv_cuda.py "every_wgrad_tile and float16"
+  tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16"
   tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or multi_row_blocks"
   tests/test_gconv.py "wgrad or channels_last or compile"
   tests/test_gconv_library.py ""
@@ -261,7 +261,7 @@ for step in "$@"; do
       # tests (odd shapes, many units a CTA, the candidates, the workspace), then every tile timed
       # beside session 31's prototype, the library's autotuned wgrad and cuDNN
       [ "${SKIP_TESTS:-0}" = 1 ] || par_tests wgwg tests/test_gconv_cuda.py \
-        "wgmma_wgrad_tiles_on_odd_shapes and float16" tests/test_gconv_cuda.py \
+        "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" tests/test_gconv_cuda.py \
         "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" tests/test_gconv_cuda.py \
         "wgmma_wgrad_over_many_units" tests/test_gconv_cuda.py "workspace_is_left_zero"
       timeout "${WG_LIMIT:-240}" python scripts/gconv_wgrad_wgmma_probe.py --library-tiles \
@@ -301,7 +301,7 @@ for step in "$@"; do
         --channels ${STUDY_CHANNELS:-64 128 256} --n ${STUDY_N:-32 128 256} --passes wgrad \
         --dtypes ${STUDY_DTYPES:-fp16} ;;
     tests-s32)  # the wgrad tests with the wgmma wgrad tiles offered (5+ row kernels), 5 processes
-      par_tests tests32 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+      par_tests tests32 tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" \
@@ -312,9 +312,9 @@ for step in "$@"; do
         tests/test_gconv_library.py "" tests/test_gconv_plan.py "" ;;
     tests-s34)  # session 34 (staged tiles' swizzle; offered tiles' source re-written by macros):
       # every wgrad candidate, every wgmma wgrad tile on odd shapes (fp16), the op tests
-      par_tests tests34 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+      par_tests tests34 tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
-        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and float16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
@@ -322,7 +322,7 @@ for step in "$@"; do
       # MMAs (row-pair and wgmma kernels): their GPU tests, then the Inf timing probe
       par_tests exact35 tests/test_gconv_cuda.py "nonfinite_blocks" \
         tests/test_gconv_cuda.py "wgmma_tiles_over_many_tiles_with_non_finite or wgmma_tiles_on_edge" \
-        tests/test_gconv_cuda.py "every_tile_fprop_and_dgrad and float16" \
+        tests/test_gconv_cuda.py "every_tile_fprop_and_dgrad and not bfloat16" \
         tests/test_gconv_cuda.py "(every_tile_fprop_and_dgrad and bfloat16) or wide_kernel_row_pair or tma_pipeline"
       timeout "${CLIFF_LIMIT:-200}" python scripts/nonfinite_cliff_probe.py ${CLIFF_ARGS:-} \
         >"$R/nonfinite-cliff.log" 2>&1
@@ -331,7 +331,7 @@ for step in "$@"; do
       pack ;;
     exact-s35b)  # the rest of exact-s35's tests (its fourth process ran out of time in the
       # wide-kernel row-pair test)
-      par_tests exact35b tests/test_gconv_cuda.py "wide_kernel_row_pair and float16" \
+      par_tests exact35b tests/test_gconv_cuda.py "wide_kernel_row_pair and not bfloat16" \
         tests/test_gconv_cuda.py "wide_kernel_row_pair and bfloat16" ;;
     roll-s36)  # session 36: the rolling-row wgmma tiles' tests, then timed beside the candidates
       gpu_tests "${TEST_LIMIT:-200}" tests/test_gconv_cuda.py -k "test_roll_tiles" -x
@@ -449,27 +449,28 @@ for step in "$@"; do
       # bytes go. Nsight Compute with L2 left warm between launches (--cache-control none) on the
       # wgmma 8x64 tile whole (0), loads and stores without wgmmas (2) and loads alone (3), and
       # on the row-pair 8x16 4-CTA tile, C=64 N=128 fp16: DRAM bytes read and written against the
-      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, the memory units'
-      # throughputs (SpeedOfLight, MemoryWorkloadAnalysis)
+      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, DRAM throughput
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: ${NCU:-none}"
+      [ -n "$NCU" ] || continue  # no Nsight Compute on this machine: the next step
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
-      m=$m,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum
+      m=$m,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
       for spec in ${NCU_SPECS:-"0|8,64,32,16,1,2,tma=2,wgmma=True" "2|8,64,32,16,1,2,tma=2,wgmma=True" "3|8,64,32,16,1,2,tma=2,wgmma=True" "0|8,16,32,4,4,2,rowpair=True,tma=2"}; do
         a=${spec%%|*} t=${spec#*|}
         f="$R/ncu-k3-a$a-${t//[^0-9a-z]/_}.txt"
-        TILEWISE_WG_ABLATE=$a timeout 120 "$NCU" --clock-control none --cache-control none \
-          -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --metrics "$m" \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        # application replay: every pass a fresh run, so each pass's launch meets the L2 that
+        # the three launches before it left (kernel replay's later passes would not)
+        TILEWISE_WG_ABLATE=$a timeout 150 "$NCU" --clock-control none --cache-control none \
+          --replay-mode application -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --metrics "$m" \
           python scripts/ncu_targets.py gconv-fprop --k 3 --tile-spec "$t" >"$f" 2>&1
         echo "rc $? ablate $a tile $t"
-        grep -E "gpu__time|dram__|lts__|Throughput|L2 Hit|Mem Busy|Max Bandwidth" "$f" | head -16
+        grep -E "gpu__time|dram__|lts__" "$f" | head -8
       done
       pack ;;
     wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
       # datapath by default (session 40's probe bit 1024): its GPU tests, then the C=64 5x5/7x7
       # wgrad cells (session 41's big3 read them without it)
-      par_tests wgrad-s42 tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+      par_tests wgrad-s42 tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
         tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or wgmma_wgrad_tiles_on_odd" \
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many or experimental_wgrad"
       study gconv-s42-wgrad-k57 "${STUDY_LIMIT:-200}" --kernels 5 7 --channels 64 \
@@ -537,14 +538,14 @@ for step in "$@"; do
       done ;;
     tests-s34b)  # tests-s34 less the odd-shape run over every wgmma wgrad tile (wgrad-check runs
       # the tiles that changed): every wgrad candidate and the op tests
-      par_tests tests34b tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+      par_tests tests34b tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
         tests/test_gconv.py "full_size or opcheck or autotune" \
         tests/test_gconv.py "not (full_size or opcheck or autotune)" ;;
     tests-s32c)  # the producer-warp tiles offered: every wgrad candidate and the wgmma tests
-      par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and float16" \
+      par_tests tests32c tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
         tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
-        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and float16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units or workspace_is_left_zero" ;;
     tests-s32b)  # the last group of tests-s32 (past its limit in 5 processes), in 2

@@ -92,6 +92,8 @@ def test_time_calls_runs_each_timer_over_the_arg_sets(timer):
     assert set(seen) == {0, 1, 2} and len(seen) > t.reps
     with pytest.raises(ValueError, match="timer"):
         time_calls(lambda i, _: None, sets, "wallclock")
+    with pytest.raises(ZeroDivisionError):  # a failing call's error reaches the probe as is
+        time_calls(lambda i, _: 1 / 0, sets, timer)
 
 
 @no_cuda

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tilewise.ops._common import l2_bytes as _device_l2_bytes
+from tilewise.runtime.graph_state import repair_after_failed_capture
 
 ArgSets = Sequence[tuple[Any, ...]]
 
@@ -333,9 +334,17 @@ def time_calls(fn: Callable[..., Any], arg_sets: ArgSets, timer: str = "graph") 
     """Median seconds a call of ``fn`` over ``arg_sets`` by ``timer`` (``TIMERS``), at the
     probe scripts' counts. Graph replay by default: session 42's wgrad probe read a kernel change as
     11-17% faster by events where the study's graph replay, which the autotuner also uses,
-    read the cells -0.4% to +2.6% apart."""
+    read the cells -0.4% to +2.6% apart. A captured call records what it allocates too (a wgrad's
+    zeroed workspace: a memset the eager call does not make), as in the study and the autotuner.
+    A capture that fails is repaired before the error propagates, so a probe can go on."""
     if timer == "graph":
-        return time_graph(fn, arg_sets, warmup=3, rounds=4, replays=20)
+        try:
+            return time_graph(fn, arg_sets, warmup=3, rounds=4, replays=20)
+        except Exception:
+            device = _device_of(list(arg_sets) or [()])
+            if device.type == "cuda":
+                repair_after_failed_capture(device)
+            raise
     if timer == "events":
         return time_events(fn, arg_sets, warmup=5, reps=30)
     raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
