@@ -332,11 +332,12 @@ TIMERS = ("graph", "events")
 
 def time_calls(fn: Callable[..., Any], arg_sets: ArgSets, timer: str = "graph") -> Timing:
     """Median seconds a call of ``fn`` over ``arg_sets`` by ``timer`` (``TIMERS``), at the
-    probe scripts' counts. Graph replay by default: session 42's wgrad probe read a kernel change as
-    11-17% faster by events where the study's graph replay, which the autotuner also uses,
-    read the cells -0.4% to +2.6% apart. A captured call records what it allocates too (a wgrad's
-    zeroed workspace: a memset the eager call does not make), as in the study and the autotuner.
-    A capture that fails is repaired before the error propagates, so a probe can go on."""
+    probe scripts' counts. Graph replay by default: session 42's wgrad probe read a kernel
+    change as 11-17% faster by events where the study's graph replay, which the autotuner also
+    uses, read the cells -0.4% to +2.6% apart. A captured call records what it allocates too
+    (a wgrad's zeroed workspace: a memset the eager call does not make), as in the study and
+    the autotuner. A capture that fails is repaired before the error propagates, so a probe
+    can go on."""
     if timer == "graph":
         try:
             return time_graph(fn, arg_sets, warmup=3, rounds=4, replays=20)
