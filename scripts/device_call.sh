@@ -447,24 +447,29 @@ for step in "$@"; do
       DTYPES=${DTYPES:-fp16} c64_study gconv-s42-k57 "5 7" 300 ;;
     ncu-k3-s42)  # session 42 (prepared after its device time): where the 3x3 kernels' DRAM
       # bytes go. Nsight Compute with L2 left warm between launches (--cache-control none) on the
-      # wgmma 8x64 tile whole (0), loads and stores without wgmmas (2) and loads alone (3), and
-      # on the row-pair 8x16 4-CTA tile, C=64 N=128 fp16: DRAM bytes read and written against the
-      # 134 MB compulsory (are halo rows read from DRAM again?), L2 hit rate, DRAM throughput
+      # wgmma 8x64 tile whole (0), loads and stores without wgmmas (2) and loads alone (3), the
+      # 4x64 64-channel wgmma tile whole and loads alone, and the row-pair 8x16 4-CTA tile, C=64
+      # N=128 fp16: DRAM bytes read and written against the 134 MB compulsory (are halo rows
+      # read from DRAM again?), L2 sectors read and written, L2 hit rate, DRAM throughput
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       echo "ncu: ${NCU:-none}"
       [ -n "$NCU" ] || continue  # no Nsight Compute on this machine: the next step
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
       m=$m,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_read.sum
-      for spec in ${NCU_SPECS:-"0|8,64,32,16,1,2,tma=2,wgmma=True" "2|8,64,32,16,1,2,tma=2,wgmma=True" "3|8,64,32,16,1,2,tma=2,wgmma=True" "0|8,16,32,4,4,2,rowpair=True,tma=2"}; do
+      m=$m,lts__t_sectors_op_write.sum
+      # the 8x64 32-channel tile (64-byte box rows) and the 4x64 64-channel one (128-byte rows,
+      # 1.55x halo against 1.29x; session 41: its loads alone 23 us against 26)
+      wg8=8,64,32,16,1,2,tma=2,wgmma=True wg4=4,64,64,16,1,3,tma=2,wgmma=True
+      for spec in ${NCU_SPECS:-"0|$wg8" "2|$wg8" "3|$wg8" "0|$wg4" "3|$wg4" "0|8,16,32,4,4,2,rowpair=True,tma=2"}; do
         a=${spec%%|*} t=${spec#*|}
         f="$R/ncu-k3-a$a-${t//[^0-9a-z]/_}.txt"
         # application replay: every pass a fresh run, so each pass's launch meets the L2 that
         # the three launches before it left (kernel replay's later passes would not)
-        TILEWISE_WG_ABLATE=$a timeout 150 "$NCU" --clock-control none --cache-control none \
+        TILEWISE_WG_ABLATE=$a timeout "${NCU_LIMIT:-90}" "$NCU" --clock-control none --cache-control none \
           --replay-mode application -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --metrics "$m" \
           python scripts/ncu_targets.py gconv-fprop --k 3 --tile-spec "$t" >"$f" 2>&1
         echo "rc $? ablate $a tile $t"
-        grep -E "gpu__time|dram__|lts__" "$f" | head -8
+        grep -E "gpu__time|dram__|lts__" "$f" | head -9
       done
       pack ;;
     wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
