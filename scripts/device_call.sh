@@ -472,6 +472,19 @@ for step in "$@"; do
         grep -E "gpu__time|dram__|lts__" "$f" | head -9
       done
       pack ;;
+    red4-s42)  # session 42 (prepared after its device time): the tap wgrad's four-wide atomics
+      # (TILEWISE_GCONV_WGRAD_RED4=1, off by default): the wgrad GPU tests with it (every wgrad
+      # tile, the workspace under graph replay, row splits, the op's wgrad tests), then the 3x3
+      # wgrad cells with it off and on (its ~11 us of fixed cost a launch at N = 128 and 256)
+      TILEWISE_GCONV_WGRAD_RED4=1 par_tests red4-s42 \
+        tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
+        tests/test_gconv_cuda.py "(every_wgrad_tile and bfloat16) or workspace_is_left_zero or row_split_wgrad or multi_row_blocks" \
+        tests/test_gconv.py "wgrad"
+      for red4 in 0 1; do
+        TILEWISE_GCONV_WGRAD_RED4=$red4 study "gconv-s43-red4-$red4" "${STUDY_LIMIT:-150}" \
+          --channels 64 128 --kernels 3 --extra-kernels --n ${STUDY_N:-128 256} --passes wgrad \
+          --dtypes ${DTYPES:-fp16}
+      done ;;
     wgrad-ubase-s42)  # session 42: the wgmma wgrad with its descriptors on the uniform
       # datapath by default (session 40's probe bit 1024): its GPU tests, then the C=64 5x5/7x7
       # wgrad cells (session 41's big3 read them without it)

@@ -376,3 +376,36 @@ def test_wgmma_descriptors_stay_on_the_uniform_datapath(k, tmp_path):
         hgmma = sum(op.startswith("HGMMA") for op in ops)
         r2ur = sum(op.startswith("R2UR") for op in ops)
         assert hgmma >= 40 and r2ur < hgmma, (k, tile.name, r2ur, hgmma)
+
+
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
+@pytest.mark.parametrize("k", [3, 5])
+def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monkeypatch):
+    """``TILEWISE_GCONV_WGRAD_RED4`` (session 42): the tap wgrad's sums leave by
+    red.global.add.v4.f32 after a four-lane transpose. Every non-cluster tap wgrad candidate at C=64
+    compiles for sm_90a with it, with no spill and no more registers, one reduction a tap pair
+    and lane instead of one per sum (the bias gradient's one atomic aside); for sm_80 the switch
+    leaves the scalar atomics."""
+    tiles = [
+        t
+        for t in gconv_cuda.wgrad_candidates(64, k, k, small=True, tma=True, wgmma=False)
+        if not (t.rowpair or t.wgmma or t.cluster)
+    ]
+    assert tiles
+    for tile in tiles:
+        taps = (tile.tap_rows or k) * k  # a row-split tile's CTA takes tap_rows kernel rows
+        counts, regs = {}, {}
+        for arch, red4 in (("sm_90a", False), ("sm_90a", True), ("sm_80", True)):
+            if tile.tma and arch == "sm_80":
+                continue
+            monkeypatch.setattr(gconv_cuda, "WGRAD_RED4", red4)
+            src, entry = gconv_cuda.source(k, k, tile, False, 1, False, "tw_gconv_wgrad")
+            regs[arch, red4], spills = _ptxas(src, tmp_path, arch, entry)
+            assert spills == 0, (k, tile.name, arch, red4)
+            ops = sass.opcodes(sass.compile_cubin(src, tmp_path, arch)[0])
+            counts[arch, red4] = sum(op.startswith("RED") for op in ops)
+        assert counts["sm_90a", False] == 2 * taps + 1, (k, tile.name, counts)
+        assert counts["sm_90a", True] == (taps + 1) // 2 + 1, (k, tile.name, counts)
+        assert regs["sm_90a", True] <= regs["sm_90a", False], (k, tile.name, regs)
+        if not tile.tma:
+            assert counts["sm_80", True] == 2 * taps + 1, (k, tile.name, counts)

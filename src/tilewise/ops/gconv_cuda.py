@@ -531,6 +531,7 @@ def source(
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad", _WG_WGRAD) else 0,
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
+        RED4=int(WGRAD_RED4),
     )
     return src, entry
 
@@ -821,6 +822,11 @@ NON_PORTABLE_MAX_CLUSTER = 16
 #: slower kernels for timing only); part of ``SOURCE_DIGEST`` when set, so an ablated process's
 #: autotune timings never land under the normal key
 WG_ABLATE = int(os.environ.get("TILEWISE_WG_ABLATE") or 0)
+#: the tap wgrad's sums leave by four-wide atomics (``TILEWISE_GCONV_WGRAD_RED4=1``, read once;
+#: session 42, prepared without a GPU and off until its GPU tests pass; compute capability 9.0+):
+#: a quarter of the L2 operations its ~11 us of fixed cost a launch may be spent on
+ENV_WGRAD_RED4 = "TILEWISE_GCONV_WGRAD_RED4"
+WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other
 #: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
@@ -854,6 +860,7 @@ SOURCE_DIGEST = hashlib.sha1(
             )
         )
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
+        + ("wgrad-red4" if WGRAD_RED4 else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
         + "launch_smem: dependent row-pair launches capped at the CTAs an SM needs"

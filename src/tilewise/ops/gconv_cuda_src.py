@@ -535,6 +535,33 @@ tw_gconv_fprop(FPROP_PARAMS)
 // WARPS = NG x WSPLIT: the WSPLIT warps of a group take turns over a tile's 16-pixel chunks (more
 // warps per CTA where a cluster grid has few CTAs); their sums add up at the end.
 #define WSPLIT (WARPS / NG)
+// RED4 (``TILEWISE_GCONV_WGRAD_RED4=1``; session 42, prepared without a GPU): the sums leave by
+// red.global.add.v4.f32, four in channels an atomic (a quarter of the L2 operations; the wgmma
+// wgrad's scalar atomics were a 13 us tail in session 33), on compute capability 9.0+
+#define RED4 ({RED4} && __CUDA_ARCH__ >= 900)
+#if RED4
+__device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
+    asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
+                 :: "l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
+}}
+// A tap pair's four sums (D columns: out channel co or co + 1, tap 2tp or 2tp + 1) transposed
+// over the four lanes of in channels 4h..4h+3 (lane bits 2-3; h = lane >> 4, same lane & 3), so
+// lane m = (lane >> 2) & 3 ends with column m's sums for those four in channels: the block swap
+// with the lane 8 apart, then each 2 x 2 block's transpose with the lane 4 apart
+__device__ __forceinline__ void transpose_quad(float (&v)[4], int lane) {{
+    const int m = (lane >> 2) & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {{
+        const float got = __shfl_xor_sync(0xffffffffu, (m & 2) ? v[j] : v[j + 2], 8);
+        if (m & 2) v[j] = got; else v[j + 2] = got;
+    }}
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {{
+        const float got = __shfl_xor_sync(0xffffffffu, (m & 1) ? v[j] : v[j + 1], 4);
+        if (m & 1) v[j] = got; else v[j + 1] = got;
+    }}
+}}
+#endif
 #if TMA && CLUSTER
 #error "TMA wgrad tiles take no clusters (the cluster epilogue reuses the stage buffers)"
 #endif
@@ -738,6 +765,18 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
     cluster_sync();  // no CTA leaves while another still reads its shared memory
 #else
+#if RED4
+#pragma unroll
+    for (int tp = 0; tp < TP; ++tp) {{  // every lane shuffles; lane m adds column m
+        float v[4] = {{acc[tp][0], acc[tp][1], acc[tp][2], acc[tp][3]}};
+        transpose_quad(v, lane);
+        const int m = (lane >> 2) & 3, tap = 2 * tp + (m >> 1);
+        if (tap < TAPS) {{
+            const long long tg = blockIdx.z * TAPS + tap;  // the tap in the R_FULL x S kernel
+            red_add_v4(dw + (tg * C + co + (m & 1)) * 8 + (lane >> 4) * 4, v);
+        }}
+    }}
+#else
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp)
 #pragma unroll
@@ -749,6 +788,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
                 red_add(dw + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
             }}
         }}
+#endif
 #if HAS_BIAS
     if (blockIdx.z == 0) red_add(db + c0 + tid % CB, dbs);
 #endif
