@@ -5,7 +5,7 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
 """
 
 #: helpers the kernels of ``gconv_wgmma_src`` share (``str.format`` text: braces doubled): the
@@ -537,7 +537,8 @@ tw_gconv_fprop(FPROP_PARAMS)
 #define WSPLIT (WARPS / NG)
 // RED4 (``TILEWISE_GCONV_WGRAD_RED4=1``; session 42, prepared without a GPU): the sums leave by
 // red.global.add.v4.f32, four in channels an atomic (a quarter of the L2 operations; the wgmma
-// wgrad's scalar atomics were a 13 us tail in session 33), on compute capability 9.0+
+// wgrad's scalar atomics were a 13 us tail in session 33), on compute capability 9.0+ (PTX ISA
+// 8.1: NVRTC of CUDA 12.1 or later)
 #define RED4 ({RED4} && __CUDA_ARCH__ >= 900)
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
@@ -766,6 +767,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     cluster_sync();  // no CTA leaves while another still reads its shared memory
 #else
 #if RED4
+    (void)ci;  // the transposed sums' in channels are the lane's quad's (lane >> 4) * 4 + 0..3
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp) {{  // every lane shuffles; lane m adds column m
         float v[4] = {{acc[tp][0], acc[tp][1], acc[tp][2], acc[tp][3]}};
