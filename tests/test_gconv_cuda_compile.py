@@ -29,14 +29,14 @@ def _ptxas(
     """(registers, spill bytes) of the kernels in ``src`` by ``nvcc -cubin -Xptxas -v``: the
     most registers and all spills, or with ``entry`` that entry function's alone; ``log_out``
     (a list) gets ptxas's whole log appended."""
-    path = tmp_path / "k.cu"
-    path.write_text(src)
-    cmd = [NVCC, f"-arch={arch}", "-cubin", "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v"]
-    res = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    log = res.stdout + res.stderr
+    log = sass.compile_cubin(src, tmp_path, arch)[1]
     if log_out is not None:
         log_out.append(log)
+    return _usage(log, entry)
+
+
+def _usage(log: str, entry: str | None = None) -> tuple[int, int]:
+    """(registers, spill bytes) from ptxas's ``-v`` log, as ``_ptxas`` reports them."""
     if entry is not None:  # ptxas reports per function: "Compiling entry function 'name'"
         parts = re.split(r"Compiling entry function '", log)
         log = next(p for p in parts[1:] if p.startswith(entry + "'"))
@@ -401,9 +401,10 @@ def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monke
                 continue
             monkeypatch.setattr(gconv_cuda, "WGRAD_RED4", red4)
             src, entry = gconv_cuda.source(k, k, tile, False, 1, False, "tw_gconv_wgrad")
-            regs[arch, red4], spills = _ptxas(src, tmp_path, arch, entry)
+            cubin, log = sass.compile_cubin(src, tmp_path, arch)
+            regs[arch, red4], spills = _usage(log, entry)
             assert spills == 0, (k, tile.name, arch, red4)
-            ops = sass.opcodes(sass.compile_cubin(src, tmp_path, arch)[0])
+            ops = sass.opcodes(cubin)
             counts[arch, red4] = sum(op.startswith("RED") for op in ops)
         assert counts["sm_90a", False] == 2 * taps + 1, (k, tile.name, counts)
         assert counts["sm_90a", True] == (taps + 1) // 2 + 1, (k, tile.name, counts)

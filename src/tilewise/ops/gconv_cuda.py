@@ -645,6 +645,7 @@ def _capped_smem(
     return padded
 
 
+@functools.lru_cache(maxsize=16)  # asked on every bind of a launch
 def _device_smem(device: int) -> tuple[int, int]:
     """(shared memory per SM, the per-CTA opt-in limit) of CUDA device ``device``; the Hopper
     figures where PyTorch does not report them (or, as in the CPU tests' faked launches, has no
