@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import math
+import re
 import statistics
 
 import torch
@@ -59,7 +60,9 @@ def _read(fn, sets, device) -> dict[str, float]:
     return out
 
 
-def probe(c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw: float) -> dict:
+def probe(
+    c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw: float, only: str = ""
+) -> dict:
     hw, pad, dev = SIDES[c], k // 2, torch.device("cuda")
     problem = GConvProblem(n, c, hw, hw, k, k, pad, pad, dname)
     sets = []
@@ -74,6 +77,10 @@ def probe(c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw:
     cands = gconv._candidates(problem, pass_, sms, level, library, gconv_cuda.wide_tiles_offered())
     if not triton:
         cands = tuple(cf for cf in cands if not hasattr(cf, "block_m"))
+    if only:  # e.g. a device call's few tiles, and a control the change under study leaves alone
+        cands = tuple(cf for cf in cands if re.search(only, _name(cf)))
+        if not cands:
+            raise ValueError(f"argument '--only' {only!r} keeps no candidate")
 
     rows = []
     for cfg in cands:
@@ -113,12 +120,13 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--passes", nargs="+", default=["fprop", "dgrad"], choices=["fprop", "dgrad"])
     ap.add_argument("--triton", action="store_true", help="the Triton configs too")
+    ap.add_argument("--only", default="", help="a regex: time only the candidates it matches")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     grid = itertools.product(args.channels, args.kernels, args.n, args.dtypes, args.passes)
-    out = [probe(*cell, args.triton, copy_bw) for cell in grid]
+    out = [probe(*cell, args.triton, copy_bw, args.only) for cell in grid]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": environment(), "copy_bytes_per_s": copy_bw, "problems": out},

@@ -472,6 +472,34 @@ for step in "$@"; do
         grep -E "gpu__time|dram__|lts__" "$f" | head -9
       done
       pack ;;
+    dyn-s43)  # session 43: the row-pair TMA tiles with their tiles from counters
+      # (TILEWISE_GCONV_DYNAMIC_TILES=1, off by default): its GPU test (bitwise equal to the
+      # static kernel, counters left zero), then four row-pair tiles and the wgmma tiles (the
+      # control: not changed) read warm, cold and rotated with it off and on, C=64 3x3 N = 128
+      # and 256, then Nsight Compute's SM-active cycles of the 8x16 4-CTA tile with it on
+      gpu_tests "${TEST_LIMIT:-140}" tests/test_gconv_cuda.py -k dynamic_tiles_equal -x
+      only="cudarp_t8x16c32w4m4s2_tma2|cudarp_t8x8c32w4m6s2_tma2|cudarp_t16x16c32w4m3s2_tma2"
+      only="$only|cudarp_t8x16c32w4m5s2_tma2|cudawg"
+      for dyn in 0 1; do
+        # shellcheck disable=SC2086
+        TILEWISE_GCONV_DYNAMIC_TILES=$dyn timeout "${PROBE_LIMIT:-110}" \
+          python scripts/autotune_timer_probe.py --n ${PROBE_N:-128 256} --only "$only" \
+          --json "$R/timer-probe-dyn$dyn.json" >"$R/timer-probe-dyn$dyn.log" 2>&1
+        echo "dyn $dyn rc $?"
+        grep -E "^(fprop|dgrad)|picks|cudarp_t8x16c32w4m4s2_tma2 |cudarp_t8x8c32w4m6s2_tma2 " \
+          "$R/timer-probe-dyn$dyn.log"
+        pack
+      done
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      [ -n "$NCU" ] || continue
+      f="$R/ncu-sol-dyn1.txt"
+      TILEWISE_GCONV_DYNAMIC_TILES=1 timeout "${NCU_LIMIT:-60}" "$NCU" --clock-control none \
+        --cache-control none -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --section SpeedOfLight \
+        python scripts/ncu_targets.py gconv-fprop --k 3 \
+        --tile-spec "8,16,32,4,4,2,rowpair=True,tma=2" >"$f" 2>&1
+      echo "rc $?: ncu dyn 1"
+      grep -E "Duration|Elapsed Cycles|SM Active|DRAM Throughput" "$f"
+      pack ;;
     red4-s42)  # session 42 (prepared after its device time): the tap wgrad's four-wide atomics
       # (TILEWISE_GCONV_WGRAD_RED4=1, off by default): the wgrad GPU tests with it (every wgrad
       # tile, the workspace under graph replay, row splits, the op's wgrad tests), then the 3x3

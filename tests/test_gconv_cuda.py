@@ -612,6 +612,66 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_dynamic_tiles_equal_static_and_leave_counters_zero(dtype, monkeypatch):
+    """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate (3x3, 5x5, C=64
+    and 128) whose tiles come from counters gives the statically scheduled kernel's outputs
+    bitwise (fprop with bias, dgrad), on shapes where each CTA walks many tiles and on an odd one,
+    launch after launch and under graph replay; the counters are zero again after each."""
+    if not gconv_cuda._tma.supported(torch.cuda.current_device()):
+        pytest.skip("no TMA on this GPU")
+    problems = []
+    for c, k, shape in ((64, 3, (16, 40, 40)), (64, 5, (3, 37, 45)), (128, 3, (8, 33, 31))):
+        n, h, w = shape
+        x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+        wt = torch.randn(c, 8, k, k, device="cuda", dtype=dtype) / (8 * k * k) ** 0.5
+        b = torch.randn(c, device="cuda", dtype=dtype)
+        tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True) if t.rowpair and t.tma]
+        assert tiles, (c, k)
+        problems += [(x, wt, b, k // 2, t) for t in tiles]
+
+    def run(x, wt, b, pad, tile, dgrad):
+        out = _cl(torch.full_like(x, float("nan")))
+        return gconv_cuda.fprop(x, wt, None if dgrad else b, out, pad, pad, tile, dgrad)
+
+    def runs() -> list[torch.Tensor]:
+        return [run(*p, d) for p in problems for d in (False, True)]
+
+    gconv_cuda._kernel.cache_clear()
+    static = runs()
+    monkeypatch.setattr(gconv_cuda, "DYNAMIC_TILES", True)
+    gconv_cuda._kernel.cache_clear()
+    try:
+        assert all(gconv_cuda.dynamic_tiles(p[4]) for p in problems)
+        for _ in range(3):
+            for got, want in zip(runs(), static, strict=True):
+                assert torch.equal(got, want)
+            torch.cuda.synchronize()
+            assert workspace.all_zero()
+        x, wt, b, pad, tile = problems[0]
+        outs = [_cl(torch.full_like(x, float("nan"))) for _ in range(4)]
+        graph = torch.cuda.CUDAGraph()
+        gconv_cuda.fprop(x, wt, b, outs[0], pad, pad, tile)  # warm: compiled and bound
+        with torch.cuda.graph(graph):
+            inp = x
+            for i, out in enumerate(outs):  # a chain: each launch waits for the one before
+                inp = gconv_cuda.fprop(inp, wt, None, out, pad, pad, tile, dgrad=bool(i % 2))
+        for _ in range(3):
+            for out in outs:
+                out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = x
+            for i in range(len(outs)):
+                want = run(want, wt, None, pad, tile, bool(i % 2))
+                assert torch.equal(outs[i], want), i
+        torch.cuda.synchronize()
+        assert workspace.all_zero()
+    finally:
+        gconv_cuda._kernel.cache_clear()  # no counter kernel left for the tests after this one
+
+
+@pytest.mark.gpu
 def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
     """The row-pair kernel is launched as a programmatic dependent launch (asking for the shared
     memory of ``launch_smem``): a chain of convs, each reading the output the one before it has

@@ -411,3 +411,43 @@ def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monke
         assert regs["sm_90a", True] <= regs["sm_90a", False] + 8, (k, tile.name, regs)
         if not tile.tma:
             assert counts["sm_80", True] == 2 * taps + 1, (k, tile.name, counts)
+
+
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
+@pytest.mark.parametrize("k", [3, 5])
+def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypatch):
+    """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate at C=64
+    compiles for sm_90a with its tiles from counters (fprop and dgrad), without spills where the
+    static kernel has none (ptxas: up to ~20 more registers), its only global atomics the
+    counters' (a fetch a tile, the finish count and the reset); it asks for the 4 bytes a stage
+    its tile indices take.
+    Structure only: the values are the GPU test's
+    (``test_dynamic_tiles_equal_static_and_leave_counters_zero``)."""
+    tiles = [t for t in gconv_cuda.candidates(64, k, k, tma=True) if t.rowpair and t.tma]
+    assert tiles
+    for tile in tiles:
+        spills, atomics = {}, {}
+        for dyn in (False, True):
+            monkeypatch.setattr(gconv_cuda, "DYNAMIC_TILES", dyn)
+            assert gconv_cuda.dynamic_tiles(tile) == dyn
+            for dgrad in (False, True):
+                src, entry = gconv_cuda.source(k, k, tile, False, int(not dgrad), dgrad,
+                                               "tw_gconv_fprop")  # fmt: skip
+                assert ("#define DYN 1" in src) == dyn and ("#define DYN 0" in src) != dyn
+                cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
+                spills[dyn, dgrad] = _usage(log, entry)[1]
+                ops = sass.opcodes(cubin)
+                atomics[dyn, dgrad] = sum(op.startswith(("ATOM", "RED")) for op in ops)
+        monkeypatch.setattr(gconv_cuda, "DYNAMIC_TILES", False)
+        off = gconv_cuda.smem_bytes(k, k, tile)
+        monkeypatch.setattr(gconv_cuda, "DYNAMIC_TILES", True)
+        assert gconv_cuda.smem_bytes(k, k, tile) == off + 4 * tile.stages, tile.name
+        for dgrad in (False, True):
+            assert atomics[False, dgrad] == 0, (k, tile.name, atomics)
+            assert 2 <= atomics[True, dgrad] <= 4, (k, tile.name, atomics)
+            # no spill where the static kernel has none (ptxas holds the launch bounds); a few
+            # bytes more where it has (5x5 8x16 fprop, 5 CTAs: 8 -> 20 bytes; 6 CTAs: 84 -> 96)
+            if spills[False, dgrad]:
+                assert spills[True, dgrad] <= spills[False, dgrad] + 16, (k, tile.name, spills)
+            else:
+                assert spills[True, dgrad] == 0, (k, tile.name, spills)

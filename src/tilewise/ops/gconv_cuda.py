@@ -125,7 +125,8 @@ def smem_bytes(r: int, s: int, tile: CudaTile) -> int:
         if tile.tma:  # dense swizzled stages (+ one period to align them), mbarriers
             stage = _tma_stage(rows * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
             out = tile.th * tile.tw * (tile.cb * 2 if tile.tma == 2 else pix)
-            return _tma_period(tile.cb) + tile.stages * (stage + 8) + out + weights
+            dyn = 4 * tile.stages if dynamic_tiles(tile) else 0  # the stages' tile indices
+            return _tma_period(tile.cb) + tile.stages * (stage + 8) + dyn + out + weights
         return tile.stages * rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix + weights
     halo = (tile.th + r - 1) * (tile.tw + s - 1) * pix
     return tile.stages * halo + (tile.cb // 8) * taps_pairs * 256 + pix + tile.th * tile.tw * pix
@@ -532,6 +533,7 @@ def source(
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
+        DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
 
@@ -731,6 +733,19 @@ class BoundFprop(BoundLaunch):
         self.launch([x, weight, b, out])
 
 
+class BoundDynamicFprop(BoundLaunch):
+    """``BoundFprop`` of a kernel that hands out its tiles by counters (``dynamic_tiles``): two
+    per channel block (next tile, CTAs finished) from the stream's self-cleaning workspace."""
+
+    __slots__ = ()
+
+    def __call__(self, x, weight, bias, out) -> None:
+        b = bias.float() if bias is not None else weight
+        (counters,) = workspace.zeroed(x.device, (2 * self.grid[1],))
+        with workspace.guarded(x.device):
+            self.launch([x, weight, b, out, counters.view(torch.int32)])
+
+
 def bind_fprop(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -755,7 +770,7 @@ def bind_fprop(
         raise ValueError(f"argument 'tile' {tile.name} does not fit C={c}, {r}x{s} (tile_ok)")
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
-    no_launcher = tile.tma and _launcher(kernel, _TMA_SIGNATURES[tile.tma]) is None
+    no_launcher = tile.tma and _launcher(kernel, _signature(tile)) is None
     if tile.wgmma and no_launcher:  # its tensor maps need the lean launcher; no twin exists,
         # so the first candidate without TMA (a choice cached by a process that had the launcher)
         plain = candidates(c, r, s, tma=False)
@@ -786,9 +801,11 @@ def bind_fprop(
     dependent = tile.rowpair and dependent_launch(x.device)
     per_sm = cdiv(grid_x * cblocks, num_sms(x.device))  # CTAs an SM holds for one wave
     smem = launch_smem(r, s, tile, dependent, per_sm, *_device_smem(dev))
-    signature = _TMA_SIGNATURES[tile.tma]
-    return BoundFprop(kernel, signature, grid, block, smem, dev, scalars, 4, maps, dependent,
-                      planned)  # fmt: skip
+    if dynamic_tiles(tile):  # the counters ride after the four tensors
+        return BoundDynamicFprop(kernel, _signature(tile), grid, block, smem, dev, scalars, 5,
+                                 maps, dependent, planned)  # fmt: skip
+    return BoundFprop(kernel, _signature(tile), grid, block, smem, dev, scalars, 4, maps,
+                      dependent, planned)  # fmt: skip
 
 
 #: tensor maps of the TMA tiles' inputs and outputs, by address and shape (a loop's buffers
@@ -797,6 +814,13 @@ _TMA_MAPS = _tma.MapCache()
 #: the fprop kernels' argument kinds by ``CudaTile.tma``: the TMA variants take the input's map,
 #: and ``tma=2`` the output's too
 _TMA_SIGNATURES = {0: "pppp" + "i" * 14, 1: "pppp" + "i" * 14 + "t", 2: "pppp" + "i" * 14 + "tt"}
+
+
+def _signature(tile: CudaTile) -> str:
+    """The fprop kernel's argument kinds for ``tile``: a dynamically scheduled one takes its
+    counters as a fifth pointer."""
+    sig = _TMA_SIGNATURES[tile.tma]
+    return "p" + sig if dynamic_tiles(tile) else sig
 
 
 @functools.cache
@@ -828,6 +852,20 @@ WG_ABLATE = int(os.environ.get("TILEWISE_WG_ABLATE") or 0)
 #: a quarter of the L2 operations its ~11 us of fixed cost a launch may be spent on
 ENV_WGRAD_RED4 = "TILEWISE_GCONV_WGRAD_RED4"
 WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
+#: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
+#: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off until measured). Why: Nsight
+#: Compute on the C=64 3x3 N=128 row-pair 8x16 tile read its SMs active only 85% of the
+#: kernel's 40 us (the wgmma tiles' loads alone 81-88%): with tiles dealt out statically, SMs
+#: that run slower are the critical path while the others idle
+ENV_DYNAMIC_TILES = "TILEWISE_GCONV_DYNAMIC_TILES"
+DYNAMIC_TILES = os.environ.get(ENV_DYNAMIC_TILES, "0") == "1"
+
+
+def dynamic_tiles(tile: CudaTile) -> bool:
+    """Whether ``tile``'s fprop/dgrad kernel takes its tiles from counters (``DYNAMIC_TILES``:
+    the row-pair kernel with TMA loads)."""
+    return DYNAMIC_TILES and tile.rowpair and tile.tma > 0 and not tile.roll and not tile.wgmma
+
 
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other
 #: kernel sources or other tile tables is timed again instead of trusted (session 8: an edited
@@ -862,6 +900,7 @@ SOURCE_DIGEST = hashlib.sha1(
         )
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
+        + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
         + "launch_smem: dependent row-pair launches capped at the CTAs an SM needs"

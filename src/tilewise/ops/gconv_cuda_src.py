@@ -281,10 +281,13 @@ __device__ __forceinline__ void grid_dependency_sync() {{
 }}
 
 // the fprop kernels' common signature
-#define FPROP_PARAMS                                                                             \
+#define FPROP_PTRS                                                                               \
     const u16 *__restrict__ x, const u16 *__restrict__ w, const float *__restrict__ bias,        \
-        u16 *__restrict__ y, int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w,       \
-        int tiles_h, int tiles_w, int n_tiles, int ws0, int ws1, int ws2, int ws3
+        u16 *__restrict__ y
+#define FPROP_INTS                                                                               \
+    int Hi, int Wi, int Ho, int Wo, int C, int pad_h, int pad_w, int tiles_h, int tiles_w,       \
+        int n_tiles, int ws0, int ws1, int ws2, int ws3
+#define FPROP_PARAMS FPROP_PTRS, FPROP_INTS
 
 __device__ __forceinline__ void load_dy(u32 dst, const u16* __restrict__ dy, int t, int Ho,
                                         int Wo, int C, int c0, int tiles_h, int tiles_w,
@@ -809,6 +812,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #: with inputs outside an output's window, so a non-finite input could poison a neighbour row
 #: (0 * Inf); a warp whose accumulators are not all finite recomputes its block exactly.
 _RP_KERNEL = r"""
+#define DYN {DYN}
 #define NP ((R + 2) / 2)
 #define HHP (TH + 2 * NP - 2)
 #if TMA
@@ -823,7 +827,8 @@ _RP_KERNEL = r"""
 #define STG_BYTES (TH * TW * PIX)
 #endif
 // WSMEM: the weight matrices after the mbarriers
-#define WA_OFF ((STAGES * HALO_RP + STG_BYTES + 8 * STAGES + 15) / 16 * 16)
+// DYN: each stage's tile index (an int a stage) after the mbarriers
+#define WA_OFF ((STAGES * HALO_RP + STG_BYTES + 8 * STAGES + 4 * STAGES * DYN + 15) / 16 * 16)
 #else
 #define HALO_RP (HHP * HWD * PIX)
 #define WA_OFF (STAGES * HALO_RP + TH * TW * PIX)
@@ -894,11 +899,19 @@ __device__ __forceinline__ void tma_store(u32 src, const TmaDesc* map, int t, in
 #endif
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }}
+// DYN (TMA tiles only): the tiles after each CTA's first STAGES - 1 are handed out in order by
+// a counter per channel block (``tile_ctr``, a zeroed workspace the last CTA leaves zero), so
+// SMs that run faster take more tiles instead of idling at the end
+#if DYN
+#define RP_HEAD FPROP_PTRS, unsigned* __restrict__ tile_ctr, FPROP_INTS
+#else
+#define RP_HEAD FPROP_PARAMS
+#endif
 #if TMA == 2
-#define RP_PARAMS FPROP_PARAMS, const __grid_constant__ TmaDesc tmap, \
+#define RP_PARAMS RP_HEAD, const __grid_constant__ TmaDesc tmap, \
     const __grid_constant__ TmaDesc tmap_y
 #else
-#define RP_PARAMS FPROP_PARAMS, const __grid_constant__ TmaDesc tmap
+#define RP_PARAMS RP_HEAD, const __grid_constant__ TmaDesc tmap
 #endif
 #else
 #define RP_PARAMS FPROP_PARAMS
@@ -978,10 +991,16 @@ tw_gconv_fprop_rp(RP_PARAMS)
             *(v4u32*)(sm + st * HALO_RP + i * 16) = v4u32{{0, 0, 0, 0}};
     grid_dependency_sync();
     __syncthreads();
+#if DYN
+    const u32 tslot = mbar0 + 8 * STAGES;  // a 32-bit shared address: no generic pointer to keep
+#endif
     if (tid == 0) {{
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {{
             const int ts = blockIdx.x + st * gridDim.x;
+#if DYN
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(tslot + 4 * st), "r"(ts) : "memory");
+#endif
             if (ts < n_tiles)
                 tma_rows(sbase + st * HALO_RP, mbar0 + 8 * st, &tmap, ts, c0, pad_h, pad_w,
                          tiles_h, tiles_w);
@@ -1048,10 +1067,27 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #if TMA
     u32 parity = 0;  // of the stage-0 barrier's next phase; flips when buf wraps
 #endif
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+#if DYN
+    // a CTA's tiles ascend (its static ones, then the counter's), so the first one past the end
+    // ends its loop with no load left in flight; the next tile is read at the loop's end
+#define NEXT_TILE
+#else
+#define NEXT_TILE t += gridDim.x
+#endif
+    for (int t = blockIdx.x; t < n_tiles; NEXT_TILE) {{
+#if !DYN
         const int tn = t + (STAGES - 1) * gridDim.x;
+#endif
 #if TMA
         const int nb = (buf + STAGES - 1) % STAGES;
+#if DYN
+        int tn = n_tiles;  // tid 0's alone
+        if (tid == 0) {{
+            tn = (STAGES - 1) * gridDim.x + (int)atomicAdd(tile_ctr + blockIdx.y, 1u);
+            // read by every thread after this tile's __syncthreads
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(tslot + 4 * nb), "r"(tn) : "memory");
+        }}
+#endif
         if (tid == 0 && tn < n_tiles)
             tma_rows(sbase + nb * HALO_RP, mbar0 + 8 * nb, &tmap, tn, c0, pad_h, pad_w, tiles_h,
                      tiles_w);
@@ -1172,11 +1208,26 @@ tw_gconv_fprop_rp(RP_PARAMS)
 #if TMA
         parity ^= buf == 0;
 #endif
+#if DYN
+        // written at least one __syncthreads ago; tid 0 next writes another slot
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(t) : "r"(tslot + 4 * buf) : "memory");
+#endif
     }}
 #if TMA == 2
     if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #elif !TMA
     asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+#if DYN
+    // the channel block's last CTA to finish leaves its counters zero: every CTA's last
+    // fetch comes before its finish count (the fence), so none fetches after the reset
+    if (tid == 0) {{
+        __threadfence();
+        if (atomicAdd(tile_ctr + gridDim.y + blockIdx.y, 1u) == gridDim.x - 1) {{
+            atomicExch(tile_ctr + blockIdx.y, 0u);
+            atomicExch(tile_ctr + gridDim.y + blockIdx.y, 0u);
+        }}
+    }}
 #endif
 }}
 """
