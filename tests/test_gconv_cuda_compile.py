@@ -417,10 +417,10 @@ def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monke
 @pytest.mark.parametrize("k", [3, 5])
 def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypatch):
     """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate at C=64
-    compiles for sm_90a with its tiles from counters (fprop and dgrad), without spills where the
-    static kernel has none (ptxas: up to ~20 more registers), its only global atomics the
-    counters' (a fetch a tile, the finish count and the reset); it asks for the 4 bytes a stage
-    its tile indices take.
+    compiles for sm_90a with its tiles from counters (fprop and dgrad), with at most a few
+    bytes more spills than the static kernel, its only global atomics the counters' (a ticket
+    before the loop and one a tile, the finish count, the reset); it asks for the 4 bytes a
+    stage its tile indices take.
     Structure only: the values are the GPU test's
     (``test_dynamic_tiles_equal_static_and_leave_counters_zero``)."""
     tiles = [t for t in gconv_cuda.candidates(64, k, k, tma=True) if t.rowpair and t.tma]
@@ -444,10 +444,8 @@ def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypat
         assert gconv_cuda.smem_bytes(k, k, tile) == off + 4 * tile.stages, tile.name
         for dgrad in (False, True):
             assert atomics[False, dgrad] == 0, (k, tile.name, atomics)
-            assert 2 <= atomics[True, dgrad] <= 4, (k, tile.name, atomics)
-            # no spill where the static kernel has none (ptxas holds the launch bounds); a few
-            # bytes more where it has (5x5 8x16 fprop, 5 CTAs: 8 -> 20 bytes; 6 CTAs: 84 -> 96)
-            if spills[False, dgrad]:
-                assert spills[True, dgrad] <= spills[False, dgrad] + 16, (k, tile.name, spills)
-            else:
-                assert spills[True, dgrad] == 0, (k, tile.name, spills)
+            assert 3 <= atomics[True, dgrad] <= 5, (k, tile.name, atomics)
+            # ptxas holds the launch bounds; the ticket a register more, a few bytes of spills
+            # where the static kernel is at its cap (offline: 3x3 32x32 1-CTA fprop 0 -> 16
+            # bytes, 5x5 8x16 5-CTA fprop 8 -> 36, 6-CTA 84 -> 96, 32x32 dgrad 72 -> 108)
+            assert spills[True, dgrad] <= spills[False, dgrad] + 48, (k, tile.name, spills)
