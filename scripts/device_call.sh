@@ -472,6 +472,41 @@ for step in "$@"; do
         grep -E "gpu__time|dram__|lts__" "$f" | head -9
       done
       pack ;;
+    cut-tests-s43)  # session 43: the GPU tests the limits of sessions 42 and 43 cut (none
+      # failed), one process each (TEST_LIMIT; a fresh machine compiles every variant they name)
+      TEST_LIMIT=${TEST_LIMIT:-450} par_tests cut-s43 \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes" \
+        tests/test_gconv_cuda.py "experimental_wgrad_tiles" \
+        tests/test_gconv_cuda.py "nonfinite_blocks_match_pytorch_values_too" ;;
+    ncu-l2-s43)  # session 43 (prepared after its device time): is the L2 the 3x3 kernels'
+      # bound? Nsight Compute's throughput breakdowns (SpeedOfLight and the memory tables, every
+      # detail) of the row-pair 8x16 32-channel pick against the 64-channel row-pair tiles (whole
+      # 128-byte pixels: each line looked up once, not once per channel block), C=64 3x3 N=128
+      # fp16; then the 3x3 tap wgrad (its ~11 us a launch: SM-active cycles, warp states)
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      echo "ncu: ${NCU:-none}"
+      [ -n "$NCU" ] || continue
+      for t in ${NCU_SPECS:-8,16,32,4,4,2,rowpair=True,tma=2 16,16,64,8,1,2,rowpair=True,tma=2 \
+          8,32,64,16,1,2,rowpair=True,tma=2}; do
+        f="$R/ncu-l2-${t//[^0-9a-z]/_}.txt"
+        timeout "${NCU_LIMIT:-60}" "$NCU" --clock-control none --cache-control none \
+          -k regex:tw_gconv_fprop --launch-skip 3 -c 1 --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+          --print-details all python scripts/ncu_targets.py gconv-fprop --k 3 --tile-spec "$t" \
+          >"$f" 2>&1
+        echo "rc $? $t"
+        grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache Throughput|lts__" "$f" \
+          | head -16
+      done
+      f="$R/ncu-wgrad-k3.txt"
+      timeout "${NCU_LIMIT:-60}" "$NCU" --clock-control none --cache-control none \
+        -k regex:tw_gconv_wgrad --launch-skip 3 -c 1 --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section SchedulerStats \
+        python scripts/ncu_targets.py gconv-wgrad --k 3 --tile-spec "16,16,64,8,1,2,tma=1" \
+        >"$f" 2>&1
+      echo "rc $?: wgrad"
+      grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
+      pack ;;
     dyn-s43)  # session 43: the row-pair TMA tiles with their tiles from counters
       # (TILEWISE_GCONV_DYNAMIC_TILES=1, off by default): its GPU test (bitwise equal to the
       # static kernel, counters left zero), then four row-pair tiles and the wgmma tiles (the
