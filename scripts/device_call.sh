@@ -473,8 +473,11 @@ for step in "$@"; do
       done
       pack ;;
     cut-tests-s43)  # session 43: the GPU tests the limits of sessions 42 and 43 cut (none
-      # failed), one process each (TEST_LIMIT; a fresh machine compiles every variant they name)
+      # failed), and the counters' test with its shapes of many tiles a CTA (the review's mend,
+      # after the device time), one process each (TEST_LIMIT; a fresh machine compiles every
+      # variant they name)
       TEST_LIMIT=${TEST_LIMIT:-450} par_tests cut-s43 \
+        tests/test_gconv_cuda.py "dynamic_tiles_equal" \
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes" \
         tests/test_gconv_cuda.py "experimental_wgrad_tiles" \
         tests/test_gconv_cuda.py "nonfinite_blocks_match_pytorch_values_too" ;;

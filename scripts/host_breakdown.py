@@ -22,7 +22,7 @@ from tilewise.bench.timing import host_us_per_call
 from tilewise.ops import gconv, gconv_cuda, gconv_library, gconv_wgrad
 from tilewise.ops._common import l2_bytes, num_sms
 from tilewise.ops.gconv_config import GConvProblem, timing_mode
-from tilewise.runtime import alloc, autotune, cuda_launch, plans
+from tilewise.runtime import alloc, autotune, cuda_launch, plans, workspace
 
 
 def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
@@ -104,10 +104,13 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
     if isinstance(fprop_cfg, gconv_cuda.CudaTile):
         tile = fprop_cfg
         kern = gconv_cuda._kernel(k, k, tile, dtype == torch.bfloat16, False, False, 0)
-        sig = gconv_cuda._TMA_SIGNATURES[tile.tma]
+        sig = gconv_cuda._signature(tile)
         dep = tile.rowpair and gconv_cuda.dependent_launch(xd.device)
         launcher = cuda_launch.lean_launcher(kern, sig, dep)
-        args = [xd, wd, wd, out, hw, hw, hw, hw, c, pad, pad, 1, 1, 1, *wd.stride()]
+        args = [xd, wd, wd, out]
+        if gconv_cuda.dynamic_tiles(tile):  # its counters (left zero by the kernel)
+            args.append(workspace.zeroed(xd.device, (2 * (c // tile.cb),))[0].view(torch.int32))
+        args += [hw, hw, hw, hw, c, pad, pad, 1, 1, 1, *wd.stride()]
         if tile.tma:
             args.append(gconv_cuda._tensor_map(xd, tile.cb, tile.tw + k - 1, tile.th + k - 1))
             if tile.tma == 2:

@@ -616,12 +616,15 @@ def test_tma_pipeline_over_many_tiles_per_cta(dtype, caplog):
 def test_dynamic_tiles_equal_static_and_leave_counters_zero(dtype, monkeypatch):
     """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate (3x3, 5x5, C=64
     and 128) whose tiles come from counters gives the statically scheduled kernel's outputs
-    bitwise (fprop with bias, dgrad), on shapes where each CTA walks many tiles and on an odd one,
-    launch after launch and under graph replay; the counters are zero again after each."""
+    bitwise (fprop with bias, dgrad), launch after launch and under graph replay, and the
+    counters are zero again after each. The first three shapes hold at least twice the tiles
+    of each launch's grid, so at least half the tiles come from tickets (asserted); the last
+    gives every CTA one tile (no ticket used)."""
     if not gconv_cuda._tma.supported(torch.cuda.current_device()):
         pytest.skip("no TMA on this GPU")
-    problems = []
-    for c, k, shape in ((64, 3, (16, 40, 40)), (64, 5, (3, 37, 45)), (128, 3, (8, 33, 31))):
+    problems, many = [], []
+    shapes = ((64, 3, (64, 40, 40)), (64, 5, (64, 37, 45)), (128, 3, (48, 33, 31)))
+    for c, k, shape in shapes + ((64, 5, (3, 37, 45)),):
         n, h, w = shape
         x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
         wt = torch.randn(c, 8, k, k, device="cuda", dtype=dtype) / (8 * k * k) ** 0.5
@@ -629,6 +632,7 @@ def test_dynamic_tiles_equal_static_and_leave_counters_zero(dtype, monkeypatch):
         tiles = [t for t in gconv_cuda.candidates(c, k, k, tma=True) if t.rowpair and t.tma]
         assert tiles, (c, k)
         problems += [(x, wt, b, k // 2, t) for t in tiles]
+        many += [(c, k, shape) in shapes] * len(tiles)
 
     def run(x, wt, b, pad, tile, dgrad):
         out = _cl(torch.full_like(x, float("nan")))
@@ -642,7 +646,12 @@ def test_dynamic_tiles_equal_static_and_leave_counters_zero(dtype, monkeypatch):
     monkeypatch.setattr(gconv_cuda, "DYNAMIC_TILES", True)
     gconv_cuda._kernel.cache_clear()
     try:
-        assert all(gconv_cuda.dynamic_tiles(p[4]) for p in problems)
+        for (x, wt, b, pad, tile), check in zip(problems, many, strict=True):
+            assert gconv_cuda.dynamic_tiles(tile), tile.name
+            bound = gconv_cuda.bind_fprop(x, wt, b, torch.empty_like(x), pad, pad, tile)
+            assert isinstance(bound, gconv_cuda.BoundDynamicFprop), tile.name
+            n_tiles = bound.scalars[9]  # hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles
+            assert not check or n_tiles >= 2 * bound.grid[0], (tile.name, n_tiles, bound.grid)
         for _ in range(3):
             for got, want in zip(runs(), static, strict=True):
                 assert torch.equal(got, want)

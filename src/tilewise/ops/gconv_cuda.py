@@ -864,7 +864,14 @@ DYNAMIC_TILES = os.environ.get(ENV_DYNAMIC_TILES, "0") == "1"
 def dynamic_tiles(tile: CudaTile) -> bool:
     """Whether ``tile``'s fprop/dgrad kernel takes its tiles from counters (``DYNAMIC_TILES``:
     the row-pair kernel with TMA loads)."""
-    return DYNAMIC_TILES and tile.rowpair and tile.tma > 0 and not tile.roll and not tile.wgmma
+    return (
+        DYNAMIC_TILES
+        and tile.rowpair
+        and tile.tma > 0
+        and tile.stages >= 2  # the kernel's first tile is static: one stage has none
+        and not tile.roll
+        and not tile.wgmma
+    )
 
 
 #: part of the autotune keys of the ops that time these kernels: a cached choice made with other

@@ -813,6 +813,9 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #: (0 * Inf); a warp whose accumulators are not all finite recomputes its block exactly.
 _RP_KERNEL = r"""
 #define DYN {DYN}
+#if DYN && (!TMA || STAGES < 2)
+#error "DYN takes the TMA row-pair kernel with two or more stages"
+#endif
 #define NP ((R + 2) / 2)
 #define HHP (TH + 2 * NP - 2)
 #if TMA
@@ -1232,6 +1235,7 @@ tw_gconv_fprop_rp(RP_PARAMS)
     if (tid == 0) {{
         __threadfence();
         if (atomicAdd(tile_ctr + gridDim.y + blockIdx.y, 1u) == gridDim.x - 1) {{
+            __threadfence();  // acquire: every other CTA's fetches before the reset
             atomicExch(tile_ctr + blockIdx.y, 0u);
             atomicExch(tile_ctr + gridDim.y + blockIdx.y, 0u);
         }}
