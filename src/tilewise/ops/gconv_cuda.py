@@ -848,15 +848,16 @@ NON_PORTABLE_MAX_CLUSTER = 16
 #: autotune timings never land under the normal key
 WG_ABLATE = int(os.environ.get("TILEWISE_WG_ABLATE") or 0)
 #: the tap wgrad's sums leave by four-wide atomics (``TILEWISE_GCONV_WGRAD_RED4=1``, read once;
-#: session 42, prepared without a GPU and off until its GPU tests pass; compute capability 9.0+):
-#: a quarter of the L2 operations its ~11 us of fixed cost a launch may be spent on
+#: session 42; compute capability 9.0+): a quarter of the L2 operations. Off: its GPU tests pass
+#: but the 3x3 wgrad read the same with it (session 43), so its ~11 us of fixed cost a launch is
+#: not the atomics
 ENV_WGRAD_RED4 = "TILEWISE_GCONV_WGRAD_RED4"
 WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
-#: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off until measured). Why: Nsight
-#: Compute on the C=64 3x3 N=128 row-pair 8x16 tile read its SMs active only 85% of the
-#: kernel's 40 us (the wgmma tiles' loads alone 81-88%): with tiles dealt out statically, SMs
-#: that run slower are the critical path while the others idle
+#: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
+#: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What
+#: it did (session 43, H200): SMs 92% active, the kernel 3-11% slower at 4 CTAs an SM and 25-29%
+#: at 6; kept as the tool for studying tile orders
 ENV_DYNAMIC_TILES = "TILEWISE_GCONV_DYNAMIC_TILES"
 DYNAMIC_TILES = os.environ.get(ENV_DYNAMIC_TILES, "0") == "1"
 
