@@ -60,7 +60,8 @@ def main() -> None:
             tile = gconv_cuda.WGRAD_TILES[0]
             if args.tile_spec:
                 tile = eval(f"gconv_cuda.CudaTile({args.tile_spec})")  # a developer's argument
-            fn = lambda: gconv_cuda.wgrad(out, x, k, k, k // 2, k // 2, True, tile)  # noqa: E731
+            dy = torch.randn_like(x)  # (session 43 read the kernel on an uninitialized dy)
+            fn = lambda: gconv_cuda.wgrad(dy, x, k, k, k // 2, k // 2, True, tile)  # noqa: E731
     else:
         n = 1024 if args.target == "ln-bwd" else 4096
         m = 64 * 2**20 // (n * 2)
