@@ -4,13 +4,17 @@
 # arguments (functions below). Everything is written to a scratch folder and packed into
 # $OUT/bundle.tgz (the tool brings back at most 8 files); the autotune cache travels in
 # .tw-cache (carried both ways), the Triton compile cache as $OUT/triton-cache.tgz beside the
-# bundle (copy it to .triton-cache.tgz and carry that: the next call extracts it).
+# bundle (copy it to .triton-cache.tgz and carry that: the next call extracts it), and the NVRTC
+# binaries as $OUT/nvrtc-cache.tgz (carried as .nvrtc-cache.tgz).
 #   usage: bash scripts/device_call.sh STEP [STEP ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src TILEWISE_CACHE_DIR=$PWD/.tw-cache PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.triton-cache
 [ -f .triton-cache.tgz ] && tar xzf .triton-cache.tgz
+# the NVRTC binaries the last call compiled (session 43: a fresh machine spent a test step's
+# whole 420 s compiling), as the Triton cache: copy $OUT/nvrtc-cache.tgz to .nvrtc-cache.tgz
+[ -f .nvrtc-cache.tgz ] && tar xzf .nvrtc-cache.tgz
 R=$(mktemp -d)
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -787,11 +791,15 @@ wait "$repacker" 2>/dev/null
 # It travels beside the bundle, never inside it: the tool brings back files of at most 16 MiB,
 # and session 25's first call lost its whole bundle to a cache packed into it.
 pack
-if [ -d .triton-cache ]; then
-  tar czf "$OUT/triton-cache.tgz" -C . .triton-cache
-  size=$(stat -c %s "$OUT/triton-cache.tgz")
+keep_cache() {  # keep_cache NAME DIR: DIR packed as $OUT/NAME.tgz, if under the tool's limit
+  [ -d "$2" ] || return 0
+  tar czf "$OUT/$1.tgz" -C . "$2"
+  local size
+  size=$(stat -c %s "$OUT/$1.tgz")
   if [ "$size" -gt $((15 * 1024 * 1024)) ]; then  # the tool's per-file limit is 16 MiB
-    echo "triton cache $((size / 1048576)) MiB: not kept"
-    rm -f "$OUT/triton-cache.tgz"
+    echo "$1 $((size / 1048576)) MiB: not kept"
+    rm -f "$OUT/$1.tgz"
   fi
-fi
+}
+keep_cache triton-cache .triton-cache
+keep_cache nvrtc-cache .tw-cache/nvrtc
