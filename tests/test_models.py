@@ -186,8 +186,21 @@ def test_measure_problem_on_cpu_checks_and_counts_bytes():
         assert r["frac_copy"] == pytest.approx(r["eff_bw"] / 1e10)
         assert r["prof_s"] is None  # no profiler kernels on a CPU
         assert r["graph_s"] is None and r["l2_s"] is None  # nor CUDA graphs
+        assert r["same_copy_s"] is None and r["graph_frac_same_copy"] is None
         if r["impl"] == "cudnn":  # no autotuned config behind PyTorch's rows
             assert r["configs"] == ()
+
+
+def test_same_size_copy_fraction_compares_bandwidths():
+    """``graph_frac_same_copy``: the pass's graph bandwidth over that of a copy of the input's
+    bytes (read + write) timed the same way; nothing without both timings."""
+    rec = {"bytes": 3 * 10**6, "graph_s": 2e-6}
+    got = iso._same_copy_fields(rec, 1e-6, 2 * 10**6)  # 1.5 TB/s against 2 TB/s
+    assert got == {"same_copy_s": 1e-6, "graph_frac_same_copy": pytest.approx(0.75)}
+    assert iso._same_copy_fields(rec, None, 2 * 10**6) == {}
+    assert iso._same_copy_fields({"bytes": 1, "graph_s": None}, 1e-6, 2) == {}
+    headers, rows = iso.summary_table([dict(_iso_records()[0].to_dict(), **got)])
+    assert rows[0][headers.index("tw graph / same-size copy")] == "0.750"
 
 
 def _iso_records(copy_bw=3e12):
@@ -239,6 +252,7 @@ def test_gconv_records_round_trip_table_and_plot(tmp_path):
     assert rows[0][headers.index("x cudnn graph")] == "6.00x"
     assert rows[0][headers.index("tw graph frac")] == "-"  # no graph_frac_copy in the record
     assert rows[0][headers.index("tw L2 frac")] == "-"
+    assert rows[0][headers.index("tw graph / same-size copy")] == "-"  # no same-size copy timed
     assert iso.errors(doc["records"]) == ["C=64 64x64 3x3 N=2 bf16 fprop tilewise: x"]
     png = iso.plot_gconv(doc, tmp_path / "gconv.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -482,6 +496,7 @@ class TestGPU:
             assert r["median_s"] > 0 and r["prof_s"] > 0 and r["kernels"], r
             assert r["graph_s"] > 0 and r["graph_frac_copy"] is None, r  # no ceilings given
             assert r["l2_s"] > 0, r  # 4 x 64 x 16 x 16 fits in L2: timed from L2 as well
+            assert r["same_copy_s"] > 0 and r["graph_frac_same_copy"] > 0, r
         tw = [r for r in recs if r["impl"] == "tilewise"]
         assert all(any("gconv" in k[0] for k in r["kernels"]) for r in tw)
         assert all(len(r["configs"]) == 1 for r in tw), [r["configs"] for r in tw]

@@ -145,6 +145,11 @@ class Record:
     l2_s: float | None = None  # the same with one input set replayed (it stays in L2), if it fits
     l2_eff_bw: float | None = None
     l2_frac_copy: float | None = None
+    # torch's copy_ of the input's bytes into a buffer of that size, by graph replay over the same
+    # rotated sets (a copy as large as the problem, not the 1 GiB ceiling), and the pass's graph
+    # bandwidth as a fraction of that copy's
+    same_copy_s: float | None = None
+    graph_frac_same_copy: float | None = None
     kernels: tuple[KernelRow, ...] = ()
     configs: tuple[str, ...] = ()  # tilewise: the configs the autotuner answered with
     weight_layout: str | None = None  # the layout of the weight this impl was given
@@ -299,6 +304,9 @@ def measure_problem(
                     w = w_tw if impl == "tilewise" else w_cu
                     rec.update(_l2_rates(problem, pass_, impl, sets[0], w, config, ceilings))
                 records.append(rec)
+    same = _same_size_copy(sets, config, problem)
+    for rec in records:
+        rec.update(_same_copy_fields(rec, same, 2 * sets[0][0].nbytes))
     del sets
     free_memory(dev)
     return records
@@ -371,6 +379,25 @@ def _graph_timing(fn, args, config: GConvStudyConfig, problem: GConvProblem):
         return None
 
 
+def _same_size_copy(sets, config: GConvStudyConfig, problem: GConvProblem) -> float | None:
+    """Seconds of ``dst.copy_(x)`` per call by graph replay over the rotated inputs, each into
+    its own buffer (session 43: at 64 MiB a copy reads only 0.88 of the 1 GiB ceiling, so this
+    says how much of a bar is the problem's size); None off CUDA or where capture fails."""
+    if sets[0][0].device.type != "cuda":
+        return None
+    args = [(x, torch.empty_like(x)) for x, _ in sets]
+    t = _graph_timing(lambda x, dst: dst.copy_(x), args, config, problem)
+    return None if t is None else t.median_s
+
+
+def _same_copy_fields(rec: Mapping[str, Any], same_s: float | None, copy_bytes: int) -> dict:
+    """``same_copy_s`` and ``graph_frac_same_copy`` of a record (empty without both timings)."""
+    if not (same_s and rec.get("graph_s")):
+        return {}
+    frac = (rec["bytes"] / rec["graph_s"]) / (copy_bytes / same_s)
+    return {"same_copy_s": same_s, "graph_frac_same_copy": frac}
+
+
 def _l2_rates(problem, pass_, impl, act_set, weight, config, ceilings) -> dict[str, Any]:
     """``l2_*`` fields: graph replay of one input set over and over, so a problem whose
     activations fit in L2 runs from L2 (the issue asks for more than the copy bandwidth there;
@@ -436,7 +463,8 @@ def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list
     """Headers and cells: per problem and pass, GB/s and fraction of copy from CUDA events per
     call, the same fraction from graph replays and from the profiler's kernel sum, and tilewise's
     speedup over cuDNN (events; graphs); for problems that fit in L2, the fraction with one input
-    set replayed from L2."""
+    set replayed from L2; and tilewise's graph bandwidth as a fraction of a same-size copy's
+    (``same_copy_s``)."""
     groups: dict[tuple, dict[str, Mapping[str, Any]]] = {}
     for r in records:
         key = (r["c"], r["h"], r["w"], r["k"], r["dtype"], r["n"], r["pass"])
@@ -444,6 +472,7 @@ def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list
     headers = ["shape", "dtype", "N", "pass", "tw GB/s", "cudnn GB/s", "tw frac", "cudnn frac"]
     headers += ["x cudnn", "tw graph frac", "cudnn graph frac", "x cudnn graph"]
     headers += ["tw prof frac", "cudnn prof frac", "tw L2 frac", "cudnn L2 frac"]
+    headers += ["tw graph / same-size copy"]
     rows = []
     for (c, h, w, k, dtype, n, pass_), by in groups.items():
         tw, cu = by.get("tilewise"), by.get("cudnn")
@@ -454,6 +483,7 @@ def summary_table(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], list
         cells += [ratio_of(cu, tw, "graph_s")]
         cells += [fmt(r, "prof_frac_copy", ".3f") for r in (tw, cu)]
         cells += [fmt(r, "l2_frac_copy", ".3f") for r in (tw, cu)]
+        cells += [fmt(tw, "graph_frac_same_copy", ".3f")]
         rows.append([shape_label(c, h, w, k), dtype, str(n), pass_, *cells])
     return headers, rows
 
