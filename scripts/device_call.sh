@@ -34,6 +34,9 @@ main_pid=$$
 repacker=$!
 trap 'kill "$repacker" 2>/dev/null' EXIT
 TW=(python -m tilewise.cli)
+find_ncu() {  # Nsight Compute's command line, or nothing where the image has none
+  command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
 study() {  # study NAME LIMIT ARGS...: a gconv study into $R, its exit code and table printed
   local name=$1 limit=$2 start
   shift 2
@@ -193,7 +196,7 @@ for step in "$@"; do
     ncu-k357)  # session 29: Nsight Compute on the autotuner's fp16 fprop choices at C=64 64x64
       # N = 128 (3x3 8x32 64-ch, 5x5 16x16 64-ch, 7x7 16x16 2-CTA): what bounds 5x5 and 7x7;
       # NCU_SPECS="K|CudaTile args ..." picks others, NCU_STALLS=1 adds the stall reasons
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU=$(find_ncu)
       echo "ncu: ${NCU:-none}"
       specs=${NCU_SPECS:-"3|8,32,64,16,1,2,rowpair=True,tma=2 5|16,16,64,8,1,2,rowpair=True,tma=2 7|16,16,32,4,2,2,rowpair=True,tma=2 7|8,16,32,4,3,2,rowpair=True,tma=2"}
       stalls=()
@@ -389,7 +392,7 @@ for step in "$@"; do
       pack ;;
     ncu-roll-s36)  # session 36: Nsight Compute on a rolling-row tile (NCU_K, NCU_SPEC), with
       # the source counters (where warps stall) and the SASS of the hottest lines
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      NCU=$(find_ncu)
       f="$R/ncu-roll-k${NCU_K:-7}.txt"
       timeout 200 "$NCU" --clock-control none -k regex:tw_gconv_fprop --launch-skip 2 -c 1 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
@@ -455,7 +458,7 @@ for step in "$@"; do
       # 4x64 64-channel wgmma tile whole and loads alone, and the row-pair 8x16 4-CTA tile, C=64
       # N=128 fp16: DRAM bytes read and written against the 134 MB compulsory (are halo rows
       # read from DRAM again?), L2 sectors read and written, L2 hit rate, DRAM throughput
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU=$(find_ncu)
       echo "ncu: ${NCU:-none}"
       [ -n "$NCU" ] || continue  # no Nsight Compute on this machine: the next step
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct
@@ -490,7 +493,7 @@ for step in "$@"; do
       # detail) of the row-pair 8x16 32-channel pick against the 64-channel row-pair tiles (whole
       # 128-byte pixels: each line looked up once, not once per channel block), C=64 3x3 N=128
       # fp16; then the 3x3 tap wgrad (its ~11 us a launch: SM-active cycles, warp states)
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      NCU=$(find_ncu)
       echo "ncu: ${NCU:-none}"
       [ -n "$NCU" ] || continue
       for t in ${NCU_SPECS:-8,16,32,4,4,2,rowpair=True,tma=2 16,16,64,8,1,2,rowpair=True,tma=2 \
@@ -532,7 +535,7 @@ for step in "$@"; do
           "$R/timer-probe-dyn$dyn.log"
         pack
       done
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      NCU=$(find_ncu)
       [ -n "$NCU" ] || continue
       f="$R/ncu-sol-dyn1.txt"
       TILEWISE_GCONV_DYNAMIC_TILES=1 timeout "${NCU_LIMIT:-60}" "$NCU" --clock-control none \

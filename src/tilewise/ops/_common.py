@@ -60,12 +60,6 @@ def _smem_optin(index: int) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
 
 
-@functools.lru_cache(maxsize=16)
-def _smem_per_sm(index: int) -> int:
-    props = torch.cuda.get_device_properties(index)
-    return int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
-
-
 def pipeline_smem_budget(device: torch.device | None) -> int:
     """Shared memory for the stages of a software-pipelined row loop: 96 KB, or half of what one
     block may use on a smaller GPU (Triton would otherwise fail to launch there)."""

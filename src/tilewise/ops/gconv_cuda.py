@@ -32,7 +32,7 @@ import os
 import torch
 
 from tilewise.ops import gconv_wgrad_wg_src as _wgrad_wg_module
-from tilewise.ops._common import _smem_optin, _smem_per_sm, cdiv, num_sms
+from tilewise.ops._common import _smem_optin, cdiv, num_sms
 from tilewise.ops.gconv_config import dw_format
 from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
@@ -654,7 +654,9 @@ def _device_smem(device: int) -> tuple[int, int]:
     CUDA device to ask)."""
     if not torch.cuda.is_available():
         return SMEM_SM, SMEM_MAX
-    return _smem_per_sm(device) or SMEM_SM, _smem_optin(device) or SMEM_MAX
+    props = torch.cuda.get_device_properties(device)
+    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+    return per_sm or SMEM_SM, _smem_optin(device) or SMEM_MAX
 
 
 def dependent_launch(device: torch.device) -> bool:
