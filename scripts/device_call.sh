@@ -517,6 +517,23 @@ for step in "$@"; do
       echo "rc $?: wgrad"
       grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
       pack ;;
+    tma-copy-s44)  # session 44: the conv's data movement alone (scripts/tma_copy_probe.py: TMA
+      # tile pipelines of several box rows, stages, CTAs an SM, beside torch's copy_ of the same
+      # bytes), its GPU test first; then Nsight Compute's metric names on latency and requests
+      # in flight (for a later call's --metrics)
+      gpu_tests "${TEST_LIMIT:-120}" tests/test_tma_copy.py -x
+      # shellcheck disable=SC2086
+      timeout "${PROBE_LIMIT:-240}" python scripts/tma_copy_probe.py --n ${PROBE_N:-128 256} \
+        ${TMA_CONFIGS:+--configs $TMA_CONFIGS} --json "$R/tma-copy.json" >"$R/tma-copy.log" 2>&1
+      echo "rc $?: tma copy probe"
+      grep -vE "^\s*$" "$R/tma-copy.log" | cut -c1-130 | tail -n 52
+      pack
+      NCU=$(find_ncu)
+      [ -n "$NCU" ] || continue
+      timeout 60 "$NCU" --query-metrics --chip gh100 >"$R/ncu-metrics.txt" 2>&1
+      echo "rc $?: ncu metrics, $(wc -l <"$R/ncu-metrics.txt") lines"
+      grep -iE "latency|inflight|in_flight|outstanding|pending" "$R/ncu-metrics.txt" | head -40
+      pack ;;
     dyn-s43)  # session 43: the row-pair TMA tiles with their tiles from counters
       # (TILEWISE_GCONV_DYNAMIC_TILES=1, off by default): its GPU test (bitwise equal to the
       # static kernel, counters left zero), then four row-pair tiles and the wgmma tiles (the

@@ -639,7 +639,15 @@ def _capped_smem(
     """``smem_bytes`` raised to a whole ``SMEM_GRANULE`` count at which ``ctas`` + 1 CTAs no
     longer fit ``sm_bytes`` while ``ctas`` still do; ``smem_bytes`` itself where no such size
     exists within ``block_max``. Never increases with ``ctas``."""
-    smem = smem_bytes(r, s, tile)
+    return pad_for_occupancy(smem_bytes(r, s, tile), ctas, sm_bytes, block_max)
+
+
+def pad_for_occupancy(
+    smem: int, ctas: int, sm_bytes: int = SMEM_SM, block_max: int = SMEM_MAX
+) -> int:
+    """``smem`` bytes a CTA raised to a whole ``SMEM_GRANULE`` count at which ``ctas`` + 1 CTAs
+    no longer fit ``sm_bytes`` while ``ctas`` still do (``smem`` itself where no such size
+    exists within ``block_max``); also ``scripts/tma_copy_probe.py``'s kernels."""
     share = sm_bytes // (ctas + 1) - SMEM_RESERVED + SMEM_GRANULE
     padded = cdiv(max(smem, share), SMEM_GRANULE) * SMEM_GRANULE
     if padded > block_max or ctas * (padded + SMEM_RESERVED) > sm_bytes:
