@@ -13,6 +13,7 @@ import torch
 
 from tilewise.bench import sass
 from tilewise.bench.tma_copy import MODES, TmaCopy, TmaCopyConfig, source
+from tilewise.ops import gconv_cuda
 
 _SPEC = importlib.util.spec_from_file_location(
     "tma_copy_probe", Path(__file__).parents[1] / "scripts" / "tma_copy_probe.py"
@@ -50,6 +51,15 @@ def test_probe_parses_configs_and_counts_bytes():
     x = torch.empty(2, 64, 4, 4)
     assert probe.stream_bytes(cfg, x) == 2 * x.numel() * 4
     assert probe.stream_bytes(probe.parse_config("loads,32,8,16,2,2,4"), x) == x.numel() * 4
+
+
+def test_default_configs_fit_their_ctas_on_a_hopper_sm():
+    for text in probe.DEFAULT_CONFIGS:
+        cfg = probe.parse_config(text)
+        smem = gconv_cuda.pad_for_occupancy(cfg.smem_bytes(), cfg.ctas)
+        assert cfg.ctas * (smem + gconv_cuda.SMEM_RESERVED) <= gconv_cuda.SMEM_SM, cfg.name
+        # padded so that no CTA more fits, as the conv's capped launches
+        assert (cfg.ctas + 1) * (smem + gconv_cuda.SMEM_RESERVED) > gconv_cuda.SMEM_SM, cfg.name
 
 
 @pytest.mark.skipif(sass.NVCC is None, reason="nvcc is not installed")
