@@ -33,6 +33,7 @@ def test_source_template_formats_for_every_kernel_size():
             for tile in (
                 gconv_cuda.TILES
                 + gconv_cuda.TMA_TILES
+                + gconv_cuda.WIDE_ROW_TILES
                 + gconv_cuda.WIDE_KERNEL_TILES
                 + gconv_cuda.TALL_TILES
                 + gconv_cuda.EXPERIMENTAL_FPROP_TILES

@@ -449,3 +449,31 @@ def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypat
             # where the static kernel is at its cap (offline: 3x3 32x32 1-CTA fprop 0 -> 16
             # bytes, 5x5 8x16 5-CTA fprop 8 -> 36, 6-CTA 84 -> 96, 32x32 dgrad 72 -> 108)
             assert spills[True, dgrad] <= spills[False, dgrad] + 48, (k, tile.name, spills)
+
+
+def test_wide_row_tiles_only_at_3x3_and_64_channel_blocks():
+    """Session 44's 64-channel row-pair tiles at several CTAs an SM join the TMA candidates of
+    kernels of at most 3 x 3 where C takes 64-channel blocks, as measured; nowhere else, and
+    never fitted down to a tile nobody timed."""
+    wide = set(gconv_cuda.WIDE_ROW_TILES)
+    assert wide and all(t.rowpair and t.tma == 2 and t.cb == 64 and t.min_ctas > 1 for t in wide)
+    for c in (64, 128, 256):
+        for r, s in ((1, 1), (3, 3), (1, 3), (3, 1)):
+            assert wide <= set(gconv_cuda.candidates(c, r, s, tma=True)), (c, r, s)
+            assert not wide & set(gconv_cuda.candidates(c, r, s, tma=False)), (c, r, s)
+    for c, r, s in ((64, 5, 5), (64, 3, 5), (64, 7, 7), (32, 3, 3), (96, 3, 3)):
+        got = gconv_cuda.candidates(c, r, s, tma=True)
+        assert not any(t.cb == 64 and t.min_ctas > 1 for t in got), (c, r, s)
+        if c % 64:  # nor their fitted-down forms (a 32-channel 8x8 tile at 4 CTAs is new)
+            assert CudaTile(8, 8, 32, 4, 4, 2, rowpair=True, tma=2) not in got, (c, r, s)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("dgrad", [False, True])
+def test_wide_row_tiles_compile_without_spills(tmp_path, dgrad):
+    for i, tile in enumerate(gconv_cuda.WIDE_ROW_TILES):
+        out = tmp_path / str(i)
+        out.mkdir()
+        src, _ = gconv_cuda.source(3, 3, tile, False, True, dgrad, "tw_gconv_fprop")
+        regs, spills = _ptxas(src, out, "sm_90a")
+        assert spills == 0 and regs <= 65536 // (tile.min_ctas * tile.warps * 32), (tile, regs)

@@ -57,6 +57,7 @@ from tilewise.ops.gconv_tiles import WGMMA_WGRAD_TILES as WGMMA_WGRAD_TILES
 from tilewise.ops.gconv_tiles import WGMMA_WIDE_TILES as WGMMA_WIDE_TILES
 from tilewise.ops.gconv_tiles import WGRAD_TILES as WGRAD_TILES
 from tilewise.ops.gconv_tiles import WIDE_KERNEL_TILES as WIDE_KERNEL_TILES
+from tilewise.ops.gconv_tiles import WIDE_ROW_TILES as WIDE_ROW_TILES
 from tilewise.ops.gconv_tiles import CudaTile as CudaTile
 from tilewise.ops.gconv_wgmma_src import SOURCE_WG as _SOURCE_WG
 from tilewise.ops.gconv_wgmma_src import wgmma_asm as _wgmma_asm
@@ -347,8 +348,9 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
 def candidates(
     c: int, r: int, s: int, tma: bool = False, wide_tiles: bool | None = None, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
-    """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``) for C channels and an R x S
-    kernel (empty if none fits); row-pair tiles for kernels of more than
+    """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``, and for kernels of at most 3 x 3
+    where C takes 64-channel blocks the ``WIDE_ROW_TILES``) for C channels and an R x S kernel
+    (empty if none fits); row-pair tiles for kernels of more than
     ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
     ``wide_tiles`` (None: unless ``TILEWISE_GCONV_WIDE_TILES=0``); with ``tma`` and ``wgmma``
     (a GPU of compute capability 9.0: ``wgmma_usable``) the ``WGMMA_TILES`` for 3+ rows and the
@@ -363,6 +365,7 @@ def _candidates(
     c: int, r: int, s: int, tma: bool, wide_tiles: bool, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
+    pool += WIDE_ROW_TILES if tma and max(r, s) <= 3 else ()
     pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
     # the three-stage tiles as measured: 32-channel blocks (fitted down, a tile nobody timed)
     pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 and c % 32 == 0 else ()
@@ -399,6 +402,8 @@ def _offered(tile: CudaTile, c: int) -> bool:
     fitted down to 8 channels it is one warpgroup an SM reading 16-byte pieces of each pixel
     (session 31: such tiles read DRAM twice over and ran 2-4x slower)."""
     if tile.wgmma and c % 16:
+        return False
+    if tile in WIDE_ROW_TILES and c % tile.cb:  # measured as 64-channel tiles only
         return False
     return not (tile.min_ctas == 1 and tile.cb >= 64 and c % tile.cb)
 
@@ -902,6 +907,7 @@ SOURCE_DIGEST = hashlib.sha1(
             (
                 TILES,
                 TMA_TILES,
+                WIDE_ROW_TILES,
                 WGRAD_TILES,
                 TMA_WGRAD_TILES,
                 CLUSTER_WGRAD_TILES,
