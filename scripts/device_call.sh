@@ -517,6 +517,12 @@ for step in "$@"; do
       echo "rc $?: wgrad"
       grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
       pack ;;
+    big3-s44)  # session 44: the 3x3 fprop/dgrad cells at >= 34 MB with the 64-channel row-pair
+      # tiles of several CTAs an SM offered (WIDE_ROW_TILES); the TMA pipeline test over many
+      # tiles a CTA first (the new tiles bitwise equal to their non-TMA twins)
+      gpu_tests "${TEST_LIMIT:-150}" tests/test_gconv_cuda.py -k "tma_pipeline_over_many_tiles and not bfloat16" -x
+      study gconv-s44-big3 "${STUDY_LIMIT:-400}" --channels 64 128 --kernels 3 --extra-kernels \
+        --n 128 256 --passes fprop dgrad ;;
     tma-copy-s44)  # session 44: the conv's data movement alone (scripts/tma_copy_probe.py: TMA
       # tile pipelines of several box rows, stages, CTAs an SM, beside torch's copy_ of the same
       # bytes), its GPU test first; then Nsight Compute's metric names on latency and requests
