@@ -517,6 +517,14 @@ for step in "$@"; do
       echo "rc $?: wgrad"
       grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
       pack ;;
+    tests-s44)  # session 44: the new 64-channel row-pair tiles on odd shapes (every candidate at
+      # C=64 3x3 and 1x1, fp16 and bf16), beside cut-tests-s43's four (the counters' test now
+      # takes the new tiles too), four processes
+      TEST_LIMIT=${TEST_LIMIT:-330} par_tests s44 \
+        tests/test_gconv_cuda.py "every_tile_fprop and c64 and (k3x3 or k1x1)" \
+        tests/test_gconv_cuda.py "dynamic_tiles_equal" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes" \
+        tests/test_gconv_cuda.py "experimental_wgrad_tiles or nonfinite_blocks_match_pytorch_values_too" ;;
     big3-s44)  # session 44: the 3x3 fprop/dgrad cells at >= 34 MB with the 64-channel row-pair
       # tiles of several CTAs an SM offered (WIDE_ROW_TILES); the TMA pipeline test over many
       # tiles a CTA first (the new tiles bitwise equal to their non-TMA twins)
