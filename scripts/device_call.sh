@@ -73,12 +73,12 @@ wg_probe() {  # wg_probe NAME KERNELS [ONLY]: the wgmma tiles (experimental too)
   grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-$1.log" | cut -c1-150
 }
 probe_extra() {  # probe_extra NAME "EXTRAS": the wide probe (experimental tiles too) with extra
-  # tiles (CudaTile argument strings; PROBE_K, PROBE_N, DTYPES, PROBE_ONLY, PROBE_LIMIT) into
+  # tiles (CudaTile argument strings; PROBE_K, PROBE_N, PROBE_C, DTYPES, PROBE_ONLY, PROBE_LIMIT) into
   # wide-probe-NAME.*
   # shellcheck disable=SC2086
   timeout "${PROBE_LIMIT:-240}" python scripts/gconv_wide_probe.py --experimental \
     --kernels ${PROBE_K:-3} --n ${PROBE_N:-128 256} --dtypes ${DTYPES:-fp16} \
-    --json "$R/wide-probe-$1.json" ${PROBE_ONLY:+--only "$PROBE_ONLY"} \
+    --channels ${PROBE_C:-64} --json "$R/wide-probe-$1.json" ${PROBE_ONLY:+--only "$PROBE_ONLY"} \
     --extra $2 >"$R/wide-probe-$1.log" 2>&1
   echo "rc $?: wide probe $1"
   grep -E "copy:|cudnn|cudawg|cudarp" "$R/wide-probe-$1.log" | cut -c1-150
@@ -535,15 +535,16 @@ for step in "$@"; do
       # tile pipelines of several box rows, stages, CTAs an SM, beside torch's copy_ of the same
       # bytes), its GPU test first; then Nsight Compute's metric names on latency and requests
       # in flight (for a later call's --metrics)
-      gpu_tests "${TEST_LIMIT:-120}" tests/test_tma_copy.py -x
+      [ -n "${SKIP_TESTS:-}" ] || gpu_tests "${TEST_LIMIT:-120}" tests/test_tma_copy.py -x
       # shellcheck disable=SC2086
       timeout "${PROBE_LIMIT:-240}" python scripts/tma_copy_probe.py --n ${PROBE_N:-128 256} \
-        ${TMA_CONFIGS:+--configs $TMA_CONFIGS} --json "$R/tma-copy.json" >"$R/tma-copy.log" 2>&1
+        ${TMA_CONFIGS:+--configs $TMA_CONFIGS} ${TMA_ARGS:-} --json "$R/tma-copy.json" \
+        >"$R/tma-copy.log" 2>&1
       echo "rc $?: tma copy probe"
       grep -vE "^\s*$" "$R/tma-copy.log" | cut -c1-130 | tail -n 52
       pack
       NCU=$(find_ncu)
-      [ -n "$NCU" ] || continue
+      [ -n "$NCU" ] && [ -z "${SKIP_NCU:-}" ] || continue
       timeout 60 "$NCU" --query-metrics --chip gh100 >"$R/ncu-metrics.txt" 2>&1
       echo "rc $?: ncu metrics, $(wc -l <"$R/ncu-metrics.txt") lines"
       grep -iE "latency|inflight|in_flight|outstanding|pending" "$R/ncu-metrics.txt" | head -40
