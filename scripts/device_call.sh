@@ -517,6 +517,15 @@ for step in "$@"; do
       echo "rc $?: wgrad"
       grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
       pack ;;
+    cut-tests-s44)  # session 44: the GPU tests sessions 42-44 cut by their limits (none failed: a
+      # fresh machine spends minutes compiling their variants), six processes at once
+      TEST_LIMIT=${TEST_LIMIT:-540} par_tests cut-s44 \
+        tests/test_gconv_cuda.py "nonfinite_blocks_match_pytorch_values_too and 3-" \
+        tests/test_gconv_cuda.py "nonfinite_blocks_match_pytorch_values_too and 5-" \
+        tests/test_gconv_cuda.py "nonfinite_blocks_match_pytorch_values_too and 7-" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
+        tests/test_gconv_cuda.py "experimental_wgrad_tiles" ;;
     tests-s44)  # session 44: the new 64-channel row-pair tiles on odd shapes (every candidate at
       # C=64 3x3 and 1x1, fp16 and bf16), beside cut-tests-s43's four (the counters' test now
       # takes the new tiles too), four processes
