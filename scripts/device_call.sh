@@ -517,6 +517,13 @@ for step in "$@"; do
       echo "rc $?: wgrad"
       grep -E "Duration|SM Active|Elapsed Cycles|DRAM Throughput|L2 Cache|Grid Size|Waves" "$f"
       pack ;;
+    op-tests-s44)  # session 44: the op's and the CUDA-graph GPU tests with the 64-channel
+      # row-pair tiles among the autotuner's candidates, four processes
+      TEST_LIMIT=${TEST_LIMIT:-280} par_tests op-s44 \
+        tests/test_gconv.py "wgrad" \
+        tests/test_gconv.py "not wgrad and (autotune or opcheck)" \
+        tests/test_gconv.py "not wgrad and not autotune and not opcheck" \
+        tests/test_capture.py "" ;;
     cut-tests-s44)  # session 44: the GPU tests sessions 42-44 cut by their limits (none failed: a
       # fresh machine spends minutes compiling their variants), six processes at once
       TEST_LIMIT=${TEST_LIMIT:-540} par_tests cut-s44 \
