@@ -6,8 +6,8 @@ more.
 
     python scripts/tma_copy_probe.py [--n 128 256] [--only REGEX] [--json out.json]
 
-A config is ``mode,cb,th,tw,halo,stages,ctas`` (``--configs``); each is checked first (``y``
-poisoned with NaN, then equal to ``x``, zero, or untouched by mode).
+A config is ``mode,cb,th,tw,halo,stages,ctas[,threads]`` (``--configs``); each is checked first
+(``y`` poisoned with NaN, then equal to ``x``, zero, or untouched by mode).
 """
 
 from __future__ import annotations
@@ -33,25 +33,36 @@ DEFAULT_CONFIGS = (
     "staged,64,8,16,2,2,3 staged,64,8,8,2,2,4 staged,64,8,8,2,2,5 staged,64,4,16,2,2,4 "
     "staged,64,4,32,2,2,3 staged,64,8,16,2,3,2 staged,64,16,16,2,2,1 staged,64,8,32,2,2,1 "
     "staged,64,4,64,2,2,1 staged,64,4,64,2,3,1 "
-    "loads,32,8,16,2,2,4 loads,64,8,16,2,2,3 stores,32,8,16,2,2,4 stores,64,8,16,2,2,3"
+    "loads,32,8,16,2,2,4 loads,64,8,16,2,2,3 stores,32,8,16,2,2,4 stores,64,8,16,2,2,3 "
+    "staged,64,8,8,2,2,4,256 ldst,64,8,16,0,2,4 ldst,64,8,8,0,2,8 ldst,32,8,16,0,2,4,256"
 ).split()
 
 
+#: the modes that move every byte both ways (``y`` ends equal to ``x``)
+COPIES = ("copy", "staged", "ldst")
+
+
 def parse_config(text: str) -> TmaCopyConfig:
-    """``mode,cb,th,tw,halo,stages,ctas`` as a config (``ValueError`` naming what is wrong)."""
+    """``mode,cb,th,tw,halo,stages,ctas[,threads]`` as a config (``ValueError`` naming what is
+    wrong)."""
     parts = text.split(",")
-    if len(parts) != 7:
-        raise ValueError(f"argument 'configs': {text!r} is not mode,cb,th,tw,halo,stages,ctas")
+    if len(parts) not in (7, 8):
+        raise ValueError(
+            f"argument 'configs': {text!r} is not mode,cb,th,tw,halo,stages,ctas[,threads]"
+        )
     mode, *nums = parts
-    cb, th, tw, halo, stages, ctas = (int(v) for v in nums)
-    return TmaCopyConfig(cb=cb, tw=tw, th=th, halo=halo, stages=stages, ctas=ctas, mode=mode)
+    cb, th, tw, halo, stages, ctas, *threads = (int(v) for v in nums)
+    extra = {"threads": threads[0]} if threads else {}
+    return TmaCopyConfig(
+        cb=cb, tw=tw, th=th, halo=halo, stages=stages, ctas=ctas, mode=mode, **extra
+    )
 
 
 def stream_bytes(cfg: TmaCopyConfig, x: torch.Tensor) -> int:
     """Compulsory bytes a pass of ``cfg`` moves over ``x``: read and write for the copies, one
     of them for the loads or stores alone."""
     nbytes = x.numel() * x.element_size()
-    return 2 * nbytes if cfg.mode in ("copy", "staged") else nbytes
+    return 2 * nbytes if cfg.mode in COPIES else nbytes
 
 
 def check(op: TmaCopy, cfg: TmaCopyConfig, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -59,7 +70,7 @@ def check(op: TmaCopy, cfg: TmaCopyConfig, x: torch.Tensor, y: torch.Tensor) -> 
     y.fill_(float("nan"))
     op()
     torch.cuda.synchronize()
-    if cfg.mode in ("copy", "staged"):
+    if cfg.mode in COPIES:
         ok = torch.equal(y, x)
     elif cfg.mode == "stores":
         ok = bool((y == 0).all())
@@ -82,7 +93,7 @@ def main() -> None:
     if args.only:
         configs = [c for c in configs if re.search(args.only, c.name)]
     ceil = measure_stream_bandwidth(nbytes=1 << 30)
-    by_mode = {"copy": "copy", "staged": "copy", "loads": "read", "stores": "write"}
+    by_mode = {"copy": "copy", "staged": "copy", "ldst": "copy", "loads": "read", "stores": "write"}
     print("  ".join(f"{k} {v / 1e12:.3f} TB/s" for k, v in ceil.items()))
     rows = []
     for n in args.n:
@@ -119,7 +130,7 @@ def main() -> None:
                 "bytes": moved,
                 "frac_ceiling": moved / t / ceiling,
                 "ceiling": by_mode[cfg.mode],
-                "frac_same_copy": t_copy / t if cfg.mode in ("copy", "staged") else None,
+                "frac_same_copy": t_copy / t if cfg.mode in COPIES else None,
                 "smem": ops[0].smem,
                 "grid": list(ops[0].grid),
             }

@@ -48,6 +48,14 @@ def test_probe_parses_configs_and_counts_bytes():
     assert cfg.smem_bytes() == 1024 + 3 * 23552 + 16384 + 24
     with pytest.raises(ValueError, match="configs"):
         probe.parse_config("staged,64,8,16,2,3")
+    wide = probe.parse_config("staged,64,8,8,2,2,4,256")
+    assert wide.threads == 256 and wide.name == "staged_c64_8x8h2s2m4t256"
+    ldst = probe.parse_config("ldst,64,8,16,0,2,4")
+    assert ldst.smem_bytes() == 1024 and ldst.staging_bytes == 0
+    with pytest.raises(ValueError, match="halo"):
+        probe.parse_config("ldst,64,8,16,2,2,4")
+    with pytest.raises(ValueError, match="threads"):
+        probe.parse_config("staged,64,8,8,2,2,4,100")
     x = torch.empty(2, 64, 4, 4)
     assert probe.stream_bytes(cfg, x) == 2 * x.numel() * 4
     assert probe.stream_bytes(probe.parse_config("loads,32,8,16,2,2,4"), x) == x.numel() * 4
@@ -76,8 +84,12 @@ def test_default_configs_compile_without_spills(tmp_path):
         assert re.search(r"0 bytes spill stores, 0 bytes spill loads", log), (cfg.name, log)
         ops = sass.opcodes(cubin) if sass.cuobjdump() else []
         if ops:  # the pipeline's TMA loads and stores are there as the mode says
-            assert any(o.startswith("UTMALDG") for o in ops) == (cfg.mode != "stores"), cfg.name
-            assert any(o.startswith("UTMASTG") for o in ops) == (cfg.mode != "loads"), cfg.name
+            tma_loads, tma_stores = ("copy", "staged", "loads"), ("copy", "staged", "stores")
+            assert any(o.startswith("UTMALDG") for o in ops) == (cfg.mode in tma_loads), cfg.name
+            assert any(o.startswith("UTMASTG") for o in ops) == (cfg.mode in tma_stores), cfg.name
+            if cfg.mode == "ldst":  # 16-byte global loads and stores instead
+                assert any(o.startswith("LDG.E.128") for o in ops), cfg.name
+                assert any(o.startswith("STG.E.128") for o in ops), cfg.name
 
 
 @pytest.mark.gpu

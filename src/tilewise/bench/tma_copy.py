@@ -12,9 +12,13 @@ MMAs. Modes:
 - ``copy``: the store reads the load's stage (no halo): a TMA copy, thread 0 alone;
 - ``staged``: as the conv, the CTA's threads move the box's interior into a staging tile, which
   the store reads (one store in flight, waited for a tile later);
-- ``loads``: the halo loads alone; ``stores``: the stores alone (of a zero staging tile).
+- ``loads``: the halo loads alone; ``stores``: the stores alone (of a zero staging tile);
+- ``ldst``: no TMA and no shared memory: the CTA's threads copy each tile by 16-byte global loads
+  and stores (all of a thread's loads before its stores), as a plain copy kernel would: what the
+  TMA unit itself costs against torch's ``copy_`` (session 44: a TMA copy reached 0.89-0.93 of it).
 
-``copy`` and ``staged`` leave ``y`` equal to ``x``, ``stores`` leaves it zero: the probe checks.
+``copy``, ``staged`` and ``ldst`` leave ``y`` equal to ``x``, ``stores`` leaves it zero: the probe
+checks.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
 from tilewise.runtime import cuda_launch, nvrtc_cache
 from tilewise.runtime import tma as _tma
 
-MODES = ("copy", "staged", "loads", "stores")
+MODES = ("copy", "staged", "loads", "stores", "ldst")
 THREADS = 128
 #: shared memory a stage (and the staging tile) starts on: the 128-byte swizzle's period
 ALIGN = 1024
@@ -40,7 +44,8 @@ class TmaCopyConfig:
     """One pipeline shape: channels a box row (``cb``: 32 or 64 fp16 channels, 64- or
     128-byte rows), the output box (``tw`` x ``th`` pixels), the halo around it, the stages of
     the load ring, the CTAs an SM (the persistent grid, held there by the shared memory a CTA
-    asks for), and the mode (``MODES``)."""
+    asks for), the mode (``MODES``) and the threads a CTA (``staged`` and ``ldst`` use them all;
+    the conv's 8x8 64-channel tile has 256)."""
 
     cb: int = 32
     tw: int = 16
@@ -49,6 +54,7 @@ class TmaCopyConfig:
     stages: int = 2
     ctas: int = 4
     mode: str = "staged"
+    threads: int = THREADS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -57,8 +63,10 @@ class TmaCopyConfig:
             raise ValueError(f"argument 'cb' {self.cb}: box rows of 32, 64 or 128 bytes")
         if self.halo < 0 or self.halo % 2 or max(self.tw, self.th) + self.halo > 256:
             raise ValueError(f"argument 'halo' {self.halo}: even, boxes of at most 256 pixels")
-        if self.mode == "copy" and self.halo:
-            raise ValueError("mode 'copy' stores the loaded box itself: argument 'halo' must be 0")
+        if self.mode in ("copy", "ldst") and self.halo:
+            raise ValueError(f"mode {self.mode!r} copies the box itself: argument 'halo' must be 0")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"argument 'threads' {self.threads}: whole warps, at most 1024")
         if self.stages < 2:
             raise ValueError(f"argument 'stages' {self.stages}: a ring of at least 2")
         if self.ctas < 1:
@@ -66,7 +74,8 @@ class TmaCopyConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.mode}_c{self.cb}_{self.th}x{self.tw}h{self.halo}s{self.stages}m{self.ctas}"
+        name = f"{self.mode}_c{self.cb}_{self.th}x{self.tw}h{self.halo}s{self.stages}m{self.ctas}"
+        return name + (f"t{self.threads}" if self.threads != THREADS else "")
 
     @property
     def load_bytes(self) -> int:
@@ -78,6 +87,8 @@ class TmaCopyConfig:
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory the kernel uses (alignment slack and mbarriers included)."""
+        if self.mode == "ldst":  # none: the occupancy padding alone holds its CTAs an SM
+            return ALIGN
         stage = _up(self.load_bytes, ALIGN)
         return ALIGN + self.stages * stage + _up(self.staging_bytes, ALIGN) + 8 * self.stages
 
@@ -145,6 +156,7 @@ __device__ __forceinline__ void store(u32 src, const TmaDesc* map, int t, int c0
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 tw_tma_copy(const __grid_constant__ TmaDesc map_x, const __grid_constant__ TmaDesc map_y,
+            const v4u32* __restrict__ x, v4u32* __restrict__ y, int H, int W, int C,
             int tiles_h, int tiles_w, int n_tiles) {{
     extern __shared__ __align__(1024) unsigned char smem[];
     const int tid = threadIdx.x, c0 = blockIdx.y * CB;
@@ -166,7 +178,28 @@ tw_tma_copy(const __grid_constant__ TmaDesc map_x, const __grid_constant__ TmaDe
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     __syncthreads();
-#if MODE == 3
+#if MODE == 4
+    // a thread's chunks of a tile: 16 bytes each, pixel-major, every load before any store
+#define CH (PIXB / 16)
+#define PER ((TW * TH * CH + THREADS - 1) / THREADS)
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
+        int w0, h0, n;
+        tile_xy(t, tiles_h, tiles_w, w0, h0, n);
+        v4u32 v[PER];
+        long long at[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {{
+            const int i = tid + k * THREADS, pix = i / CH, ch = i % CH;
+            const int h = h0 + pix / TW, w = w0 + pix % TW;
+            at[k] = i < TW * TH * CH && h < H && w < W
+                        ? ((((long long)n * H + h) * W + w) * C + c0) / 8 + ch : -1;
+            if (at[k] >= 0) v[k] = x[at[k]];
+        }}
+#pragma unroll
+        for (int k = 0; k < PER; ++k)
+            if (at[k] >= 0) y[at[k]] = v[k];
+    }}
+#elif MODE == 3
     if (tid == 0)
         for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {{
             store(stg, &map_y, t, c0, tiles_h, tiles_w);
@@ -236,7 +269,7 @@ def source(cfg: TmaCopyConfig) -> str:
         halo=cfg.halo,
         stages=cfg.stages,
         mode=MODES.index(cfg.mode),
-        threads=THREADS,
+        threads=cfg.threads,
         align=ALIGN,
     )
 
@@ -265,7 +298,7 @@ class TmaCopy:
         if self.smem > block_max or cfg.ctas * (self.smem + gconv_cuda.SMEM_RESERVED) > sm_bytes:
             raise ValueError(f"argument 'cfg': {cfg.name} asks for {self.smem} bytes a CTA")
         kernel = _kernel(cfg, device, self.smem)
-        self.launcher = cuda_launch.Launcher(kernel, "ttiii", dependent=True)
+        self.launcher = cuda_launch.Launcher(kernel, "ttppiiiiii", dependent=True)
         self.maps = (
             _tma.encode(
                 _tma.nhwc_halo_map(x, cfg.cb, cfg.tw + cfg.halo, cfg.th + cfg.halo), x.data_ptr()
@@ -277,9 +310,9 @@ class TmaCopy:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.grid = (max(1, min(self.n_tiles, sms * cfg.ctas // (c // cfg.cb))), c // cfg.cb, 1)
         self.device = device
-        self.keep = (x, y)
+        self.args = (*self.maps, x, y, h, w, c, self.tiles_h, self.tiles_w, self.n_tiles)
+        self.block = (cfg.threads, 1, 1)
 
     def __call__(self) -> None:
-        args = (*self.maps, self.tiles_h, self.tiles_w, self.n_tiles)
         stream = torch._C._cuda_getCurrentRawStream(self.device)
-        self.launcher(self.grid, (THREADS, 1, 1), args, self.smem, stream)
+        self.launcher(self.grid, self.block, self.args, self.smem, stream)
