@@ -39,21 +39,21 @@ THREADS = 128
 ALIGN = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TmaCopyConfig:
-    """One pipeline shape: channels a box row (``cb``: 32 or 64 fp16 channels, 64- or
-    128-byte rows), the output box (``tw`` x ``th`` pixels), the halo around it, the stages of
-    the load ring, the CTAs an SM (the persistent grid, held there by the shared memory a CTA
-    asks for), the mode (``MODES``) and the threads a CTA (``staged`` and ``ldst`` use them all;
-    the conv's 8x8 64-channel tile has 256)."""
+    """One pipeline shape (keywords only): the mode (``MODES``), the channels a box row
+    holds (``cb``: 32 or 64 fp16 channels, 64- or 128-byte rows), the output box (``tw`` x
+    ``th`` pixels), the halo around it, the stages of the load ring, the CTAs an SM (the
+    persistent grid, held there by the shared memory a CTA asks for) and the threads a CTA
+    (``staged`` and ``ldst`` use them all; the conv's 8x8 64-channel tile has 256)."""
 
+    mode: str = "staged"
     cb: int = 32
     tw: int = 16
     th: int = 8
     halo: int = 2
     stages: int = 2
     ctas: int = 4
-    mode: str = "staged"
     threads: int = THREADS
 
     def __post_init__(self) -> None:
