@@ -557,7 +557,7 @@ for step in "$@"; do
         ${TMA_CONFIGS:+--configs $TMA_CONFIGS} ${TMA_ARGS:-} --json "$R/tma-copy.json" \
         >"$R/tma-copy.log" 2>&1
       echo "rc $?: tma copy probe"
-      grep -vE "^\s*$" "$R/tma-copy.log" | cut -c1-130 | tail -n 52
+      grep -vE "^\s*$" "$R/tma-copy.log" | cut -c1-130
       pack
       NCU=$(find_ncu)
       [ -n "$NCU" ] && [ -z "${SKIP_NCU:-}" ] || continue

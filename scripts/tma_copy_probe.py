@@ -116,7 +116,7 @@ def main() -> None:
                 ops = [TmaCopy(cfg, x, y) for x, y in pairs]
                 check(ops[0], cfg, *pairs[0])
                 t = time_calls(lambda op: op(), [(op,) for op in ops]).median_s
-            except (ValueError, AssertionError, RuntimeError) as exc:
+            except (ValueError, AssertionError) as exc:  # a CUDA error (sticky) ends the run
                 print(f"  {cfg.name:28s} failed: {type(exc).__name__}: {exc}")
                 rows.append({"n": n, "config": cfg.name, "error": str(exc)})
                 continue

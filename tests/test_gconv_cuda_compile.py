@@ -451,21 +451,23 @@ def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypat
             assert spills[True, dgrad] <= spills[False, dgrad] + 48, (k, tile.name, spills)
 
 
-def test_wide_row_tiles_only_at_3x3_and_64_channel_blocks():
+def test_wide_row_tiles_only_at_1x1_and_3x3_and_64_channel_blocks():
     """Session 44's 64-channel row-pair tiles at several CTAs an SM join the TMA candidates of
-    kernels of at most 3 x 3 where C takes 64-channel blocks, as measured; nowhere else, and
-    never fitted down to a tile nobody timed."""
+    3x3 kernels (measured) and 1x1 ones (GPU-tested) where C takes 64-channel blocks; nowhere
+    else, and never fitted down to a tile nobody timed."""
     wide = set(gconv_cuda.WIDE_ROW_TILES)
     assert wide and all(t.rowpair and t.tma == 2 and t.cb == 64 and t.min_ctas > 1 for t in wide)
     for c in (64, 128, 256):
-        for r, s in ((1, 1), (3, 3), (1, 3), (3, 1)):
+        for r, s in ((1, 1), (3, 3)):
             assert wide <= set(gconv_cuda.candidates(c, r, s, tma=True)), (c, r, s)
             assert not wide & set(gconv_cuda.candidates(c, r, s, tma=False)), (c, r, s)
-    for c, r, s in ((64, 5, 5), (64, 3, 5), (64, 7, 7), (32, 3, 3), (96, 3, 3)):
-        got = gconv_cuda.candidates(c, r, s, tma=True)
-        assert not any(t.cb == 64 and t.min_ctas > 1 for t in got), (c, r, s)
-        if c % 64:  # nor their fitted-down forms (a 32-channel 8x8 tile at 4 CTAs is new)
-            assert CudaTile(8, 8, 32, 4, 4, 2, rowpair=True, tma=2) not in got, (c, r, s)
+    for c in (8, 16, 24, 32, 48, 64, 96, 128, 160, 256):
+        for r, s in ((1, 1), (3, 3), (1, 3), (3, 1), (2, 2), (5, 5), (3, 5), (7, 7)):
+            got = set(gconv_cuda.candidates(c, r, s, tma=True))
+            if c % 64 or (r, s) not in ((1, 1), (3, 3)):
+                assert not wide & got, (c, r, s)
+            if c % 64:  # nor their fitted-down forms
+                assert not {gconv_cuda._fitted(t, c) for t in wide} & got, (c, r, s)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

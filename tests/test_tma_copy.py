@@ -14,6 +14,7 @@ import torch
 from tilewise.bench import sass
 from tilewise.bench.tma_copy import MODES, TmaCopy, TmaCopyConfig, source
 from tilewise.ops import gconv_cuda
+from tilewise.runtime import tma
 
 _SPEC = importlib.util.spec_from_file_location(
     "tma_copy_probe", Path(__file__).parents[1] / "scripts" / "tma_copy_probe.py"
@@ -56,6 +57,8 @@ def test_probe_parses_configs_and_counts_bytes():
         probe.parse_config("ldst,64,8,16,2,2,4")
     with pytest.raises(ValueError, match="threads"):
         probe.parse_config("staged,64,8,8,2,2,4,100")
+    with pytest.raises(ValueError, match="ctas"):  # 3 x 1024 threads do not fit an SM
+        probe.parse_config("staged,64,8,8,2,2,3,1024")
     x = torch.empty(2, 64, 4, 4)
     assert probe.stream_bytes(cfg, x) == 2 * x.numel() * 4
     assert probe.stream_bytes(probe.parse_config("loads,32,8,16,2,2,4"), x) == x.numel() * 4
@@ -96,9 +99,11 @@ def test_default_configs_compile_without_spills(tmp_path):
 @pytest.mark.parametrize("text", probe.DEFAULT_CONFIGS)
 def test_every_mode_leaves_y_as_it_says_on_odd_shapes(text):
     cfg = probe.parse_config(text)
-    if not __import__("tilewise.runtime.tma", fromlist=["supported"]).supported(0):
+    if not tma.supported(0):
         pytest.skip("needs the TMA unit (compute capability 9.0)")
-    for shape in [(3, 64, 13, 21), (1, 128, 7, 70)]:
+    # odd edges with one tile a CTA, and many tiles a CTA (the stages' reuse, the mbarriers'
+    # parity flips, the staging tile's reuse) with tiles cut at the edges
+    for shape in [(3, 64, 13, 21), (1, 128, 7, 70), (64, 64, 37, 45)]:
         x = torch.randn(shape, device="cuda", dtype=torch.float16)
         x = x.to(memory_format=torch.channels_last)
         y = torch.empty_like(x)

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops import gconv_cuda
+from tilewise.ops._common import cdiv
 from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
 from tilewise.runtime import cuda_launch, nvrtc_cache
 from tilewise.runtime import tma as _tma
 
 MODES = ("copy", "staged", "loads", "stores", "ldst")
 THREADS = 128
+#: threads an SM holds (compute capability 8.0-9.0)
+MAX_THREADS_SM = 2048
 #: shared memory a stage (and the staging tile) starts on: the 128-byte swizzle's period
 ALIGN = 1024
 
@@ -67,6 +70,11 @@ class TmaCopyConfig:
             raise ValueError(f"mode {self.mode!r} copies the box itself: argument 'halo' must be 0")
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"argument 'threads' {self.threads}: whole warps, at most 1024")
+        if self.ctas * self.threads > MAX_THREADS_SM:
+            raise ValueError(
+                f"arguments 'ctas', 'threads': {self.ctas} x {self.threads} threads exceed an SM's "
+                f"{MAX_THREADS_SM}"
+            )
         if self.stages < 2:
             raise ValueError(f"argument 'stages' {self.stages}: a ring of at least 2")
         if self.ctas < 1:
@@ -89,12 +97,9 @@ class TmaCopyConfig:
         """Dynamic shared memory the kernel uses (alignment slack and mbarriers included)."""
         if self.mode == "ldst":  # none: the occupancy padding alone holds its CTAs an SM
             return ALIGN
-        stage = _up(self.load_bytes, ALIGN)
-        return ALIGN + self.stages * stage + _up(self.staging_bytes, ALIGN) + 8 * self.stages
-
-
-def _up(n: int, k: int) -> int:
-    return (n + k - 1) // k * k
+        stage = cdiv(self.load_bytes, ALIGN) * ALIGN
+        staging = cdiv(self.staging_bytes, ALIGN) * ALIGN
+        return ALIGN + self.stages * stage + staging + 8 * self.stages
 
 
 _SOURCE = (
@@ -106,6 +111,7 @@ _SOURCE = (
 #define STAGES {stages}
 #define MODE {mode}
 #define THREADS {threads}
+#define CTAS {ctas}
 #define PIXB (CB * 2)
 #define BW (TW + HALO)
 #define BH (TH + HALO)
@@ -154,7 +160,7 @@ __device__ __forceinline__ void store(u32 src, const TmaDesc* map, int t, int c0
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }}
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS)
 tw_tma_copy(const __grid_constant__ TmaDesc map_x, const __grid_constant__ TmaDesc map_y,
             const v4u32* __restrict__ x, v4u32* __restrict__ y, int H, int W, int C,
             int tiles_h, int tiles_w, int n_tiles) {{
@@ -168,12 +174,14 @@ tw_tma_copy(const __grid_constant__ TmaDesc map_x, const __grid_constant__ TmaDe
         *(v4u32*)(sm + STAGES * STAGE_BYTES + i * 16) = v4u32{{0, 0, 0, 0}};
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+#if MODE <= 2  // the modes that load by TMA (stores and ldst have no barriers in their memory)
     if (tid == 0) {{
         for (int st = 0; st < STAGES; ++st)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }}
+#endif
     // programmatic dependent launch, as the conv's row-pair kernel (a no-op without it)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -270,6 +278,7 @@ def source(cfg: TmaCopyConfig) -> str:
         stages=cfg.stages,
         mode=MODES.index(cfg.mode),
         threads=cfg.threads,
+        ctas=cfg.ctas,
         align=ALIGN,
     )
 
@@ -290,6 +299,11 @@ class TmaCopy:
         n, c, h, w = x.shape
         if x.dtype != torch.float16 or y.dtype != x.dtype or y.shape != x.shape:
             raise ValueError("arguments 'x', 'y': fp16 tensors of one shape")
+        if not (x.is_cuda and y.device == x.device):
+            raise ValueError("arguments 'x', 'y': tensors on one CUDA device")
+        cl = torch.channels_last
+        if not (x.is_contiguous(memory_format=cl) and y.is_contiguous(memory_format=cl)):
+            raise ValueError("arguments 'x', 'y': dense channels_last tensors (the maps assume it)")
         if c % cfg.cb:
             raise ValueError(f"argument 'cfg': cb {cfg.cb} does not divide C = {c}")
         device = x.device.index or 0
@@ -308,7 +322,8 @@ class TmaCopy:
         self.tiles_h, self.tiles_w = -(-h // cfg.th), -(-w // cfg.tw)
         self.n_tiles = n * self.tiles_h * self.tiles_w
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.grid = (max(1, min(self.n_tiles, sms * cfg.ctas // (c // cfg.cb))), c // cfg.cb, 1)
+        # as the conv's persistent grid: the CTAs an SM over the channel blocks, rounded up
+        self.grid = (max(1, min(self.n_tiles, cdiv(sms * cfg.ctas, c // cfg.cb))), c // cfg.cb, 1)
         self.device = device
         self.args = (*self.maps, x, y, h, w, c, self.tiles_h, self.tiles_w, self.n_tiles)
         self.block = (cfg.threads, 1, 1)

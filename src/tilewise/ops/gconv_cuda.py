@@ -348,7 +348,7 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
 def candidates(
     c: int, r: int, s: int, tma: bool = False, wide_tiles: bool | None = None, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
-    """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``, and for kernels of at most 3 x 3
+    """The legal ``TILES`` (and with ``tma`` the ``TMA_TILES``, and for 1 x 1 and 3 x 3 kernels
     where C takes 64-channel blocks the ``WIDE_ROW_TILES``) for C channels and an R x S kernel
     (empty if none fits); row-pair tiles for kernels of more than
     ``ROWPAIR_MAX_FRAGMENTS`` weight fragments, and the ``WIDE_KERNEL_TILES``, only with
@@ -365,7 +365,7 @@ def _candidates(
     c: int, r: int, s: int, tma: bool, wide_tiles: bool, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
     pool = TILES + (TMA_TILES if tma else ()) + (TALL_TILES if tma and r >= 5 else ())
-    pool += WIDE_ROW_TILES if tma and max(r, s) <= 3 else ()
+    pool += WIDE_ROW_TILES if tma and r == s and r in (1, 3) else ()  # as measured, tested
     pool += WGMMA_TILES if tma and wgmma and r >= 3 else ()
     # the three-stage tiles as measured: 32-channel blocks (fitted down, a tile nobody timed)
     pool += WGMMA_DEEP_TILES if tma and wgmma and r >= 5 and c % 32 == 0 else ()
@@ -652,7 +652,7 @@ def pad_for_occupancy(
 ) -> int:
     """``smem`` bytes a CTA raised to a whole ``SMEM_GRANULE`` count at which ``ctas`` + 1 CTAs
     no longer fit ``sm_bytes`` while ``ctas`` still do (``smem`` itself where no such size
-    exists within ``block_max``); also ``scripts/tma_copy_probe.py``'s kernels."""
+    exists within ``block_max``); also the TMA probe's launches (``bench.tma_copy``)."""
     share = sm_bytes // (ctas + 1) - SMEM_RESERVED + SMEM_GRANULE
     padded = cdiv(max(smem, share), SMEM_GRANULE) * SMEM_GRANULE
     if padded > block_max or ctas * (padded + SMEM_RESERVED) > sm_bytes:

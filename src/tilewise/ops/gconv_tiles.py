@@ -118,16 +118,17 @@ TMA_TILES = (
 
 
 #: Row-pair TMA tiles of 64 channels (128-byte pixel rows) at several CTAs an SM, candidates
-#: for kernels of up to 3 rows where C takes 64-channel blocks. Why (session 44, H200,
-#: ``scripts/tma_copy_probe.py``): the conv's data movement alone, without its MMAs, reads its
-#: halo loads at 0.65 of the read ceiling in 64-byte box rows (32 channels) and at 0.83-0.89 in
-#: 128-byte rows, and the 32-channel 8x16 tile's movement alone takes 40.6 us at C=64 N=128,
-#: about the whole kernel's time; in 128-byte rows at 4 CTAs an SM it takes 36.2. Timed as conv
-#: tiles (``gconv_wide_probe.py``, graph replay, C=64 3x3 fp16, fprop / dgrad): 8x8 4-CTA
-#: 37.7 / 37.2 us at N=128 and 72.4 / 71.9 at N=256 against the best 32-channel tile's 41.1 /
-#: 40.9 and 79.1 / 78.5; 8x16 2-CTA three-stage 39.9 / 38.8 and 73.8 / 71.2. The 64-channel
-#: tiles of ``TMA_TILES`` (one CTA an SM) read 43.2-45.8 at N=128. At 5x5 the 8x8 tile spills
-#: 48 bytes (ptxas, 64 registers at 4 CTAs of 8 warps).
+#: for 3x3 (measured) and 1x1 (GPU-tested) kernels where C takes 64-channel blocks. Why
+#: (session 44, H200, ``scripts/tma_copy_probe.py``): the conv's data movement alone, without
+#: its MMAs, reads its halo loads at 0.65 of the read ceiling in 64-byte box rows (32 channels)
+#: and at 0.83-0.90 in 128-byte rows; the 32-channel 8x16 tile's movement alone takes 40.6 us
+#: at C=64 N=128, about the whole kernel's time, and in 128-byte rows at 4 CTAs an SM it takes
+#: 36.2. Timed as conv tiles (``gconv_wide_probe.py``, graph replay, C=64 3x3 fp16, fprop /
+#: dgrad): 8x8 4-CTA 37.7 / 37.2 us at N=128 and 72.4 / 71.9 at N=256 against the best
+#: 32-channel tile's 41.1 / 40.9 and 79.1 / 78.5; 8x16 2-CTA three-stage 39.9 / 38.8 and
+#: 73.8 / 71.2. The 64-channel tiles of ``TMA_TILES`` (one CTA an SM) read 43.2-45.8 at N=128.
+#: At 5x5 none beats the wgmma pick, and the 8x8 tile spills 48 bytes (ptxas, 64 registers at 4
+#: CTAs of 8 warps).
 WIDE_ROW_TILES = (
     CudaTile(8, 8, 64, 8, 4, 2, rowpair=True, tma=2),
     CudaTile(8, 16, 64, 8, 2, 3, rowpair=True, tma=2),
