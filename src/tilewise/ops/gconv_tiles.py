@@ -121,8 +121,8 @@ TMA_TILES = (
 #: for 3x3 (measured) and 1x1 (GPU-tested) kernels where C takes 64-channel blocks. Why
 #: (session 44, H200, ``scripts/tma_copy_probe.py``): the conv's data movement alone, without
 #: its MMAs, reads its halo loads at 0.65 of the read ceiling in 64-byte box rows (32 channels)
-#: and at 0.83-0.90 in 128-byte rows; the 32-channel 8x16 tile's movement alone takes 40.6 us
-#: at C=64 N=128, about the whole kernel's time, and in 128-byte rows at 4 CTAs an SM it takes
+#: and at 0.83-0.90 in 128-byte rows; the 32-channel 8x16 tile's movement alone takes 40.4-40.6
+#: us at C=64 N=128, about the whole kernel's time, and in 128-byte rows at 4 CTAs an SM it takes
 #: 36.2. Timed as conv tiles (``gconv_wide_probe.py``, graph replay, C=64 3x3 fp16, fprop /
 #: dgrad): 8x8 4-CTA 37.7 / 37.2 us at N=128 and 72.4 / 71.9 at N=256 against the best
 #: 32-channel tile's 41.1 / 40.9 and 79.1 / 78.5; 8x16 2-CTA three-stage 39.9 / 38.8 and
