@@ -22,7 +22,7 @@ from tilewise.bench.timing import host_us_per_call
 from tilewise.ops import gconv, gconv_cuda, gconv_library, gconv_wgrad
 from tilewise.ops._common import l2_bytes, num_sms
 from tilewise.ops.gconv_config import GConvProblem, timing_mode
-from tilewise.runtime import alloc, autotune, cuda_launch, plans, workspace
+from tilewise.runtime import alloc, autotune, cuda_launch, plans
 
 
 def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
@@ -109,7 +109,7 @@ def rows_for(n: int, c: int, hw: int, k: int, dtype: torch.dtype) -> dict:
         launcher = cuda_launch.lean_launcher(kern, sig, dep)
         args = [xd, wd, wd, out]
         if gconv_cuda.dynamic_tiles(tile):  # its counters (left zero by the kernel)
-            args.append(workspace.zeroed(xd.device, (2 * (c // tile.cb),))[0].view(torch.int32))
+            args.append(gconv_cuda.tile_counters(xd.device, c // tile.cb))
         args += [hw, hw, hw, hw, c, pad, pad, 1, 1, 1, *wd.stride()]
         if tile.tma:
             args.append(gconv_cuda._tensor_map(xd, tile.cb, tile.tw + k - 1, tile.th + k - 1))

@@ -30,7 +30,7 @@ import torch
 
 from tilewise.ops import gconv_cuda
 from tilewise.ops._common import cdiv
-from tilewise.ops.gconv_cuda_src import MBAR_WAIT, SMEM_U32
+from tilewise.ops.gconv_cuda_src import MBAR_INIT, MBAR_WAIT, SMEM_U32, TMA_DESC_HOFF
 from tilewise.runtime import cuda_launch, nvrtc_cache
 from tilewise.runtime import tma as _tma
 
@@ -121,16 +121,13 @@ _SOURCE = (
 #define STG_RAW ((MODE == 1 || MODE == 3) ? TW * TH * PIXB : 0)
 #define STG_BYTES ((STG_RAW + {align} - 1) / {align} * {align})
 #define SWM (PIXB == 32 ? 1 : PIXB == 64 ? 3 : 7)
+#define PIXT PIXB  // the shared helpers' name for a pixel's bytes in a stage
 typedef unsigned int u32;
-struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
 struct __align__(16) v4u32 {{ u32 a, b, c, d; }};
 
-// the TMA unit's swizzle of 16-byte chunk ``ch`` of pixel ``pix`` (stages start on its period)
-__device__ __forceinline__ u32 hoff(int pix, int ch) {{
-    const u32 o = (u32)pix * PIXB + (u32)ch * 16;
-    return o ^ (((o >> 7) & SWM) << 4);
-}}
 """
+    + TMA_DESC_HOFF
+    + MBAR_INIT
     + SMEM_U32
     + MBAR_WAIT
     + r"""
@@ -175,12 +172,7 @@ tw_tma_copy(const __grid_constant__ TmaDesc map_x, const __grid_constant__ TmaDe
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 #if MODE <= 2  // the modes that load by TMA (stores and ldst have no barriers in their memory)
-    if (tid == 0) {{
-        for (int st = 0; st < STAGES; ++st)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }}
+    if (tid == 0) mbar_init(mbar0, STAGES);
 #endif
     // programmatic dependent launch, as the conv's row-pair kernel (a no-op without it)
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -396,16 +396,15 @@ def _has_twin(tile: CudaTile, c: int, r: int, s: int) -> bool:
 
 
 def _offered(tile: CudaTile, c: int) -> bool:
-    """A wide one-CTA-per-SM tile (64 or 128 channels) only where its block divides C: fitted
-    down to fewer channels it would keep one CTA per SM with a fraction of the warps, a tile
-    nobody measured (session 19's review). A wgmma tile only where C takes 16-channel blocks:
-    fitted down to 8 channels it is one warpgroup an SM reading 16-byte pieces of each pixel
-    (session 31: such tiles read DRAM twice over and ran 2-4x slower)."""
+    """A tile of 64 or 128 channels only where its block divides C: fitted down to fewer
+    channels it is a tile nobody measured (session 19's review: the one-CTA-per-SM tiles would
+    keep one CTA per SM with a fraction of the warps; session 44's ``WIDE_ROW_TILES`` were
+    timed as 64-channel tiles only). A wgmma tile only where C takes 16-channel blocks: fitted
+    down to 8 channels it is one warpgroup an SM reading 16-byte pieces of each pixel (session
+    31: such tiles read DRAM twice over and ran 2-4x slower)."""
     if tile.wgmma and c % 16:
         return False
-    if tile in WIDE_ROW_TILES and c % tile.cb:  # measured as 64-channel tiles only
-        return False
-    return not (tile.min_ctas == 1 and tile.cb >= 64 and c % tile.cb)
+    return not (tile.cb >= 64 and c % tile.cb)
 
 
 def tma_usable(x: torch.Tensor) -> bool:
@@ -756,9 +755,15 @@ class BoundDynamicFprop(BoundLaunch):
 
     def __call__(self, x, weight, bias, out) -> None:
         b = bias.float() if bias is not None else weight
-        (counters,) = workspace.zeroed(x.device, (2 * self.grid[1],))
+        counters = tile_counters(x.device, self.grid[1])
         with workspace.guarded(x.device):
-            self.launch([x, weight, b, out, counters.view(torch.int32)])
+            self.launch([x, weight, b, out, counters])
+
+
+def tile_counters(device: torch.device, cblocks: int) -> torch.Tensor:
+    """The zeroed counters a ``dynamic_tiles`` kernel takes (next tile, CTAs finished, per
+    channel block) from the stream's self-cleaning workspace; the kernel leaves them zero."""
+    return workspace.zeroed(device, (2 * cblocks,))[0].view(torch.int32)
 
 
 def bind_fprop(

@@ -26,6 +26,34 @@ MBAR_WAIT = r"""__device__ __forceinline__ void mbar_wait(u32 mbar, u32 parity) 
 }}
 """
 
+#: the TMA kernels' tensor-map parameter type and their swizzled stage addressing (``hoff``: the
+#: includer defines ``PIXT``, a pixel's bytes in a stage, and ``SWM``, the swizzle's XOR mask);
+#: also ``bench.tma_copy``'s kernel
+TMA_DESC_HOFF = (
+    "// the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)\n"
+    r"""struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
+
+// byte offset of 16-byte chunk ``ch`` of pixel ``pix`` in a TMA stage (swizzled)
+__device__ __forceinline__ u32 hoff(int pix, int ch) {{
+    const u32 o = (u32)pix * PIXT + (u32)ch * 16;
+    return o ^ (((o >> 7) & SWM) << 4);
+}}
+"""
+)
+#: one thread's set-up of ``n`` single-arrival mbarriers, made visible to the TMA unit
+MBAR_INIT = (
+    "// one thread: ``n`` barriers at ``mbar0``, 8 bytes apart, each for one arrival, made visible"
+    " to\n"
+    r"""// the TMA unit
+__device__ __forceinline__ void mbar_init(u32 mbar0, int n) {{
+    for (int st = 0; st < n; ++st)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}}
+"""
+)
+
 SOURCE = (
     r"""
 #define R {R}
@@ -227,15 +255,9 @@ __device__ __forceinline__ void store_tile(u16* __restrict__ y, const u16* stg, 
 #define SWM (CB == 8 ? 0 : CB == 16 ? 1 : CB == 32 ? 3 : 7)  // CB = 128: 128-byte mode too
 #define TALIGN (128 * (SWM + 1))
 
-// the kernel parameter a tensor map travels in (CUtensorMap: 128 bytes, 64-byte aligned)
-struct __align__(64) TmaDesc {{ unsigned long long v[16]; }};
-
-// byte offset of 16-byte chunk ``ch`` of pixel ``pix`` in a TMA stage (swizzled)
-__device__ __forceinline__ u32 hoff(int pix, int ch) {{
-    const u32 o = (u32)pix * PIXT + (u32)ch * 16;
-    return o ^ (((o >> 7) & SWM) << 4);
-}}
-
+"""
+    + TMA_DESC_HOFF
+    + r"""
 // one 4-d box (channels, w, h, n) of ``map`` from (c, w, h, n) into ``dst``, completing on
 // ``mbar`` (whose expected bytes the caller has set); issued by one thread. Pixels wider than
 // 128 bytes (CB = 128): a 5-d map of 64-channel rows (row channel, row, w, h, n), the same bytes
@@ -258,15 +280,9 @@ __device__ __forceinline__ void tma_load(u32 dst, u32 mbar, const TmaDesc* map, 
 """
     + MBAR_WAIT
     + r"""
-// one thread: ``n`` barriers at ``mbar0``, 8 bytes apart, each for one arrival, made visible to
-// the TMA unit
-__device__ __forceinline__ void mbar_init(u32 mbar0, int n) {{
-    for (int st = 0; st < n; ++st)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(mbar0 + 8 * st));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}}
-#endif
+"""
+    + MBAR_INIT
+    + r"""#endif
 
 // Programmatic dependent launch (sm_90+; a no-op for a grid launched without it): wait until
 // the grids this one depends on have finished and their writes are visible, then let the next
