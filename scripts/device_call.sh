@@ -533,6 +533,24 @@ for step in "$@"; do
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
         tests/test_gconv_cuda.py "experimental_wgrad_tiles" ;;
+    tail-s45)  # session 45: the last round of tiles. The C=64 3x3 pick (8x8 64-channel, 4 CTAs
+      # an SM: 528 persistent CTAs) takes 8192 tiles at N = 128, 15.5 rounds; N = 132 is 16 whole
+      # rounds, N = 124 15.03. Per image the same time at 128 and 132 would say the part-used
+      # last round costs its whole round
+      PROBE_N="${PROBE_N:-124 128 132 256 264}" PROBE_ONLY="${PROBE_ONLY:-cudarp_t8x8c64w8m4s2_tma2}" \
+        probe_extra tail-s45 "" ;;
+    insitu-s45)  # session 45: the in-situ stacks (ConvFirst C=64 64x64, MBConv C=256 16x16) on
+      # the H200 with the 64-channel row-pair tiles; per-kernel times by torch.profiler, then the
+      # whole training step (INSITU_IMPLS, INSITU_BATCHES, INSITU_NAME, INSITU_LIMIT)
+      start=$(date +%s)
+      name=${INSITU_NAME:-gconv-insitu-s45-h200}
+      # shellcheck disable=SC2086
+      timeout "${INSITU_LIMIT:-360}" "${TW[@]}" bench gconv-insitu --no-progress --plot \
+        --batches ${INSITU_BATCHES:-32 64 128 192 256} --impls ${INSITU_IMPLS:-tilewise eager} \
+        --study "$name" --out "$R" >"$R/$name.log" 2>&1
+      echo "rc $? $(($(date +%s) - start)) s: $name"
+      grep -vE "^\s*$" "$R/$name.log" | grep -vE "^(\[|W[0-9]|  warnings)" | tail -n 60 | cut -c1-200
+      pack ;;
     tests-s44)  # session 44: the new 64-channel row-pair tiles on odd shapes (every candidate at
       # C=64 3x3 and 1x1, fp16 and bf16), beside cut-tests-s43's four (the counters' test now
       # takes the new tiles too), four processes
