@@ -551,6 +551,12 @@ for step in "$@"; do
       echo "rc $? $(($(date +%s) - start)) s: $name"
       grep -vE "^\s*$" "$R/$name.log" | grep -vE "^(\[|W[0-9]|  warnings)" | tail -n 60 | cut -c1-200
       pack ;;
+    small-s45)  # session 45: issue 3's L2 bar (above copy where the problem fits in L2: 0 of 24
+      # readings in session 23) on the H200 with today's candidates: 3x3 at N = 8, 16, 32, every
+      # pass, the study's L2 column (one input set replayed) where in + out fit half the L2
+      # shellcheck disable=SC2086
+      study gconv-s45-small "${STUDY_LIMIT:-240}" --channels 64 128 256 --kernels 3 \
+        --n ${STUDY_N:-8 16 32} --dtypes ${DTYPES:-fp16} ;;
     tests-s44)  # session 44: the new 64-channel row-pair tiles on odd shapes (every candidate at
       # C=64 3x3 and 1x1, fp16 and bf16), beside cut-tests-s43's four (the counters' test now
       # takes the new tiles too), four processes

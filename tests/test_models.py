@@ -429,6 +429,17 @@ def test_name_split_uses_launch_order():
     assert ins.name_split(events, depth, dgrad_layers + 1, iters) is None
 
 
+def test_pass_seconds_prefers_names_where_the_tree_miscounts():
+    # the tree's figure where it found the kernels and their launch count fits the stack
+    assert ins.pass_seconds(4e-4, 4.0, 4.0, 3e-4, True) == (4e-4, None)
+    # eager/cuDNN have no name split: the tree's figure whatever it counted
+    assert ins.pass_seconds(4e-4, 4.8, 4.0, None, True) == (4e-4, None)
+    s, why = ins.pass_seconds(3.5e-4, 4.8, 4.0, 2.9e-4, True)
+    assert s == 2.9e-4 and "4.8 launches" in why and "against 4" in why
+    s, why = ins.pass_seconds(0.0, 0.0, 4.0, 2.9e-4, False)
+    assert s == 2.9e-4 and "not linked" in why
+
+
 # --- CLI -----------------------------------------------------------------------------------------
 
 
