@@ -555,7 +555,7 @@ for step in "$@"; do
       # readings in session 23) on the H200 with today's candidates: 3x3 at N = 8, 16, 32, every
       # pass, the study's L2 column (one input set replayed) where in + out fit half the L2
       # shellcheck disable=SC2086
-      study gconv-s45-small "${STUDY_LIMIT:-240}" --channels 64 128 256 --kernels 3 \
+      study gconv-s45-small "${STUDY_LIMIT:-240}" --channels 64 128 256 --kernels 3 --extra-kernels \
         --n ${STUDY_N:-8 16 32} --dtypes ${DTYPES:-fp16} ;;
     tests-s44)  # session 44: the new 64-channel row-pair tiles on odd shapes (every candidate at
       # C=64 3x3 and 1x1, fp16 and bf16), beside cut-tests-s43's four (the counters' test now
