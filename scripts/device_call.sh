@@ -551,6 +551,25 @@ for step in "$@"; do
       echo "rc $? $(($(date +%s) - start)) s: $name"
       grep -vE "^\s*$" "$R/$name.log" | grep -vE "^(\[|W[0-9]|  warnings)" | tail -n 60 | cut -c1-200
       pack ;;
+    attr-s45)  # session 45: the in-situ attribution's launch check (a kernel booked only to the op
+      # holding its runtime launch record): its GPU tests, then ConvFirst at the batches where the
+      # fprop launches read 4.4-5.1 an iteration against 4
+      gpu_tests "${TEST_LIMIT:-120}" tests/test_models.py -k "insitu_attribution"
+      start=$(date +%s)
+      name=gconv-insitu-s45-check
+      # shellcheck disable=SC2086
+      timeout "${INSITU_LIMIT:-180}" "${TW[@]}" bench gconv-insitu --no-progress --blocks convfirst \
+        --batches ${INSITU_BATCHES:-128 192 256} --impls tilewise eager --study "$name" \
+        --out "$R" >"$R/$name.log" 2>&1
+      echo "rc $? $(($(date +%s) - start)) s: $name"
+      grep -E "^convfirst|^block" "$R/$name.log" | cut -c1-200
+      python - "$R/$name"__*.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["records"]:
+    if r.get("record") == "pass":
+        print(r["impl"], r["batch"], r["pass"], r["launches"], r["expected_launches"], r.get("note"))
+PY
+      pack ;;
     small-s45)  # session 45: issue 3's L2 bar (above copy where the problem fits in L2: 0 of 24
       # readings in session 23) on the H200 with today's candidates: 3x3 at N = 8, 16, 32, every
       # pass, the study's L2 column (one input set replayed) where in + out fit half the L2

@@ -334,6 +334,8 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
     for pass_ in PASSES:
         layers = dgrad_layers if pass_ == "dgrad" else config.depth
         notes = [note] if note else []
+        if pass_ == "fprop" and att.rejected:
+            notes.append(f"{att.rejected} kernel links to ops that did not launch them dropped")
         if pass_ == "fprop" and att.unmatched_fprop:
             notes.append(f"fprop kernels not seen in isolation: {list(att.unmatched_fprop)}")
         by_name = [
