@@ -30,7 +30,6 @@ class Attribution:
     kernels: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     window_s: float = 0.0
     unmatched_fprop: tuple[str, ...] = ()
-    rejected: int = 0  # kernel links to ops that did not launch them (``_launch_check``)
 
 
 def _ancestors(evt: Any) -> Iterator[Any]:
@@ -75,29 +74,6 @@ def pass_by_name(name: str) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _launch_check(cpu: list[Any]) -> Callable[[Any], bool]:
-    """Whether a CPU op's kernels are its own. The profiler links a kernel to every frontend op
-    whose id equals the kernel's correlation id, so where ids collide one launch is booked to two
-    ops (session 45, H200: 4.4-5.1 fprop launches an iteration where the stack makes 4, and the
-    name count said 4). The op that launched it is the one whose time range holds a runtime
-    launch record (``cudaLaunchKernel``, ``cuLaunchKernelEx`` ...) of that id; an op with no such
-    record at all (a profile without runtime events, or CPU tests) keeps its kernels."""
-    runtime: dict[int, list[Any]] = {}
-    for e in cpu:
-        lid = getattr(e, "linked_correlation_id", 0) or 0
-        if lid > 0:
-            runtime.setdefault(lid, []).append(e.time_range)
-
-    def launched(evt: Any) -> bool:
-        ranges = runtime.get(getattr(evt, "id", None))
-        if not ranges:
-            return True
-        t = evt.time_range
-        return any(t.start <= r.start and r.end <= t.end for r in ranges)
-
-    return launched
-
-
 def attribute(
     events: Iterable[Any],
     signatures: Mapping[str, Mapping[str, float]],
@@ -123,12 +99,8 @@ def attribute(
         row[0] += n
         row[1] += s
 
-    launched, rejected = _launch_check(cpu), 0
     for e in cpu:
         ks = kernels_of(e)
-        if ks and not launched(e):
-            rejected += len(ks)
-            continue
         bucket = _bucket(e, tagged, seqs) if ks else None
         for name, s in ks if bucket else ():
             if bucket != "bwd":
@@ -148,7 +120,6 @@ def attribute(
         kernels={b: {n: (r[0], r[1]) for n, r in rows.items()} for b, rows in acc.items()},
         window_s=sum(_device_us(e) for e in events if _is_kernel(e)) * 1e-6,
         unmatched_fprop=tuple(n for n in acc.get("fprop", {}) if fprop_sig and n not in fprop_sig),
-        rejected=rejected,
     )
 
 
