@@ -489,6 +489,30 @@ def test_screening_times_in_full_only_the_briefly_fastest(tuner, monkeypatch):
     assert autotune.SCREEN_KEEP == 6 and len(timed) == autotune.SCREEN_KEEP
 
 
+def test_stored_choice_keeps_the_readings_that_made_it(tuner, monkeypatch):
+    """The cache entry keeps each candidate's screening and full readings (the fastest
+    ``READINGS_KEEP``, fastest first; None where not timed), so a pick read on another machine
+    can be explained from the file."""
+    cands = tuple(Cfg(b) for b in range(1, 11))
+    quick = {Cfg(b): 1.0 + 0.05 * b for b in range(1, 11)}
+    quick[Cfg(10)] = 9.0  # screened out
+    full = {c: 2.0 + 0.01 * c.block for c in cands}
+    full[Cfg(6)] = 1.0
+    monkeypatch.setattr(autotune, "_bench_screen", lambda fn: quick[fn()])
+    monkeypatch.setattr(autotune, "_bench", lambda fn: full[fn()])
+    assert autotune.choose_config("op", Prob(5), cands, run, device=DEV, screen=True) == Cfg(6)
+    (entry,) = json.loads(tuner.path.read_text())["entries"].values()
+    got = entry["readings"]
+    assert len(got) == autotune.READINGS_KEEP == 8
+    assert got[0] == {"cand": "Cfg(block=6,warps=4)", "screen": 1.3, "timed": [1.0]}
+    assert [r["cand"] for r in got[1:6]] == [f"Cfg(block={b},warps=4)" for b in (1, 2, 3, 4, 5)]
+    # past the six timed in full: screened out, their brief readings only, fastest first
+    assert got[6] == {"cand": "Cfg(block=7,warps=4)", "screen": 1.35, "timed": [None]}
+    assert got[7]["cand"] == "Cfg(block=8,warps=4)"
+    # a candidate with a name is stored by it
+    assert autotune._label(SimpleNamespace(name="cudarp_t8x8c64w8m4s2_tma2")).startswith("cudarp")
+
+
 def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch):
     cands = tuple(Cfg(b) for b in range(1, 9))
     quick = {c: 10.0 for c in cands}

@@ -318,8 +318,50 @@ def _lookup(key: str, candidates: Sequence[C]) -> C | None:
     return None
 
 
-def _store(key: str, config: Any, ms: float) -> None:
+#: the most candidates whose readings a stored choice keeps (``readings``: the fastest first)
+READINGS_KEEP = 8
+
+
+def _label(cand: Any) -> str:
+    """A short name of a candidate for the stored readings (its ``name`` where it has one)."""
+    name = getattr(cand, "name", None)
+    if isinstance(name, str):
+        return name
+    if dataclasses.is_dataclass(cand):
+        fields = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(cand).items())
+        return f"{type(cand).__name__}({fields})"
+    return repr(cand)
+
+
+def _readings(
+    candidates: Sequence[Any], table: list[list[float]], quick: list[float] | None
+) -> list[dict[str, Any]]:
+    """What the choice saw, for the cache file: per candidate (the ``READINGS_KEEP`` fastest by
+    the first timer, then by the screen) its screening reading and each timer's, in ms (None:
+    not timed or failed). Session 45: two fresh machines picked different tiles for one problem
+    (16% apart in the in-situ stack), and the stored choice kept no trace of why."""
+
+    def ms(t: float) -> float | None:
+        return round(t, 5) if math.isfinite(_valid(t)) else None
+
+    def rank(i: int) -> tuple[float, float]:
+        return _valid(table[0][i]), _valid(quick[i]) if quick else math.inf
+
+    order = sorted(range(len(candidates)), key=rank)[:READINGS_KEEP]
+    return [
+        {
+            "cand": _label(candidates[i]),
+            "screen": ms(quick[i]) if quick else None,
+            "timed": [ms(times[i]) for times in table],
+        }
+        for i in order
+    ]
+
+
+def _store(key: str, config: Any, ms: float, readings: list[dict[str, Any]] | None = None) -> None:
     entry = {"type": type(config).__name__, "config": dataclasses.asdict(config), "ms": ms}
+    if readings:
+        entry["readings"] = readings
     with _lock:
         _ensure_loaded()
         _memory[key] = entry
@@ -461,7 +503,7 @@ def _choose_config(
     # the brief screening readings are warm replays even for a cold choice: they only drop
     # candidates slower by more than SCREEN_RATIO, and the kept ones are timed with ``timers``
     screen = screen and os.environ.get(ENV_SCREEN, "1") != "0"
-    kept = _screen(op, candidates, run_fn) if screen else None
+    kept, quick = _screen(op, candidates, run_fn) if screen else (None, None)
     for timer in timers:
         times = _time_each(op, timer, candidates, run_fn, kept)
         if kept is not None and not any(math.isfinite(_valid(t)) for t in times):
@@ -478,7 +520,7 @@ def _choose_config(
         _warn_once(f"every candidate of {op} failed; using the heuristic config")
         _resolved[memo_key] = fallback
         return fallback
-    _store(key, candidates[best], times[best])
+    _store(key, candidates[best], times[best], _readings(candidates, table, quick))
     _resolved[memo_key] = candidates[best]
     log.info("tilewise.autotune: %s %s -> %s (%.4f ms)", op, problem, candidates[best], times[best])
     return candidates[best]
@@ -513,11 +555,13 @@ SCREEN_RATIO = 1.3
 SCREEN_KEEP = 6
 
 
-def _screen(op: str, candidates: Sequence, run_fn: Callable) -> set[int] | None:
+def _screen(
+    op: str, candidates: Sequence, run_fn: Callable
+) -> tuple[set[int] | None, list[float] | None]:
     """Indices of the candidates worth a full timing, or None (time every one) for a short list
-    or where no candidate gave a brief reading."""
+    or where no candidate gave a brief reading; and the brief readings (None where none taken)."""
     if len(candidates) < SCREEN_MIN:
-        return None
+        return None, None
     quick = []
     for cand in candidates:
         try:
@@ -527,13 +571,13 @@ def _screen(op: str, candidates: Sequence, run_fn: Callable) -> set[int] | None:
             quick.append(math.inf)
     best = min(quick)
     if not math.isfinite(best):
-        return None
+        return None, quick
     order = sorted(
         (i for i, t in enumerate(quick) if t <= SCREEN_RATIO * best), key=quick.__getitem__
     )
     kept = set(order[:SCREEN_KEEP])
     log.debug("tilewise.autotune: %s screened %d of %d candidates in", op, len(kept), len(quick))
-    return kept
+    return kept, quick
 
 
 #: candidates whose first timing is at least this long (ms) and within ``CLOSE_RATIO`` of the
