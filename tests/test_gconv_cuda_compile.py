@@ -414,6 +414,34 @@ def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monke
 
 
 @pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
+def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
+    """``TILEWISE_GCONV_WGRAD_ABLATE`` (session 45, for timing only): on the 3x3 wgrad pick (the
+    TMA tap tile), bit 1 leaves no reductions, 2 no finish (its counter atomic and its
+    write-out), 4 no MMAs, 8 no tensor copies; 0 is the kernel as it is (with the wait of a
+    dependent launch), all compiled for sm_90a without spills."""
+    (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
+    ops = {}
+    for bits in (0, 1, 2, 4, 8):
+        monkeypatch.setattr(gconv_cuda, "WGRAD_ABLATE", bits)
+        src, entry = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_wgrad")
+        cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
+        assert _usage(log, entry)[1] == 0, bits
+        ops[bits] = sass.opcodes(cubin, entry)  # the source holds the fprop kernel too
+
+    def count(bits, prefix):
+        return sum(op.startswith(prefix) for op in ops[bits])
+
+    assert count(0, "RED") == 2 * 9 and count(1, "RED") == 0 and count(2, "RED") == 2 * 9
+    assert count(0, "ATOM") >= 1 and count(2, "ATOM") == 0 and count(1, "ATOM") >= 1
+    assert count(0, "HMMA") > 0 and count(4, "HMMA") == 0 and count(8, "HMMA") > 0
+    assert count(0, "UTMALDG") > 0 and count(8, "UTMALDG") == 0 and count(4, "UTMALDG") > 0
+    assert gconv_cuda.ENV_WGRAD_ABLATE == "TILEWISE_GCONV_WGRAD_ABLATE"
+    # the dependent launch's wait (griddepcontrol.wait, launch_dependents: session 45's
+    # TILEWISE_GCONV_WGRAD_PDL), a no-op in a plain launch
+    assert count(0, "ACQBULK") == 1 and count(0, "PREEXIT") == 1
+
+
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
 @pytest.mark.parametrize("k", [3, 5])
 def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypatch):
     """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate at C=64

@@ -40,7 +40,9 @@ def compile_cubin(src: str, out_dir: Path, arch: str = "sm_90a") -> tuple[Path, 
     return cubin, log
 
 
-def opcodes(cubin: Path) -> list[str]:
-    """The SASS opcodes of every kernel in ``cubin``, in order (``HGMMA.64x32x16.F32``, ...)."""
-    sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True)
+def opcodes(cubin: Path, function: str | None = None) -> list[str]:
+    """The SASS opcodes of every kernel in ``cubin`` (or of the one named ``function``), in
+    order (``HGMMA.64x32x16.F32``, ...)."""
+    only = ["-fun", function] if function else []
+    sass = subprocess.run([cuobjdump(), "-sass", *only, str(cubin)], capture_output=True, text=True)
     return _OPCODE.findall(sass.stdout)

@@ -537,6 +537,7 @@ def source(
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
+        WABLATE=WGRAD_ABLATE,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -873,6 +874,28 @@ WG_ABLATE = int(os.environ.get("TILEWISE_WG_ABLATE") or 0)
 #: not the atomics
 ENV_WGRAD_RED4 = "TILEWISE_GCONV_WGRAD_RED4"
 WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
+#: the tap wgrad's diagnosis switch (``TILEWISE_GCONV_WGRAD_ABLATE``, read once: wrong results,
+#: for timing only; session 45): bits 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads (TMA
+#: tiles). Part of ``SOURCE_DIGEST`` when set, as ``WG_ABLATE``. What it is for: the 3x3 wgrad
+#: pick takes ~11.5 us more than its bytes at any N (session 45, H200: 13.5 us at C=64 N=8, one
+#: tile a CTA, where the fprop takes 6.1)
+ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
+WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
+#: the tap wgrad launched as a programmatic dependent launch (``TILEWISE_GCONV_WGRAD_PDL=1``,
+#: read once; session 45, off: not yet run on a GPU): its launch and shared-memory set-up overlap
+#: the kernel before, as the row-pair fprop/dgrad's do (their fixed cost ~2.9 us a launch
+#: against the wgrad's ~11.5)
+ENV_WGRAD_PDL = "TILEWISE_GCONV_WGRAD_PDL"
+WGRAD_PDL = os.environ.get(ENV_WGRAD_PDL, "0") == "1"
+
+
+def wgrad_dependent(tile: CudaTile, device: torch.device) -> bool:
+    """Whether ``tile``'s wgrad is launched dependent (``WGRAD_PDL``): the tap kernel (it waits
+    at ``grid_dependency_sync`` before its first global access), not in clusters, on Hopper+."""
+    plain = not (tile.rowpair or tile.wgmma or tile.cluster)
+    return WGRAD_PDL and plain and dependent_launch(device)
+
+
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
 #: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
 #: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What
@@ -929,6 +952,8 @@ SOURCE_DIGEST = hashlib.sha1(
         )
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
+        + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
+        + ("wgrad-pdl" if WGRAD_PDL else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1159,7 +1184,9 @@ def bind_wgrad(
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     signature = _WGRAD_SIGNATURE + ("tt" if maps_in else "")
     smem = wgrad_smem_bytes(r, s, tile)
-    bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
+    dependent = wgrad_dependent(tile, x.device)
+    bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, dependent,
+                       planned)  # fmt: skip
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
     bound.db_dtype = db_dtype if need_db else None
     bound.sums, bound.cluster = (r * s * c * 8, c, cblocks * rblocks), bool(tile.cluster)

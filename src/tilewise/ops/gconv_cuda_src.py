@@ -5,7 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``; literal braces doubled); ``gconv_cuda.source`` fills it in.
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``; literal braces doubled); ``gconv_cuda.source``
+fills it in.
 """
 
 #: helpers the kernels of ``gconv_wgmma_src`` share (``str.format`` text: braces doubled): the
@@ -559,6 +560,11 @@ tw_gconv_fprop(FPROP_PARAMS)
 // wgrad's scalar atomics were a 13 us tail in session 33), on compute capability 9.0+ (PTX ISA
 // 8.1: NVRTC of CUDA 12.1 or later)
 #define RED4 ({RED4} && __CUDA_ARCH__ >= 900)
+// the tap wgrad's diagnosis switch (``TILEWISE_GCONV_WGRAD_ABLATE``, never set in use; wrong
+// results, for timing only; session 45: where its ~11 us a launch goes): 1 no atomics (the
+// CTAs' sums never leave), 2 no finish (no counter, no last-CTA pass), 4 no MMAs (the tap loop
+// left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents)
+#define WABLATE {WABLATE}
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
@@ -630,12 +636,15 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
     const u32 zero_px = sbase + WZT, mbar0 = sbase + WMB;
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(sm + WZT))[i] = 0u;
+    // a dependent launch (``TILEWISE_GCONV_WGRAD_PDL``, session 45) waits here for the kernel
+    // before: its writes (and a wgrad's zeroed workspace) are visible past this point
+    grid_dependency_sync();
     if (tid == 0) {{
         mbar_init(mbar0, STAGES);
 #pragma unroll
         for (int st = 0; st < STAGES - 1; ++st) {{
             const int ts = blockIdx.x + st * gridDim.x;
-            if (ts < n_tiles)
+            if (ts < n_tiles && !(WABLATE & 8))
                 tma_wgrad_stage(sbase + st * WST, mbar0 + 8 * st, &tmap_x, &tmap_dy, ts, c0,
                                 pad_h, pad_w, tiles_h, tiles_w);
         }}
@@ -644,6 +653,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     u32 parity = 0;
 #else
     const u32 sbase = smem_u32(smem);
+    grid_dependency_sync();
     prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
                                          tiles_h, tiles_w, n_tiles, tid);
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
@@ -663,10 +673,10 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         const int tn = t + (STAGES - 1) * gridDim.x;
 #if TMA
         const int nb = (buf + STAGES - 1) % STAGES;
-        if (tid == 0 && tn < n_tiles)
+        if (tid == 0 && tn < n_tiles && !(WABLATE & 8))
             tma_wgrad_stage(sbase + nb * WST, mbar0 + 8 * nb, &tmap_x, &tmap_dy, tn, c0, pad_h,
                             pad_w, tiles_h, tiles_w);
-        mbar_wait(mbar0 + 8 * buf, parity);
+        if (!(WABLATE & 8)) mbar_wait(mbar0 + 8 * buf, parity);
         const u32 hx = sbase + buf * WST, hd = hx + HALO_W;
 #else
         if (tn < n_tiles)
@@ -679,7 +689,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         const u32 hx = sbase + buf * WSTAGE, hd = hx + HALO;
 #endif
 #pragma unroll 2
-        for (int ch = split; ch < (TH * TW) / 16; ch += WSPLIT) {{
+        for (int ch = split; ch < ((WABLATE & 4) ? 0 : (TH * TW) / 16); ch += WSPLIT) {{
             u32 b0, b1;
 #if TMA
             ldsm_x2_t(b0, b1, hd + hoff(ch * 16 + b_pix, g));
@@ -785,7 +795,9 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
     cluster_sync();  // no CTA leaves while another still reads its shared memory
 #else
-#if RED4
+#if WABLATE & 1
+    (void)ci, (void)co;
+#elif RED4
     (void)ci;  // the transposed sums' in channels are the lane's quad's (lane >> 4) * 4 + 0..3
 #pragma unroll
     for (int tp = 0; tp < TP; ++tp) {{  // every lane shuffles; lane m adds column m
@@ -810,10 +822,12 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             }}
         }}
 #endif
-#if HAS_BIAS
+#if HAS_BIAS && !(WABLATE & 1)
     if (blockIdx.z == 0) red_add(db + c0 + tid % CB, dbs);
 #endif
+#if !(WABLATE & 2)
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+#endif
 #endif
 }}
 """

@@ -1,0 +1,98 @@
+"""The tap wgrad's time with parts of it switched off, to find where its ~11.5 us a launch goes
+(session 45, H200: the 3x3 pick takes 13.5 us at C=64 N=8, one tile a CTA, against 6.1 for the
+fprop). One process per setting: ``TILEWISE_GCONV_WGRAD_ABLATE`` (bits: 1 no atomics, 2 no
+finish, 4 no MMAs, 8 no loads) and ``TILEWISE_GCONV_WGRAD_PDL`` are read once, at import.
+Ablated results are wrong, so only setting 0 is checked (against PyTorch's, a relative error).
+
+    TILEWISE_GCONV_WGRAD_ABLATE=4 python scripts/wgrad_ablate_probe.py [--n 8 32 128]
+        [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.results import environment
+from tilewise.bench.timing import time_calls
+from tilewise.ops import gconv_cuda
+from tilewise.ops.gconv_config import channels_last_copy
+
+SIDES = {64: 64, 128: 32, 256: 16}
+DEFAULT_TILE = "cuda_t16x16c64w8m1s2_tma1"  # the 3x3 wgrad pick in every cell since session 41
+
+
+def _tile(name: str) -> gconv_cuda.CudaTile:
+    tiles = {t.name: t for t in gconv_cuda.wgrad_candidates(64, 3, 3, tma=True, wgmma=False)}
+    tiles |= {t.name: t for t in gconv_cuda.WGRAD_TILES + gconv_cuda.TMA_WGRAD_TILES}
+    if name not in tiles:
+        raise ValueError(f"argument '--tile': {name!r} is none of {sorted(tiles)}")
+    return tiles[name]
+
+
+def _row(n: int, c: int, k: int, tile, copy_bw: float) -> dict:
+    hw, pad = SIDES[c], k // 2
+    sets = []
+    for _ in range(3):  # rotated: at N = 128 each set (x + dy) is 134 MB, past the L2
+        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
+        dy = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
+        sets.append((dy, x))
+
+    def fn(dy, x):
+        return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile)[0]
+
+    err = None
+    if not gconv_cuda.WGRAD_ABLATE:
+        dy, x = sets[0]
+        ref = torch.nn.grad.conv2d_weight(
+            x.float(), (c, 8, k, k), dy.float(), padding=pad, groups=c // 8
+        )
+        got = fn(dy, x).float()
+        err = float((got - ref).norm() / ref.norm())
+    s = time_calls(fn, sets).median_s
+    nbytes = 2 * sets[0][0].nbytes + c * 8 * k * k * 2
+    return {
+        "n": n,
+        "c": c,
+        "k": k,
+        "tile": tile.name,
+        "ablate": gconv_cuda.WGRAD_ABLATE,
+        "pdl": gconv_cuda.WGRAD_PDL,
+        "us": s * 1e6,
+        "frac_copy": nbytes / s / copy_bw,
+        "rel_err": err,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--channels", type=int, default=64, choices=sorted(SIDES))
+    ap.add_argument("--kernel", type=int, default=3)
+    ap.add_argument("--tile", default=DEFAULT_TILE)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    tile = _tile(args.tile)
+    copy_bw = measure_copy_bandwidth()
+    ablate, pdl = gconv_cuda.WGRAD_ABLATE, gconv_cuda.WGRAD_PDL
+    print(f"copy {copy_bw / 1e12:.3f} TB/s; ablate {ablate}, pdl {pdl}")
+    rows = []
+    for n in args.n:
+        row = _row(n, args.channels, args.kernel, tile, copy_bw)
+        rows.append(row)
+        err = "-" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
+        print(
+            f"ablate {row['ablate']:2d} pdl {int(row['pdl'])} C={row['c']} {row['k']}x{row['k']} "
+            f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
+            f"err {err}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
