@@ -472,12 +472,21 @@ _WG_WGRAD = "tw_gconv_wgrad_wg"
 
 
 def source(
-    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str, dw_cl=False
+    r: int,
+    s: int,
+    tile: CudaTile,
+    bf16: bool,
+    bias: int,
+    dgrad: bool,
+    entry: str,
+    dw_cl=False,
+    pdl=False,
 ) -> tuple[str, str]:
     """(CUDA source, entry point) of a kernel variant. ``entry``: "tw_gconv_fprop" (the tile
     picks the tap or row-pair kernel) or "tw_gconv_wgrad". ``bias``: fprop, whether there is one
     (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
-    wgrad writes dw in a channels_last weight's layout."""
+    wgrad writes dw in a channels_last weight's layout. ``pdl`` (the tap wgrad): launched
+    dependent, so it waits for the kernel before (``wgrad_dependent``)."""
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
@@ -538,6 +547,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
+        WPDL=int(pdl),
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -556,9 +566,10 @@ def _kernel(
     device: int,
     entry: str = "tw_gconv_fprop",
     dw_cl: bool = False,
+    pdl: bool = False,
 ):
     """The compiled kernel (arguments as ``source``)."""
-    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl)
+    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl, pdl)
     with torch.cuda.device(device):
         arch = "90a" if tile.wgmma else None  # wgmma: sm_90a only
         kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
@@ -1159,13 +1170,15 @@ def bind_wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
-    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
+    dependent = wgrad_dependent(tile, x.device)  # the kernel variant that waits, if so
+    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl, dependent)
     maps_in = tile.tma and not (tile.wgmma and tile.tma in (2, 3))  # tensor maps as arguments
     if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile, maps_in = wgrad_twin(tile, c, r, s), False
-        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
+        dependent = wgrad_dependent(tile, x.device)
+        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl, dependent)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     # wgmma: units of whole images' rows, (image, column chunk)
     tiles_h, tiles_w = 1 if tile.wgmma else cdiv(ho, tile.th), cdiv(wo, tile.tw)
@@ -1184,7 +1197,6 @@ def bind_wgrad(
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     signature = _WGRAD_SIGNATURE + ("tt" if maps_in else "")
     smem = wgrad_smem_bytes(r, s, tile)
-    dependent = wgrad_dependent(tile, x.device)
     bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, dependent,
                        planned)  # fmt: skip
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
