@@ -571,20 +571,16 @@ for r in json.load(open(sys.argv[1]))["records"]:
 PY
       pack ;;
     wgrad-ablate-s45)  # session 45 (prepared after its device time): where the 3x3 tap wgrad's
-      # ~11.5 us a launch goes. The dependent-launch GPU test first (TILEWISE_GCONV_WGRAD_PDL, off
-      # by default), then the pick at C=64 N = 8, 32, 128 with parts switched off
-      # (TILEWISE_GCONV_WGRAD_ABLATE: 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads) and
-      # with the dependent launch, one process each
-      gpu_tests "${TEST_LIMIT:-150}" tests/test_gconv_cuda.py -k "dependent_wgrad_launches" -x
-      for setting in ${ABLATE_SETS:-0 1 2 3 4 8 12 15 pdl}; do
-        bits=$setting pdl=0
-        [ "$setting" = pdl ] && bits=0 pdl=1
+      # ~11.5 us a launch goes: the pick at C=64 N = 8, 32, 128 with parts switched off
+      # (TILEWISE_GCONV_WGRAD_ABLATE: 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads), one
+      # process each, graph replay
+      for bits in ${ABLATE_SETS:-0 1 2 3 4 8 12 15}; do
         # shellcheck disable=SC2086
-        TILEWISE_GCONV_WGRAD_ABLATE=$bits TILEWISE_GCONV_WGRAD_PDL=$pdl timeout "${PROBE_LIMIT:-60}" \
+        TILEWISE_GCONV_WGRAD_ABLATE=$bits timeout "${PROBE_LIMIT:-60}" \
           python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} \
-          --json "$R/wgrad-ablate-$setting.json" >"$R/wgrad-ablate-$setting.log" 2>&1
-        echo "rc $?: wgrad ablate $setting"
-        grep -E "^ablate" "$R/wgrad-ablate-$setting.log"
+          --json "$R/wgrad-ablate-$bits.json" >"$R/wgrad-ablate-$bits.log" 2>&1
+        echo "rc $?: wgrad ablate $bits"
+        grep -E "^ablate" "$R/wgrad-ablate-$bits.log"
       done
       pack ;;
     small-s45)  # session 45: issue 3's L2 bar (above copy where the problem fits in L2: 0 of 24

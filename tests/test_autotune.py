@@ -111,6 +111,12 @@ def test_warm_and_cold_choice_takes_the_smallest_worst_case_loss(tuner, monkeypa
         if json.loads(k)["op"] == "op.warmcold"
     ]  # fmt: skip
     assert stored["config"] == {"block": 64, "warps": 4} and stored["ms"] == 1.1  # the cold time
+    # its readings: the chosen one first though not the fastest cold (each timer's time, no
+    # screen on three candidates), then by the cold time
+    chosen, *rest = stored["readings"]
+    assert chosen == {"cand": "Cfg(block=64,warps=4)", "screen": None, "timed": [1.1, 1.2],
+                      "chosen": True}  # fmt: skip
+    assert [r["cand"] for r in rest] == ["Cfg(block=32,warps=4)", "Cfg(block=16,warps=4)"]
 
     def warm_fails(fn):
         cfg = fn()
@@ -504,11 +510,12 @@ def test_stored_choice_keeps_the_readings_that_made_it(tuner, monkeypatch):
     (entry,) = json.loads(tuner.path.read_text())["entries"].values()
     got = entry["readings"]
     assert len(got) == autotune.READINGS_KEEP == 8
-    assert got[0] == {"cand": "Cfg(block=6,warps=4)", "screen": 1.3, "timed": [1.0]}
+    assert got[0] == {"cand": "Cfg(block=6,warps=4)", "screen": 1.3, "timed": [1.0], "chosen": True}
     assert [r["cand"] for r in got[1:6]] == [f"Cfg(block={b},warps=4)" for b in (1, 2, 3, 4, 5)]
     # past the six timed in full: screened out, their brief readings only, fastest first
     assert got[6] == {"cand": "Cfg(block=7,warps=4)", "screen": 1.35, "timed": [None]}
     assert got[7]["cand"] == "Cfg(block=8,warps=4)"
+    assert not any(r.get("chosen") for r in got[1:])
     # a candidate with a name is stored by it
     assert autotune._label(SimpleNamespace(name="cudarp_t8x8c64w8m4s2_tma2")).startswith("cudarp")
 

@@ -734,65 +734,6 @@ def test_dependent_launches_wait_for_the_kernel_before(monkeypatch):
             assert not p.isnan().any(), (tile.name, i)
 
 
-@pytest.mark.gpu
-def test_dependent_wgrad_launches_wait_for_the_kernel_before(monkeypatch):
-    """``TILEWISE_GCONV_WGRAD_PDL`` (session 45, off by default): the tap wgrad as a dependent
-    launch. In a chain where each wgrad reads as dy the output a row-pair fprop (itself a
-    dependent launch) has just written, and two wgrads follow each other on one self-cleaning
-    workspace, eager and replayed in a CUDA graph, every dw is within the three-way bound of
-    PyTorch's; the plain and dependent launchers are the ones asked for."""
-    c, dtype, depth = 64, torch.float16, 4
-    x = _cl(torch.randn(8, c, 36, 44, device="cuda", dtype=dtype))
-    w = torch.randn(c, 8, 3, 3, device="cuda", dtype=dtype) * 72**-0.5
-    fp = next(t for t in gconv_cuda.candidates(c, 3, 3, tma=True) if t.rowpair and t.tma)
-    tiles = [t for t in gconv_cuda.wgrad_candidates(c, 3, 3, tma=True, wgmma=False)]
-    tiles = [t for t in tiles if not (t.rowpair or t.wgmma or t.cluster)]
-    assert any(t.tma for t in tiles) and any(not t.tma for t in tiles)
-
-    def chain(tile: CudaTile) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        outs = [_cl(torch.full_like(x, float("nan"))) for _ in range(depth)]
-        got, inp = [], x
-        for out in outs:
-            y = gconv_cuda.fprop(inp, w, None, out, 1, 1, fp)
-            dw, _ = gconv_cuda.wgrad(y, inp, 3, 3, 1, 1, False, tile)
-            dw2, _ = gconv_cuda.wgrad(inp, y, 3, 3, 1, 1, False, tile)  # wgrad after wgrad
-            got += [(dw, y, inp), (dw2, inp, y)]
-            inp = y
-        return got
-
-    def check(got, what):
-        for i, (dw, dy, xin) in enumerate(got):
-            ref = torch.nn.grad.conv2d_weight(
-                xin.double(), w.shape, dy.double(), padding=1, groups=c // 8
-            )
-            same = torch.nn.grad.conv2d_weight(xin, w.shape, dy, padding=1, groups=c // 8)
-            atol = ATOL[dtype] * (xin.shape[0] * xin.shape[2] * xin.shape[3]) ** 0.5
-            assert_three_way(dw, same, ref, atol, f"{what} {i}", ulps=1)
-
-    monkeypatch.setattr(gconv_cuda, "WGRAD_PDL", True)
-    for tile in tiles:
-        assert gconv_cuda.wgrad_dependent(tile, x.device), tile.name
-        bound = gconv_cuda.bind_wgrad(x, x, 3, 3, 1, 1, False, tile)
-        assert bound.dependent, tile.name
-        check(chain(tile), f"{tile.name} eager")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            chain(tile)  # warm-up off the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = chain(tile)
-        for _ in range(3):
-            for dw, _, _ in captured:
-                dw.fill_(float("nan"))
-            graph.replay()
-        torch.cuda.synchronize()
-        check(captured, f"{tile.name} graph")
-    monkeypatch.setattr(gconv_cuda, "WGRAD_PDL", False)
-    assert not gconv_cuda.bind_wgrad(x, x, 3, 3, 1, 1, False, tiles[0]).dependent
-
-
 def _check_tma_pipeline(c: int, dtype: torch.dtype) -> None:
     x = _cl(torch.randn(64, c, 33, 35, device="cuda", dtype=dtype))
     x[3, 5, 7, 9], x[40, 60, 32, 34], x[63, 0, 0, 0] = float("nan"), float("inf"), float("-inf")

@@ -430,18 +430,27 @@ def test_name_split_uses_launch_order():
 
 
 def test_pass_seconds_where_the_tree_miscounts():
-    # the tree's figure where it found the kernels and their launch count fits the stack
-    assert ins.pass_seconds(4e-4, 4.0, 4.0, 3e-4, True) == (4e-4, None)
-    assert ins.pass_seconds(4e-4, 4.0, 4.0, None, True) == (4e-4, None)
-    # too many launches booked: tilewise takes its names' figure ...
-    s, why = ins.pass_seconds(3.5e-4, 4.8, 4.0, 2.9e-4, True)
-    assert s == 2.9e-4 and "4.8 launches" in why and "against 4" in why and "names" in why
-    # ... others (no name split) the booked launches' mean times the stack's launches
-    s, why = ins.pass_seconds(4.5e-4, 9.0, 8.0, None, True)
-    assert s == pytest.approx(4e-4) and "scaled to 8" in why
-    # too few booked: no figure to scale by, the tree's kept
-    assert ins.pass_seconds(3e-4, 3.0, 4.0, None, True) == (3e-4, None)
-    s, why = ins.pass_seconds(0.0, 0.0, 4.0, 2.9e-4, False)
+    conv, fill = "sm90_xmma_fprop_implicit_gemm", "Memset (Device)"
+    expected = {conv: 4.0, fill: 4.0}
+    # the tree's figure where it booked what the stack makes
+    fits = {conv: (4.0, 4e-4), fill: (4.0, 4e-6)}
+    assert ins.pass_seconds(fits, expected, None, True) == (pytest.approx(4.04e-4), None)
+    assert ins.pass_seconds({"tw_gconv": (4.0, 3e-4)}, {"tw_gconv": 4.0}, 2.9e-4, True)[1] is None
+    # over-booked: each kernel scaled to the stack's launches by its own mean, so extra fills
+    # take off a fill's time, not a conv's
+    s, why = ins.pass_seconds({conv: (4.0, 4e-4), fill: (6.0, 6e-6)}, expected, None, True)
+    assert s == pytest.approx(4.04e-4) and "Memset (Device) 6 against 4" in why and "scaled" in why
+    s, why = ins.pass_seconds({conv: (5.0, 5e-4), fill: (4.0, 4e-6)}, expected, None, True)
+    assert s == pytest.approx(4.04e-4) and f"{conv} 5 against 4" in why
+    # tilewise takes the names' figure when the tree miscounts, either way
+    s, why = ins.pass_seconds({"tw_gconv": (4.8, 3.5e-4)}, {"tw_gconv": 4.0}, 2.9e-4, True)
+    assert s == 2.9e-4 and "4.8 against 4" in why and "names" in why
+    s, why = ins.pass_seconds({"tw_gconv": (3.0, 2.2e-4)}, {"tw_gconv": 4.0}, 2.9e-4, True)
+    assert s == 2.9e-4 and "3 against 4" in why
+    # too few booked and no names: the tree's figure, with a note (it may be short)
+    s, why = ins.pass_seconds({conv: (3.0, 3e-4)}, {conv: 4.0}, None, True)
+    assert s == 3e-4 and "3 against 4" in why and "scaled" not in why
+    s, why = ins.pass_seconds({}, {"tw_gconv": 4.0}, 2.9e-4, False)
     assert s == 2.9e-4 and "not linked" in why
 
 

@@ -299,30 +299,42 @@ def forward_check(base: nn.Module, x: torch.Tensor) -> tuple[bool, str]:
 
 
 def pass_seconds(
-    tree_s: float,
-    tree_launches: float,
-    expected_launches: float,
+    booked: Mapping[str, tuple[float, float]],
+    expected: Mapping[str, float],
     names_s: float | None,
     tree_found: bool,
 ) -> tuple[float, str | None]:
-    """One pass's kernel seconds per iteration, and a note where the CPU-tree attribution's
-    figure was not taken as it is.
+    """One pass's kernel seconds per iteration, and a note where the CPU-tree attribution's figure
+    was not taken as it is. ``booked``: kernel name -> (launches, seconds) an iteration the tree
+    gave the pass; ``expected``: kernel name -> launches an iteration the stack makes (its layers
+    x the pass's signature); ``names_s``: tilewise's kernels counted by name and launch order (a
+    count that fitted the stack), or None.
 
     The tree can book more launches than the stack makes (session 45, H200, ConvFirst batch
     128-256: 4.4-5.1 fprop launches an iteration against 4 for either impl; 8.6-9.0 against 8
-    for eager, its extra launches as long as the rest). Tilewise (``names_s``: its kernels
-    counted by name and launch order, a count that fitted the stack) then takes the names'
-    figure; others the tree's seconds scaled to the launches the stack makes (the booked
-    launches' mean)."""
+    for eager, its extra launches as long as the rest). Tilewise then takes the names' figure;
+    others each over-booked kernel's seconds scaled to the launches the stack makes (that
+    kernel's booked mean). A kernel booked fewer times than the stack makes is noted (the time
+    may be short), and tilewise takes the names' figure there too."""
+    tree_s = sum(s for _, s in booked.values())
     if names_s is not None and not tree_found:
         return names_s, "Triton kernels not linked to CPU ops: time from names and order only"
-    if expected_launches <= 0 or tree_launches <= expected_launches + 1e-6:
+    off = sorted(
+        k for k, e in expected.items() if abs(booked.get(k, (0.0, 0.0))[0] - e) > 1e-6 and e > 0
+    )
+    if not off:
         return tree_s, None
-    booked = f"CPU-tree attribution booked {tree_launches:g} launches an iteration against "
+    counts = ", ".join(
+        f"{k[:48]} {booked.get(k, (0.0, 0.0))[0]:g} against {expected[k]:g}" for k in off
+    )
+    note = f"CPU-tree attribution booked launches an iteration: {counts}"
     if names_s is not None:
-        return names_s, booked + f"{expected_launches:g}: time from names and order"
-    scaled = tree_s * expected_launches / tree_launches
-    return scaled, booked + f"{expected_launches:g}: time scaled to {expected_launches:g}"
+        return names_s, note + "; time from names and order"
+    over = {k: booked[k] for k in off if k in booked and booked[k][0] > expected[k]}
+    scaled = tree_s - sum(s * (1.0 - expected[k] / n) for k, (n, s) in over.items())
+    if over:
+        note += "; over-booked kernels scaled to the stack's launches"
+    return scaled, note
 
 
 def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note) -> list[dict]:
@@ -348,11 +360,12 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
             notes.append("name cross-check: gconv launch count does not fit the stack")
         tree_found = any("gconv" in n for n in att.kernels.get(pass_, {}))
         expected = layers * sum(sigs[pass_].values())
+        # the name split counts the "gconv" kernels only: a stand-in where the pass is only those
+        by_name = impl == "tilewise" and names and all("gconv" in k for k in sigs[pass_])
         s, why = pass_seconds(
-            att.seconds[pass_] / it,
-            att.launches[pass_] / it,
-            expected,
-            names[pass_] / it if impl == "tilewise" and names else None,
+            {n: (c / it, t / it) for n, (c, t) in att.kernels.get(pass_, {}).items()},
+            {k: layers * v for k, v in sigs[pass_].items()},
+            names[pass_] / it if by_name else None,
             tree_found,
         )
         notes += [why] if why else []

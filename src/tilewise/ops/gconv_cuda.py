@@ -472,21 +472,12 @@ _WG_WGRAD = "tw_gconv_wgrad_wg"
 
 
 def source(
-    r: int,
-    s: int,
-    tile: CudaTile,
-    bf16: bool,
-    bias: int,
-    dgrad: bool,
-    entry: str,
-    dw_cl=False,
-    pdl=False,
+    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str, dw_cl=False
 ) -> tuple[str, str]:
     """(CUDA source, entry point) of a kernel variant. ``entry``: "tw_gconv_fprop" (the tile
     picks the tap or row-pair kernel) or "tw_gconv_wgrad". ``bias``: fprop, whether there is one
     (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
-    wgrad writes dw in a channels_last weight's layout. ``pdl`` (the tap wgrad): launched
-    dependent, so it waits for the kernel before (``wgrad_dependent``)."""
+    wgrad writes dw in a channels_last weight's layout."""
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
@@ -547,7 +538,6 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
-        WPDL=int(pdl),
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -566,10 +556,9 @@ def _kernel(
     device: int,
     entry: str = "tw_gconv_fprop",
     dw_cl: bool = False,
-    pdl: bool = False,
 ):
     """The compiled kernel (arguments as ``source``)."""
-    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl, pdl)
+    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl)
     with torch.cuda.device(device):
         arch = "90a" if tile.wgmma else None  # wgmma: sm_90a only
         kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
@@ -892,21 +881,6 @@ WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: tile a CTA, where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
-#: the tap wgrad launched as a programmatic dependent launch (``TILEWISE_GCONV_WGRAD_PDL=1``,
-#: read once; session 45, off: not yet run on a GPU): its launch and shared-memory set-up overlap
-#: the kernel before, as the row-pair fprop/dgrad's do (their fixed cost ~2.9 us a launch
-#: against the wgrad's ~11.5)
-ENV_WGRAD_PDL = "TILEWISE_GCONV_WGRAD_PDL"
-WGRAD_PDL = os.environ.get(ENV_WGRAD_PDL, "0") == "1"
-
-
-def wgrad_dependent(tile: CudaTile, device: torch.device) -> bool:
-    """Whether ``tile``'s wgrad is launched dependent (``WGRAD_PDL``): the tap kernel (it waits
-    at ``grid_dependency_sync`` before its first global access), not in clusters, on Hopper+."""
-    plain = not (tile.rowpair or tile.wgmma or tile.cluster)
-    return WGRAD_PDL and plain and dependent_launch(device)
-
-
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
 #: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
 #: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What
@@ -964,7 +938,6 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
-        + ("wgrad-pdl" if WGRAD_PDL else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1170,15 +1143,13 @@ def bind_wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
-    dependent = wgrad_dependent(tile, x.device)  # the kernel variant that waits, if so
-    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl, dependent)
+    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     maps_in = tile.tma and not (tile.wgmma and tile.tma in (2, 3))  # tensor maps as arguments
     if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile, maps_in = wgrad_twin(tile, c, r, s), False
-        dependent = wgrad_dependent(tile, x.device)
-        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl, dependent)
+        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     # wgmma: units of whole images' rows, (image, column chunk)
     tiles_h, tiles_w = 1 if tile.wgmma else cdiv(ho, tile.th), cdiv(wo, tile.tw)
@@ -1197,8 +1168,7 @@ def bind_wgrad(
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     signature = _WGRAD_SIGNATURE + ("tt" if maps_in else "")
     smem = wgrad_smem_bytes(r, s, tile)
-    bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, dependent,
-                       planned)  # fmt: skip
+    bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
     bound.db_dtype = db_dtype if need_db else None
     bound.sums, bound.cluster = (r * s * c * 8, c, cblocks * rblocks), bool(tile.cluster)

@@ -5,8 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{WPDL}``; literal braces doubled);
-``gconv_cuda.source`` fills it in.
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``; literal braces doubled); ``gconv_cuda.source``
+fills it in.
 """
 
 #: helpers the kernels of ``gconv_wgmma_src`` share (``str.format`` text: braces doubled): the
@@ -565,8 +565,6 @@ tw_gconv_fprop(FPROP_PARAMS)
 // CTAs' sums never leave), 2 no finish (no counter, no last-CTA pass), 4 no MMAs (the tap loop
 // left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents)
 #define WABLATE {WABLATE}
-// the kernel is launched dependent (``TILEWISE_GCONV_WGRAD_PDL``): it waits for the one before
-#define WPDL {WPDL}
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
@@ -638,10 +636,6 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     unsigned char* const sm = smem + (sbase - smem_u32(smem));
     const u32 zero_px = sbase + WZT, mbar0 = sbase + WMB;
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(sm + WZT))[i] = 0u;
-#if WPDL  // a dependent launch (``TILEWISE_GCONV_WGRAD_PDL``, session 45) waits here for the
-    // kernel before: its writes (and a wgrad's zeroed workspace) are visible past this point
-    grid_dependency_sync();
-#endif
     if (tid == 0) {{
         mbar_init(mbar0, STAGES);
 #pragma unroll
@@ -656,9 +650,6 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     u32 parity = 0;
 #else
     const u32 sbase = smem_u32(smem);
-#if WPDL
-    grid_dependency_sync();
-#endif
     prefetch_wgrad<HH, HH, HALO, WSTAGE>(sbase, x, dy, Hi, Wi, Ho, Wo, C, c0, pad_h, pad_w,
                                          tiles_h, tiles_w, n_tiles, tid);
     for (int i = tid; i < NG * 4; i += WARPS * 32) ((u32*)(smem + WZ_OFF))[i] = 0u;
@@ -802,6 +793,13 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #else
 #if WABLATE & 1
     (void)ci, (void)co;
+    if (C < 0) {{  // never true; the sums stay live, so the MMAs that make them stay too
+#pragma unroll
+        for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) dw[tp * 4 + k] = acc[tp][k];
+        dw[4 * TP] = dbs;
+    }}
 #elif RED4
     (void)ci;  // the transposed sums' in channels are the lane's quad's (lane >> 4) * 4 + 0..3
 #pragma unroll

@@ -334,12 +334,13 @@ def _label(cand: Any) -> str:
 
 
 def _readings(
-    candidates: Sequence[Any], table: list[list[float]], quick: list[float] | None
+    candidates: Sequence[Any], table: list[list[float]], quick: list[float] | None, best: int
 ) -> list[dict[str, Any]]:
-    """What the choice saw, for the cache file: per candidate (the ``READINGS_KEEP`` fastest by
-    the first timer, then by the screen) its screening reading and each timer's, in ms (None:
-    not timed or failed). Session 45: two fresh machines picked different tiles for one problem
-    (16% apart in the in-situ stack), and the stored choice kept no trace of why."""
+    """What the choice saw, for the cache file: per candidate (the chosen one, ``chosen``, then
+    the fastest by the first timer, then by the screen: ``READINGS_KEEP`` in all) its screening
+    reading and each timer's, in ms (None: not timed or failed). Session 45: two fresh machines
+    picked different tiles for one problem (16% apart in the in-situ stack), and the stored
+    choice kept no trace of why."""
 
     def ms(t: float) -> float | None:
         return round(t, 5) if math.isfinite(_valid(t)) else None
@@ -347,12 +348,14 @@ def _readings(
     def rank(i: int) -> tuple[float, float]:
         return _valid(table[0][i]), _valid(quick[i]) if quick else math.inf
 
-    order = sorted(range(len(candidates)), key=rank)[:READINGS_KEEP]
+    rest = sorted((i for i in range(len(candidates)) if i != best), key=rank)
+    order = [best, *rest][:READINGS_KEEP]
     return [
         {
             "cand": _label(candidates[i]),
             "screen": ms(quick[i]) if quick else None,
             "timed": [ms(times[i]) for times in table],
+            **({"chosen": True} if i == best else {}),
         }
         for i in order
     ]
@@ -520,7 +523,7 @@ def _choose_config(
         _warn_once(f"every candidate of {op} failed; using the heuristic config")
         _resolved[memo_key] = fallback
         return fallback
-    _store(key, candidates[best], times[best], _readings(candidates, table, quick))
+    _store(key, candidates[best], times[best], _readings(candidates, table, quick, best))
     _resolved[memo_key] = candidates[best]
     log.info("tilewise.autotune: %s %s -> %s (%.4f ms)", op, problem, candidates[best], times[best])
     return candidates[best]
