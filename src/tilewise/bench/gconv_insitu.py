@@ -311,10 +311,10 @@ def pass_seconds(
     count that fitted the stack), or None.
 
     The tree can book more launches than the stack makes (session 45, H200, ConvFirst batch
-    128-256: 4.4-5.1 fprop launches an iteration against 4 for either impl; 8.6-9.0 against 8
-    for eager, its extra launches as long as the rest). Tilewise then takes the names' figure;
-    others each over-booked kernel's seconds scaled to the launches the stack makes (that
-    kernel's booked mean). A kernel booked fewer times than the stack makes is noted (the time
+    128-256: 4.8-5.1 tilewise fprop launches an iteration against 4; eager 4.4 against 4 and
+    8.6-9.4 against 8, its extra launches as long as the rest). Tilewise then takes the names'
+    figure; others each over-booked kernel's seconds scaled to the launches the stack makes
+    (that kernel's booked mean). A kernel booked fewer times than the stack makes is noted (the time
     may be short), and tilewise takes the names' figure there too."""
     tree_s = sum(s for _, s in booked.values())
     if names_s is not None and not tree_found:
@@ -361,11 +361,11 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
         tree_found = any("gconv" in n for n in att.kernels.get(pass_, {}))
         expected = layers * sum(sigs[pass_].values())
         # the name split counts the "gconv" kernels only: a stand-in where the pass is only those
-        by_name = impl == "tilewise" and names and all("gconv" in k for k in sigs[pass_])
+        names_fit = impl == "tilewise" and names and all("gconv" in k for k in sigs[pass_])
         s, why = pass_seconds(
             {n: (c / it, t / it) for n, (c, t) in att.kernels.get(pass_, {}).items()},
             {k: layers * v for k, v in sigs[pass_].items()},
-            names[pass_] / it if by_name else None,
+            names[pass_] / it if names_fit else None,
             tree_found,
         )
         notes += [why] if why else []

@@ -318,7 +318,7 @@ def _lookup(key: str, candidates: Sequence[C]) -> C | None:
     return None
 
 
-#: the most candidates whose readings a stored choice keeps (``readings``: the fastest first)
+#: the most candidates whose readings a stored choice keeps (``readings``: the chosen one first)
 READINGS_KEEP = 8
 
 
