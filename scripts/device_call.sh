@@ -583,6 +583,31 @@ PY
         grep -E "^ablate" "$R/wgrad-ablate-$bits.log"
       done
       pack ;;
+    picks-s45)  # session 45 (prepared after its device time; next session's item 01): does the
+      # autotuner's pick for MBConv's grouped conv (C=1024 16x16, batch 256) move between fresh
+      # choices on one machine? The in-situ MBConv stack at batch 256, tilewise only, PICK_RUNS
+      # times, each with an empty autotune cache; then each run's C=1024 fprop/dgrad choice and
+      # its stored readings (the chosen candidate and the next fastest)
+      for run in $(seq 1 "${PICK_RUNS:-3}"); do
+        start=$(date +%s)
+        TILEWISE_CACHE_DIR="$R/picks-cache-$run" timeout "${PICK_LIMIT:-150}" "${TW[@]}" \
+          bench gconv-insitu --no-progress --blocks mbconv --batches 256 --impls tilewise \
+          --study "gconv-insitu-picks-s45-$run" --out "$R" >"$R/picks-s45-$run.log" 2>&1
+        echo "rc $? $(($(date +%s) - start)) s: picks run $run"
+        grep -E "^mbconv" "$R/picks-s45-$run.log" | cut -c1-120
+        python - "$R/picks-cache-$run/autotune.json" <<'PY'
+import json, sys
+for key, entry in json.load(open(sys.argv[1]))["entries"].items():
+    k = json.loads(key)
+    if k["problem"].get("c") == 1024 and "wgrad" not in k["op"]:
+        print(k["op"][:40], "N", k["problem"].get("n"), "->", entry["config"].get("th"),
+              entry["config"].get("tw"),
+              entry["config"].get("cb"), f"{entry['ms'] * 1e3:.1f} us")
+        for r in entry.get("readings", []):
+            print("   ", r["cand"][:40], r["screen"], r["timed"], "chosen" if r.get("chosen") else "")
+PY
+      done
+      pack ;;
     small-s45)  # session 45: issue 3's L2 bar (above copy where the problem fits in L2: 0 of 24
       # readings in session 23) on the H200 with today's candidates: 3x3 at N = 8, 16, 32, every
       # pass, the study's L2 column (one input set replayed) where in + out fit half the L2
