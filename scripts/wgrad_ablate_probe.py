@@ -18,12 +18,13 @@ import json
 import torch
 
 from tilewise.bench.ceilings import measure_copy_bandwidth
+from tilewise.bench.gconv import SHAPES
 from tilewise.bench.results import environment
 from tilewise.bench.timing import time_calls
 from tilewise.ops import gconv_cuda
 from tilewise.ops.gconv_config import channels_last_copy
 
-SIDES = {64: 64, 128: 32, 256: 16}
+SIDES = {c: h for c, h, _ in SHAPES}  # the shapes: channels -> image side
 DEFAULT_TILE = "cuda_t16x16c64w8m1s2_tma1"  # the 3x3 wgrad pick in every cell since session 41
 
 

@@ -359,12 +359,12 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
         if impl == "tilewise" and names is None:
             notes.append("name cross-check: gconv launch count does not fit the stack")
         tree_found = any("gconv" in n for n in att.kernels.get(pass_, {}))
-        expected = layers * sum(sigs[pass_].values())
+        per_kernel = {k: layers * v for k, v in sigs[pass_].items()}
         # the name split counts the "gconv" kernels only: a stand-in where the pass is only those
         names_fit = impl == "tilewise" and names and all("gconv" in k for k in sigs[pass_])
         s, why = pass_seconds(
             {n: (c / it, t / it) for n, (c, t) in att.kernels.get(pass_, {}).items()},
-            {k: layers * v for k, v in sigs[pass_].items()},
+            per_kernel,
             names[pass_] / it if names_fit else None,
             tree_found,
         )
@@ -377,7 +377,7 @@ def _pass_records(model, impl, case: dict, config: InSituConfig, ceilings, note)
             bytes=problem.bytes(pass_),
             layers=layers,
             launches=att.launches[pass_] / it,
-            expected_launches=expected,
+            expected_launches=sum(per_kernel.values()),
             isolated_s=iso[pass_],
             name_s=names[pass_] / it / layers if names else None,
             cast_s=att.seconds["cast"] / it,

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from tilewise.ops import gconv_cuda
-from tilewise.ops._common import cdiv
+from tilewise.ops._common import cdiv, num_sms
 from tilewise.ops.gconv_cuda_src import MBAR_INIT, MBAR_WAIT, SMEM_U32, TMA_DESC_HOFF
 from tilewise.runtime import cuda_launch, nvrtc_cache
-from tilewise.runtime import tma as _tma
 
 MODES = ("copy", "staged", "loads", "stores", "ldst")
 THREADS = 128
@@ -305,16 +304,14 @@ class TmaCopy:
             raise ValueError(f"argument 'cfg': {cfg.name} asks for {self.smem} bytes a CTA")
         kernel = _kernel(cfg, device, self.smem)
         self.launcher = cuda_launch.Launcher(kernel, "ttppiiiiii", dependent=True)
-        self.maps = (
-            _tma.encode(
-                _tma.nhwc_halo_map(x, cfg.cb, cfg.tw + cfg.halo, cfg.th + cfg.halo), x.data_ptr()
-            ),
-            _tma.encode(_tma.nhwc_halo_map(y, cfg.cb, cfg.tw, cfg.th), y.data_ptr()),
+        self.maps = (  # the conv's tensor maps (cached by address and shape)
+            gconv_cuda._tensor_map(x, cfg.cb, cfg.tw + cfg.halo, cfg.th + cfg.halo),
+            gconv_cuda._tensor_map(y, cfg.cb, cfg.tw, cfg.th),
         )
-        self.tiles_h, self.tiles_w = -(-h // cfg.th), -(-w // cfg.tw)
+        self.tiles_h, self.tiles_w = cdiv(h, cfg.th), cdiv(w, cfg.tw)
         self.n_tiles = n * self.tiles_h * self.tiles_w
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
         # as the conv's persistent grid: the CTAs an SM over the channel blocks, rounded up
+        sms = num_sms(x.device)
         self.grid = (max(1, min(self.n_tiles, cdiv(sms * cfg.ctas, c // cfg.cb))), c // cfg.cb, 1)
         self.device = device
         self.args = (*self.maps, x, y, h, w, c, self.tiles_h, self.tiles_w, self.n_tiles)
