@@ -10,8 +10,16 @@ before each run) and ``rotated`` (a CUDA graph over three input sets, the study'
 The table is sorted by ``rotated``; the last lines say what each timer would pick and what that
 pick costs in rotated time.
 
+Session 46: ``--rounds R`` walks the candidates R times in turn (as the autotuner times them, one
+after another, ~20 ms of replays each), and ``--clocks`` notes the SM clock, power and throttle
+reasons (``nvidia-smi``) after each candidate's readings, to tell whether a candidate's warm
+reading depends on what ran before it (the MBConv C=1024 16x16 N=256 fprop's 8x8 64-channel tile
+read 74 us by the screen and 88-91 us by the full warm timing, twice, on one machine). ``--side``
+and ``--weight`` give problems off the study's shapes and a channels_last weight.
+
     python scripts/autotune_timer_probe.py [--n 128 256] [--kernels 3] [--channels 64]
-        [--dtypes fp16] [--passes fprop dgrad] [--json out.json]
+        [--dtypes fp16] [--passes fprop dgrad] [--side H] [--weight contiguous|channels_last]
+        [--rounds 1] [--clocks] [--timers warm screen cold rotated] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import math
 import re
 import statistics
+import subprocess
 
 import torch
 
@@ -43,8 +52,22 @@ def _name(cfg) -> str:
     return getattr(cfg, "name", None) or str(cfg)
 
 
-def _read(fn, sets, device) -> dict[str, float]:
-    """Milliseconds of ``fn`` by each timer (inf where one fails)."""
+def _clocks() -> str:
+    """The SM clock (MHz), power (W) and active throttle reasons, as ``nvidia-smi`` reads them
+    now ('' where it cannot)."""
+    query = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+    try:
+        got = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return got.stdout.strip()
+
+
+def _read(fn, sets, device, timers=TIMERS) -> dict[str, float]:
+    """Milliseconds of ``fn`` by each of ``timers`` (inf where one fails)."""
     out = {}
     for timer, read in (
         ("warm", lambda: autotune._bench(lambda: fn(*sets[0]))),
@@ -52,6 +75,9 @@ def _read(fn, sets, device) -> dict[str, float]:
         ("cold", lambda: autotune._bench_cold(lambda: fn(*sets[0]), device)),
         ("rotated", lambda: statistics.median(GraphTimer(fn, sets).sample(20)) * 1e3),
     ):
+        if timer not in timers:
+            out[timer] = math.inf
+            continue
         try:
             out[timer] = float(read())
         except Exception as exc:  # a tile the compiler or device rejects: no reading
@@ -61,14 +87,28 @@ def _read(fn, sets, device) -> dict[str, float]:
 
 
 def probe(
-    c: int, k: int, n: int, dname: str, pass_: str, triton: bool, copy_bw: float, only: str = ""
+    c: int,
+    k: int,
+    n: int,
+    dname: str,
+    pass_: str,
+    triton: bool,
+    copy_bw: float,
+    only: str = "",
+    opts: argparse.Namespace | None = None,
 ) -> dict:
-    hw, pad, dev = SIDES[c], k // 2, torch.device("cuda")
+    side, weight = (opts.side, opts.weight) if opts else (None, "contiguous")
+    rounds, clocks = (opts.rounds, opts.clocks) if opts else (1, False)
+    timers = tuple(opts.timers) if opts else TIMERS
+    hw, pad, dev = side or SIDES[c], k // 2, torch.device("cuda")
     problem = GConvProblem(n, c, hw, hw, k, k, pad, pad, dname)
     sets = []
     for _ in range(3):  # three sets: each call reads inputs the L2 no longer holds
         x, dy = make_activations(problem, dev)  # dy's shape and layout: the output buffer
-        sets.append((x, make_weight(problem, dev), dy))
+        w = make_weight(problem, dev)
+        if weight == "channels_last":  # a model's weight after .to(memory_format=channels_last)
+            w = w.contiguous(memory_format=torch.channels_last)
+        sets.append((x, w, dy))
     dgrad = pass_ == "dgrad"
     x0, w0, _ = sets[0]
     level = gconv._cuda_level(x0, sets[0][2])
@@ -83,50 +123,67 @@ def probe(
             raise ValueError(f"argument '--only' {only!r} keeps no candidate")
 
     rows = []
-    for cfg in cands:
+    for rnd, cfg in itertools.product(range(rounds), cands):
 
         def fn(x, w, o, cfg=cfg, p=k - 1 - pad if dgrad else pad):  # dgrad: R - 1 - pad
             return gconv._launch(x, w, None, o, p, p, cfg, dgrad)
 
-        ms = _read(fn, sets, x0.device)
-        rows.append(dict(config=_name(cfg), **ms))
+        ms = _read(fn, sets, x0.device, timers)
+        row = dict(config=_name(cfg), round=rnd, **ms)
+        if clocks:
+            row["clocks"] = _clocks()  # sm MHz, mem MHz, W, C, throttle reasons
+        if rounds > 1 or clocks:  # the sequence as it ran
+            cols = " ".join(f"{t} {ms[t] * 1e3:6.1f}" for t in timers)
+            print(f"  round {rnd} {row['config']:40s} {cols}  {row.get('clocks', '')}")
+        rows.append(row)
     nbytes = 2 * x0.nbytes + w0.nbytes
     if not any(math.isfinite(r["rotated"]) for r in rows):
         raise RuntimeError(f"no candidate of {pass_} C={c} {k}x{k} N={n} {dname} gave a time")
-    rows.sort(key=lambda r: r["rotated"])
+    order = "rotated" if "rotated" in timers else timers[0]
+    rows.sort(key=lambda r: r[order])
     print(f"\n{pass_} C={c} {k}x{k} N={n} {dname} ({len(rows)} candidates; us; rotated also as "
           "fraction of copy)")  # fmt: skip
-    print(f"{'config':44s}" + "".join(f"{t:>10s}" for t in TIMERS) + "      frac")
+    print(f"{'config':44s}" + "".join(f"{t:>10s}" for t in timers) + f"      frac ({order})")
     for r in rows:
-        frac = nbytes / (r["rotated"] * 1e-3) / copy_bw if math.isfinite(r["rotated"]) else 0.0
-        cols = "".join(f"{r[t] * 1e3:10.1f}" for t in TIMERS)
+        frac = nbytes / (r[order] * 1e-3) / copy_bw if math.isfinite(r[order]) else 0.0
+        cols = "".join(f"{r[t] * 1e3:10.1f}" for t in timers)
         print(f"{r['config']:44s}{cols}{frac:10.3f}")
-    best_rot = rows[0]["rotated"]
+    best = rows[0][order]
     picks = {}
-    for t in TIMERS:
+    for t in timers:
         pick = min(rows, key=lambda r, t=t: r[t])
-        loss = pick["rotated"] / best_rot
-        picks[t] = dict(config=pick["config"], rotated=pick["rotated"], loss=loss)
-        print(f"  {t:8s} picks {pick['config']:44s} rotated {pick['rotated'] * 1e3:7.1f} us "
-              f"({pick['rotated'] / best_rot:.3f}x the best)")  # fmt: skip
-    return dict(c=c, k=k, n=n, dtype=dname, pass_=pass_, bytes=nbytes, rows=rows, picks=picks)
+        loss = pick[order] / best
+        picks[t] = dict(config=pick["config"], rotated=pick[order], loss=loss)
+        print(f"  {t:8s} picks {pick['config']:44s} {order} {pick[order] * 1e3:7.1f} us "
+              f"({loss:.3f}x the best)")  # fmt: skip
+    return dict(
+        c=c, k=k, n=n, side=hw, weight=weight, dtype=dname, pass_=pass_, bytes=nbytes,
+        timed_by=order, rows=rows, picks=picks,
+    )  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--kernels", type=int, nargs="+", default=[3])
-    ap.add_argument("--channels", type=int, nargs="+", default=[64], choices=sorted(SIDES))
+    ap.add_argument("--channels", type=int, nargs="+", default=[64])
+    ap.add_argument("--side", type=int, default=None, help="image side (default: the study's)")
+    ap.add_argument("--weight", default="contiguous", choices=["contiguous", "channels_last"])
+    ap.add_argument("--rounds", type=int, default=1, help="walks over the candidates, in turn")
+    ap.add_argument("--clocks", action="store_true", help="nvidia-smi's clocks after each")
+    ap.add_argument("--timers", nargs="+", default=list(TIMERS), choices=TIMERS)
     ap.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16"])
     ap.add_argument("--passes", nargs="+", default=["fprop", "dgrad"], choices=["fprop", "dgrad"])
     ap.add_argument("--triton", action="store_true", help="the Triton configs too")
     ap.add_argument("--only", default="", help="a regex: time only the candidates it matches")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.side is None and any(c not in SIDES for c in args.channels):
+        raise ValueError(f"argument '--side' is needed for channels outside {sorted(SIDES)}")
     copy_bw = measure_copy_bandwidth()
     print(f"copy: {copy_bw / 1e12:.3f} TB/s")
     grid = itertools.product(args.channels, args.kernels, args.n, args.dtypes, args.passes)
-    out = [probe(*cell, args.triton, copy_bw, args.only) for cell in grid]
+    out = [probe(*cell, args.triton, copy_bw, args.only, args) for cell in grid]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": environment(), "copy_bytes_per_s": copy_bw, "problems": out},
