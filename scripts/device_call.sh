@@ -570,7 +570,8 @@ for r in json.load(open(sys.argv[1]))["records"]:
         print(r["impl"], r["batch"], r["pass"], r["launches"], r["expected_launches"], r.get("note"))
 PY
       pack ;;
-    finish-s46)  # session 46: the wgrad's finish with all its loads in one round (the ablation:
+    finish-s46)  # session 46 (the change it timed was not kept: no faster; OLD_SRC held
+      # 66a7157's src/tilewise, src the change). The wgrad's finish with all its loads in one round (the ablation:
       # the finish is 4.3-5.1 us of the 3x3 pick at any N). The wgrad GPU tests; the pick at C=64
       # N = 8, 32, 128 with the source before the change (OLD_SRC: an untracked copy of
       # src/tilewise) and after, and with the four-wide atomics (RED4); then the autotuner's
@@ -598,7 +599,9 @@ PY
         grep -E "round|picks" "$R/timers-$w.log" | cut -c1-160
       done
       pack ;;
-    fence-s46)  # session 46: the wgrad finish's fences (TILEWISE_GCONV_WGRAD_FENCE: 0 every
+    fence-s46)  # session 46 (ran at 4105d17; the switch was taken out after: none of its modes
+      # was faster by more than 0.3 us, so at later commits every mode runs the same kernel)
+      # the wgrad finish's fences (TILEWISE_GCONV_WGRAD_FENCE: 0 every
       # thread's fence.sc, 1 every thread's fence.acq_rel, 2 thread 0's, 3 the count an acq_rel
       # atomic): the 3x3 pick at C=64 N = 8, 32, 128 (checked against PyTorch) per mode; then
       # the wgrad GPU tests under FENCE_TEST_MODES, two processes a mode
@@ -614,14 +617,17 @@ PY
         args+=(tests/test_gconv.py "(wgrad or backward) and not compile"
           tests/test_gconv_cuda.py "workspace_is_left_zero or multi_row_blocks or row_split_wgrad")
       done
-      # each mode's pair in its own environment: par_tests runs the pairs it is given at once
-      i=0
+      # each mode's pair in its own environment: par_tests runs the pairs it is given at once.
+      # Wait for these by pid: a bare `wait` also waits for the repacker, which runs until this
+      # script ends (session 46's call 3 hung there to the tool's limit after the tests passed)
+      i=0 pids=()
       for m in ${FENCE_TEST_MODES:-2 3}; do
         TILEWISE_GCONV_WGRAD_FENCE=$m TEST_LIMIT=${TEST_LIMIT:-240} par_tests "fence-tests-$m" \
           "${args[@]:$i:4}" &
+        pids+=($!)
         i=$((i + 4))
       done
-      wait
+      wait "${pids[@]}"
       pack ;;
     wgrad-ablate-s45)  # session 45 (prepared after its device time): where the 3x3 tap wgrad's
       # ~11.5 us a launch goes: the pick at C=64 N = 8, 32, 128 with parts switched off

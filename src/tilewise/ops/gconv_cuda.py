@@ -538,7 +538,6 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
-        WFENCE=WGRAD_FENCE,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -882,15 +881,6 @@ WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: tile a CTA, where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
-#: the wgrad finish's fences (``TILEWISE_GCONV_WGRAD_FENCE``, read once; session 46): 0 every
-#: thread's ``__threadfence`` (fence.sc.gpu) before and after the CTA's count, 1 every thread's
-#: fence.acq_rel.gpu, 2 thread 0's around the count, 3 the count an acq_rel atomic. Part of
-#: ``SOURCE_DIGEST`` when set. Why: session 46's ablation put 4.3-5.1 us of the 3x3 pick in its
-#: finish at any N, and all its loads in one round changed nothing
-ENV_WGRAD_FENCE = "TILEWISE_GCONV_WGRAD_FENCE"
-WGRAD_FENCE = int(os.environ.get(ENV_WGRAD_FENCE) or 0)
-if WGRAD_FENCE not in (0, 1, 2, 3):
-    raise ValueError(f"{ENV_WGRAD_FENCE} must be 0, 1, 2 or 3, got {WGRAD_FENCE}")
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
 #: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
 #: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What
@@ -948,7 +938,6 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
-        + (f"wgrad-fence {WGRAD_FENCE}" if WGRAD_FENCE else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)

@@ -5,7 +5,7 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{WFENCE}``; literal braces doubled); ``gconv_cuda.source``
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``; literal braces doubled); ``gconv_cuda.source``
 fills it in.
 """
 
@@ -364,15 +364,6 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
         unsigned *__restrict__ counters, int Hi, int Wi, int Ho, int Wo, int C, int pad_h,      \
         int pad_w, int tiles_h, int tiles_w, int n_tiles
 
-// the finish's fences (``TILEWISE_GCONV_WGRAD_FENCE``, read once; session 46, for timing): 0
-// every thread's __threadfence (fence.sc.gpu) before the count and after it, 1 every thread's
-// fence.acq_rel.gpu, 2 thread 0's fence.acq_rel.gpu around the count, 3 thread 0's count as an
-// acq_rel atomic. The ablation put 4.3-5.1 us of the 3x3 pick in the finish at any N.
-#define WFENCE {WFENCE}
-__device__ __forceinline__ void fence_acq_rel_gpu() {{
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}}
-
 // After this CTA's atomics: the last CTA of the channel block (counted per blockIdx.y) turns the
 // block's fp32 sums into dw_out and db_out and zeroes them and the counter again, so one launch
 // does what a memset, the kernel and a cast kernel did. ``flag``: a word of shared memory the
@@ -381,44 +372,13 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                                              u16* __restrict__ dw_out, void* __restrict__ db_out,
                                              unsigned* __restrict__ counters, int C, int c0,
                                              int tid, volatile unsigned* flag) {{
-    unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
-#if WFENCE == 0
     __threadfence();  // this thread's atomics are visible before the CTA is counted
     __syncthreads();
+    unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
     if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!*flag) return;
     __threadfence();
-#elif WFENCE == 1
-    fence_acq_rel_gpu();
-    __syncthreads();
-    if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!*flag) return;
-    fence_acq_rel_gpu();
-#elif WFENCE == 2
-    // one thread fences for the CTA (as cooperative groups' grid sync): the barrier puts every
-    // thread's atomics before thread 0's release fence, and its acquire before their loads
-    __syncthreads();
-    if (tid == 0) {{
-        fence_acq_rel_gpu();
-        const bool last = atomicAdd(counter, 1u) == gridDim.x - 1;
-        if (last) fence_acq_rel_gpu();
-        *flag = last;
-    }}
-    __syncthreads();
-    if (!*flag) return;
-#else
-    __syncthreads();  // as 2, the count itself the release and the acquire
-    if (tid == 0) {{
-        unsigned old;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
-                     : "=r"(old) : "l"(counter) : "memory");
-        *flag = old == gridDim.x - 1;
-    }}
-    __syncthreads();
-    if (!*flag) return;
-#endif
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call)
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)

@@ -589,8 +589,12 @@ def _screen(
 #: on what ran just before, so one pass in a fixed order favours its first candidates (session
 #: 16: an fp16 4096 x 8192 x 8192 forward read cuBLASLt's bias + ReLU 1.04x PyTorch + graph in one
 #: run, and the cuBLAS + epilogue path it had chosen 0.96-1.00x). The window is wider than that
-#: bias, so a candidate read too slow by it still gets its rounds.
-CLOSE_MIN_MS = 0.2
+#: bias, so a candidate read too slow by it still gets its rounds. Since session 46 from 0.05 ms
+#: (was 0.2): MBConv's grouped conv (C=1024 16x16 N=256 fprop, ~0.075 ms) chose the 8x16
+#: 32-channel tile (88.1 us) over the 8x8 64-channel one in two fresh choices on one H200, the
+#: latter read 74.0-74.8 us by the screen but 88.2-90.9 by its full timing, the last of the kept
+#: candidates; alone, three rounds in turn, it read 76-79 us warm against the others' 88-91.
+CLOSE_MIN_MS = 0.05
 CLOSE_RATIO = 1.10
 CLOSE_MAX = 4
 CLOSE_ROUNDS = 4
