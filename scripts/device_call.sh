@@ -646,14 +646,16 @@ PY
       # autotuner's pick for MBConv's grouped conv (C=1024 16x16, batch 256) move between fresh
       # choices on one machine? The in-situ MBConv stack at batch 256, tilewise only, PICK_RUNS
       # times, each with an empty autotune cache; then each run's C=1024 fprop/dgrad choice and
-      # its stored readings (the chosen candidate and the next fastest)
+      # its stored readings (the chosen candidate and the next fastest). Session 46 ran it twice
+      # (PICK_TAG=s45 at cce3819's autotuner, then PICK_TAG=s46 with near-ties from 0.05 ms)
       for run in $(seq 1 "${PICK_RUNS:-3}"); do
         start=$(date +%s)
         TILEWISE_CACHE_DIR="$R/picks-cache-$run" timeout "${PICK_LIMIT:-150}" "${TW[@]}" \
           bench gconv-insitu --no-progress --blocks mbconv --batches 256 --impls tilewise \
-          --study "gconv-insitu-picks-s45-$run" --out "$R" >"$R/picks-s45-$run.log" 2>&1
+          --study "gconv-insitu-picks-${PICK_TAG:-s45}-$run" --out "$R" \
+          >"$R/picks-${PICK_TAG:-s45}-$run.log" 2>&1
         echo "rc $? $(($(date +%s) - start)) s: picks run $run"
-        grep -E "^mbconv" "$R/picks-s45-$run.log" | cut -c1-120
+        grep -E "^mbconv" "$R/picks-${PICK_TAG:-s45}-$run.log" | cut -c1-120
         python - "$R/picks-cache-$run/autotune.json" <<'PY'
 import json, sys
 for key, entry in json.load(open(sys.argv[1]))["entries"].items():
