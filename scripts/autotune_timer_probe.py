@@ -7,11 +7,12 @@ Triton configs with ``--triton``) is read four ways: ``warm`` (``autotune._bench
 of one input set, what a pass above ``BOTH_WAYS_MAX_BYTES`` is chosen by), ``screen`` (the brief
 warm reading that drops candidates first), ``cold`` (``autotune._bench_cold``: L2 read out
 before each run) and ``rotated`` (a CUDA graph over three input sets, the study's graph column).
-The table is sorted by ``rotated``; the last lines say what each timer would pick and what that
-pick costs in rotated time.
+The table is sorted by ``rotated`` (or the first of ``--timers``); the last lines say what each
+timer would pick and what that pick costs in that time.
 
-Session 46: ``--rounds R`` walks the candidates R times in turn (as the autotuner times them, one
-after another, ~20 ms of replays each), and ``--clocks`` notes the SM clock, power and throttle
+Session 46: ``--rounds R`` walks the candidates R times in turn (each read by every timer before
+the next; the table takes each timer's median over the rounds, the JSON keeps every reading in
+the order taken), and ``--clocks`` notes the SM clock, power and throttle
 reasons (``nvidia-smi``) after each candidate's readings, to tell whether a candidate's warm
 reading depends on what ran before it (the MBConv C=1024 16x16 N=256 fprop's 8x8 64-channel tile
 read 74 us by the screen and 88-91 us by the full warm timing, twice, on one machine). ``--side``
@@ -129,7 +130,7 @@ def probe(
             return gconv._launch(x, w, None, o, p, p, cfg, dgrad)
 
         ms = _read(fn, sets, x0.device, timers)
-        row = dict(config=_name(cfg), round=rnd, **ms)
+        row = dict(config=_name(cfg), round=rnd, seq=len(rows), **ms)  # seq: the order they ran
         if clocks:
             row["clocks"] = _clocks()  # sm MHz, mem MHz, W, C, throttle reasons
         if rounds > 1 or clocks:  # the sequence as it ran
@@ -137,28 +138,43 @@ def probe(
             print(f"  round {rnd} {row['config']:40s} {cols}  {row.get('clocks', '')}")
         rows.append(row)
     nbytes = 2 * x0.nbytes + w0.nbytes
-    if not any(math.isfinite(r["rotated"]) for r in rows):
-        raise RuntimeError(f"no candidate of {pass_} C={c} {k}x{k} N={n} {dname} gave a time")
     order = "rotated" if "rotated" in timers else timers[0]
-    rows.sort(key=lambda r: r[order])
-    print(f"\n{pass_} C={c} {k}x{k} N={n} {dname} ({len(rows)} candidates; us; rotated also as "
-          "fraction of copy)")  # fmt: skip
-    print(f"{'config':44s}" + "".join(f"{t:>10s}" for t in timers) + f"      frac ({order})")
-    for r in rows:
+    # one line a config: each timer's median over the rounds
+    table = []
+    for name in dict.fromkeys(r["config"] for r in rows):
+        got = [r for r in rows if r["config"] == name]
+        table.append(dict(config=name, **{t: statistics.median(r[t] for r in got) for t in timers}))
+    if not any(math.isfinite(r[order]) for r in table):
+        raise RuntimeError(f"no candidate of {pass_} C={c} {k}x{k} N={n} {dname} gave a time")
+    table.sort(key=lambda r: r[order])
+    per = f"median of {rounds} rounds; " if rounds > 1 else ""
+    print(f"\n{pass_} C={c} {k}x{k} N={n} {dname} ({len(table)} candidates; {per}us; {order} "
+          "also as fraction of copy)")  # fmt: skip
+    print(f"{'config':44s}" + "".join(f"{t:>10s}" for t in timers) + "      frac")
+    for r in table:
         frac = nbytes / (r[order] * 1e-3) / copy_bw if math.isfinite(r[order]) else 0.0
         cols = "".join(f"{r[t] * 1e3:10.1f}" for t in timers)
         print(f"{r['config']:44s}{cols}{frac:10.3f}")
-    best = rows[0][order]
+    best = table[0][order]
     picks = {}
     for t in timers:
-        pick = min(rows, key=lambda r, t=t: r[t])
+        pick = min(table, key=lambda r, t=t: r[t])
         loss = pick[order] / best
-        picks[t] = dict(config=pick["config"], rotated=pick[order], loss=loss)
+        picks[t] = dict(config=pick["config"], time=pick[order], loss=loss)
         print(f"  {t:8s} picks {pick['config']:44s} {order} {pick[order] * 1e3:7.1f} us "
               f"({loss:.3f}x the best)")  # fmt: skip
+
+    def plain(r: dict) -> dict:  # strict JSON: a failed reading as null, timers not run left out
+        return {
+            key: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for key, v in r.items()
+            if key not in TIMERS or key in timers
+        }
+
     return dict(
         c=c, k=k, n=n, side=hw, weight=weight, dtype=dname, pass_=pass_, bytes=nbytes,
-        timed_by=order, rows=rows, picks=picks,
+        timed_by=order, rows=[plain(r) for r in table], readings=[plain(r) for r in rows],
+        picks=picks,
     )  # fmt: skip
 
 
@@ -178,6 +194,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="a regex: time only the candidates it matches")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise ValueError(f"argument '--rounds' must be at least 1, got {args.rounds}")
     if args.side is None and any(c not in SIDES for c in args.channels):
         raise ValueError(f"argument '--side' is needed for channels outside {sorted(SIDES)}")
     copy_bw = measure_copy_bandwidth()

@@ -571,7 +571,8 @@ for r in json.load(open(sys.argv[1]))["records"]:
 PY
       pack ;;
     finish-s46)  # session 46 (the change it timed was not kept: no faster; OLD_SRC held
-      # 66a7157's src/tilewise, src the change). The wgrad's finish with all its loads in one round (the ablation:
+      # a copy of 66a7157's src/ (a folder holding tilewise/), src the change). The wgrad's finish
+      # with all its loads in one round (the ablation:
       # the finish is 4.3-5.1 us of the 3x3 pick at any N). The wgrad GPU tests; the pick at C=64
       # N = 8, 32, 128 with the source before the change (OLD_SRC: an untracked copy of
       # src/tilewise) and after, and with the four-wide atomics (RED4); then the autotuner's
@@ -583,7 +584,9 @@ PY
       for v in ${FINISH_SETS:-old new red4}; do
         src=src red4=0
         [ "$v" = old ] && src=${OLD_SRC:-old_src}
+        [ -d "$src/tilewise" ] || { echo "finish $v: no $src/tilewise"; continue; }
         [ "$v" = red4 ] && red4=1
+        # shellcheck disable=SC2086
         PYTHONPATH=$src TILEWISE_GCONV_WGRAD_RED4=$red4 timeout "${PROBE_LIMIT:-60}" \
           python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} \
           --json "$R/finish-$v.json" >"$R/finish-$v.log" 2>&1
@@ -606,6 +609,7 @@ PY
       # atomic): the 3x3 pick at C=64 N = 8, 32, 128 (checked against PyTorch) per mode; then
       # the wgrad GPU tests under FENCE_TEST_MODES, two processes a mode
       for m in ${FENCE_MODES:-0 1 2 3}; do
+        # shellcheck disable=SC2086
         TILEWISE_GCONV_WGRAD_FENCE=$m timeout "${PROBE_LIMIT:-60}" \
           python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} \
           --json "$R/fence-$m.json" >"$R/fence-$m.log" 2>&1
@@ -647,11 +651,13 @@ PY
       # choices on one machine? The in-situ MBConv stack at batch 256, tilewise only, PICK_RUNS
       # times, each with an empty autotune cache; then each run's C=1024 fprop/dgrad choice and
       # its stored readings (the chosen candidate and the next fastest). Session 46 ran it twice
-      # (PICK_TAG=s45 at cce3819's autotuner, then PICK_TAG=s46 with near-ties from 0.05 ms)
+      # (call 1 at 66a7157 without PICK_TAG, call 4 with PICK_TAG=s46 and near-ties from 0.05
+      # ms; their files renamed picks-before-*/picks-after-* in benchmarks/results/s46/).
+      # PICK_BATCHES: other batch sizes (a small stack's picks)
       for run in $(seq 1 "${PICK_RUNS:-3}"); do
         start=$(date +%s)
         TILEWISE_CACHE_DIR="$R/picks-cache-$run" timeout "${PICK_LIMIT:-150}" "${TW[@]}" \
-          bench gconv-insitu --no-progress --blocks mbconv --batches 256 --impls tilewise \
+          bench gconv-insitu --no-progress --blocks mbconv --batches ${PICK_BATCHES:-256} --impls tilewise \
           --study "gconv-insitu-picks-${PICK_TAG:-s45}-$run" --out "$R" \
           >"$R/picks-${PICK_TAG:-s45}-$run.log" 2>&1
         echo "rc $? $(($(date +%s) - start)) s: picks run $run"

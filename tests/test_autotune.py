@@ -451,12 +451,22 @@ def test_near_ties_of_long_problems_are_timed_again_in_turns(tuner, monkeypatch)
     assert calls[:3] == CANDS and len(calls) == 3 + 2 * rounds
     assert Cfg(64) not in calls[3:]  # not within CLOSE_RATIO of the fastest
     assert calls[3:5] == [Cfg(16), Cfg(32)] and calls[5:7] == [Cfg(32), Cfg(16)]  # rotating
-    assert autotune.CLOSE_MIN_MS <= 0.075  # MBConv's C=1024 N=256 fprop (~0.075 ms) gets rounds
 
     calls.clear()
-    # short (under CLOSE_MIN_MS, 0.05 ms since session 46): timed once each
-    true_ms.update({Cfg(16): 0.020, Cfg(32): 0.0196, Cfg(64): 0.04})
+    true_ms.update({Cfg(16): 0.100, Cfg(32): 0.098, Cfg(64): 0.2})  # short: timed once each
     assert autotune.choose_config("op", Prob(2), CANDS, run, device=DEV) == Cfg(16)
+    assert calls == CANDS
+
+    # a screened choice (the grouped conv's) gets rounds from SCREENED_CLOSE_MIN_MS (session 46:
+    # MBConv's C=1024 N=256 fprop, ~0.075 ms), even where its list is too short to screen
+    assert autotune.SCREENED_CLOSE_MIN_MS <= 0.075 < autotune.CLOSE_MIN_MS
+    calls.clear()
+    true_ms.update({Cfg(16): 0.075, Cfg(32): 0.0735, Cfg(64): 0.15})
+    got = autotune.choose_config("op", Prob(3), CANDS, run, device=DEV, screen=True)
+    assert got == Cfg(32) and len(calls) == 3 + 2 * rounds and Cfg(64) not in calls[3:]
+    calls.clear()  # under the screened threshold: once each
+    true_ms.update({Cfg(16): 0.040, Cfg(32): 0.0392, Cfg(64): 0.08})
+    assert autotune.choose_config("op", Prob(4), CANDS, run, device=DEV, screen=True) == Cfg(16)
     assert calls == CANDS
 
 
@@ -532,7 +542,7 @@ def test_screening_keeps_only_near_ties_and_skips_short_lists(tuner, monkeypatch
     )
     monkeypatch.setattr(autotune, "_bench", lambda fn: timed.append(fn()) or 1.0)
     autotune.choose_config("op", Prob(4), cands, run, device=DEV, screen=True)
-    assert set(timed) == {Cfg(1), Cfg(2)}  # (near-ties of >= CLOSE_MIN_MS are timed in rounds too)
+    assert set(timed) == {Cfg(1), Cfg(2)}  # (near-ties of >= 0.2 ms are timed in rounds too)
     # fewer than SCREEN_MIN candidates, or the switch at "0": no screening
     screened.clear()
     assert autotune.choose_config("op", Prob(5), tuple(CANDS), run, device=DEV, screen=True)

@@ -505,6 +505,7 @@ def _choose_config(
     table = []  # per timer, per candidate
     # the brief screening readings are warm replays even for a cold choice: they only drop
     # candidates slower by more than SCREEN_RATIO, and the kept ones are timed with ``timers``
+    close_min = SCREENED_CLOSE_MIN_MS if screen else CLOSE_MIN_MS  # asked for, switch or not
     screen = screen and os.environ.get(ENV_SCREEN, "1") != "0"
     kept, quick = _screen(op, candidates, run_fn) if screen else (None, None)
     for timer in timers:
@@ -512,7 +513,7 @@ def _choose_config(
         if kept is not None and not any(math.isfinite(_valid(t)) for t in times):
             times = _time_each(op, timer, candidates, run_fn, None)  # the kept all failed
             kept = None  # and the next timer (warm_too) times every candidate too
-        table.append(_retime_close(times, timer, candidates, run_fn))
+        table.append(_retime_close(times, timer, candidates, run_fn, close_min))
     times = table[0]  # what is stored: the cold time when timed cold
     if both:
         best = _least_worst_loss(table)
@@ -589,26 +590,34 @@ def _screen(
 #: on what ran just before, so one pass in a fixed order favours its first candidates (session
 #: 16: an fp16 4096 x 8192 x 8192 forward read cuBLASLt's bias + ReLU 1.04x PyTorch + graph in one
 #: run, and the cuBLAS + epilogue path it had chosen 0.96-1.00x). The window is wider than that
-#: bias, so a candidate read too slow by it still gets its rounds. Since session 46 from 0.05 ms
-#: (was 0.2): MBConv's grouped conv (C=1024 16x16 N=256 fprop, ~0.075 ms) chose the 8x16
-#: 32-channel tile (88.1 us) over the 8x8 64-channel one in two fresh choices on one H200, the
-#: latter read 74.0-74.8 us by the screen but 88.2-90.9 by its full timing, the last of the kept
-#: candidates; alone, three rounds in turn, it read 76-79 us warm against the others' 88-91.
-CLOSE_MIN_MS = 0.05
+#: bias, so a candidate read too slow by it still gets its rounds.
+CLOSE_MIN_MS = 0.2
+#: the same for screened choices (the grouped conv's passes), from 0.05 ms (session 46): MBConv's
+#: C=1024 16x16 N=256 fprop (~0.075 ms) chose the 8x16 32-channel tile (88.1 us) over the 8x8
+#: 64-channel one in two fresh choices on one H200; the latter read 74.0-74.8 us by the screen but
+#: 88.2-90.9 by its full timing, the last of the kept candidates; alone, three rounds in turn, it
+#: read 76-79 us warm against the others' 86-92. With rounds, twelve of twelve choices took it.
+#: Screened choices only: a round costs ~0.2 s a near-tie, and unscreened GEMMs of 0.05-0.2 ms
+#: (linear's) would pay up to ~3 s a choice for a bias not seen there.
+SCREENED_CLOSE_MIN_MS = 0.05
 CLOSE_RATIO = 1.10
 CLOSE_MAX = 4
 CLOSE_ROUNDS = 4
 
 
 def _retime_close(
-    times: list[float], timer: Callable, candidates: Sequence, run_fn: Callable
+    times: list[float],
+    timer: Callable,
+    candidates: Sequence,
+    run_fn: Callable,
+    min_ms: float = CLOSE_MIN_MS,
 ) -> list[float]:
-    """``times`` with each near-tie of a long problem replaced by the median of its first
-    timing and ``CLOSE_ROUNDS`` more, taken in turns whose order rotates; a near-tie that fails
-    in a round is out (inf)."""
+    """``times`` with each near-tie of a problem of at least ``min_ms`` replaced by the median of
+    its first timing and ``CLOSE_ROUNDS`` more, taken in turns whose order rotates; a near-tie
+    that fails in a round is out (inf)."""
     valid = [_valid(t) for t in times]
     best = min(valid)
-    if not math.isfinite(best) or best < CLOSE_MIN_MS:
+    if not math.isfinite(best) or best < min_ms:
         return times
     close = sorted(
         (i for i, t in enumerate(valid) if t <= CLOSE_RATIO * best), key=valid.__getitem__
