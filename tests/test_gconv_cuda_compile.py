@@ -417,12 +417,12 @@ def test_four_wide_wgrad_atomics_compile_and_quarter_the_reds(k, tmp_path, monke
 def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
     """``TILEWISE_GCONV_WGRAD_ABLATE`` (session 45, for timing only): on the 3x3 wgrad pick (the
     TMA tap tile), bit 1 leaves no reductions, 2 no finish (its counter atomic and its
-    write-out), 4 no MMAs, 8 no tensor copies, and each leaves the rest (bit 1 keeps the MMAs
-    whose sums no longer leave); 0 is the kernel as it is; all compiled for sm_90a without
-    spills."""
+    write-out), 4 no MMAs, 8 no tensor copies, 16 the finish's count alone, 32 no fence before
+    the count (session 46), and each leaves the rest (bit 1 keeps the MMAs whose sums no longer
+    leave); 0 is the kernel as it is; all compiled for sm_90a without spills."""
     (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
     ops = {}
-    for bits in (0, 1, 2, 4, 8):
+    for bits in (0, 1, 2, 4, 8, 16, 32):
         monkeypatch.setattr(gconv_cuda, "WGRAD_ABLATE", bits)
         src, entry = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_wgrad")
         cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
@@ -438,6 +438,13 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
     assert count(0, "ATOM") >= 1 and count(2, "ATOM") == 0 and count(1, "ATOM") >= 1
     assert count(0, "HMMA") > 0 and count(4, "HMMA") == 0 and count(8, "HMMA") > 0
     assert count(0, "UTMALDG") > 0 and count(8, "UTMALDG") == 0 and count(4, "UTMALDG") > 0
+    # inside the finish (session 46): 16 the count alone (no pass: no loads, no write-out),
+    # 32 no fence before the count; both keep the count and the reductions
+    assert count(16, "LDG") == 0 < count(0, "LDG") and count(16, "STG.E.U16") == 0
+    assert count(32, "LDG") == count(0, "LDG") and count(32, "STG.E.U16") == count(0, "STG.E.U16")
+    for bits in (16, 32):
+        assert count(bits, "MEMBAR.SC.GPU") == count(0, "MEMBAR.SC.GPU") - 1, bits
+        assert count(bits, "ATOM") == count(0, "ATOM") and count(bits, "RED") == count(0, "RED")
     assert gconv_cuda.ENV_WGRAD_ABLATE == "TILEWISE_GCONV_WGRAD_ABLATE"
 
 

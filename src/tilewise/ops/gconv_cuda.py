@@ -876,9 +876,10 @@ ENV_WGRAD_RED4 = "TILEWISE_GCONV_WGRAD_RED4"
 WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: the tap wgrad's diagnosis switch (``TILEWISE_GCONV_WGRAD_ABLATE``, read once: wrong results,
 #: for timing only; session 45): bits 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads (TMA
-#: tiles). Part of ``SOURCE_DIGEST`` when set, as ``WG_ABLATE``. What it is for: the 3x3 wgrad
-#: pick takes ~11.5 us more than its bytes at any N (session 45, H200: 13.5 us at C=64 N=8, one
-#: tile a CTA, where the fprop takes 6.1)
+#: tiles); session 46, inside the finish: 16 the count alone (no last-CTA pass), 32 no fence
+#: before the count. Part of ``SOURCE_DIGEST`` when set, as ``WG_ABLATE``. What it is for: the
+#: 3x3 wgrad pick takes ~11.5 us more than its bytes at any N (session 45, H200: 13.5 us at C=64
+#: N=8, one tile a CTA, where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter

@@ -371,13 +371,19 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
 __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __restrict__ db,
                                              u16* __restrict__ dw_out, void* __restrict__ db_out,
                                              unsigned* __restrict__ counters, int C, int c0,
-                                             int tid, volatile unsigned* flag) {{
-    __threadfence();  // this thread's atomics are visible before the CTA is counted
+                                             int tid, volatile unsigned* flag, int ablate = 0) {{
+    // ablate (the tap wgrad's WABLATE, for timing only; session 46): 16 the count alone (the last
+    // CTA resets the counter and leaves: no pass), 32 no fence before the count
+    if (!(ablate & 32)) __threadfence();  // this thread's atomics are visible before the count
     __syncthreads();
     unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
     if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!*flag) return;
+    if (ablate & 16) {{
+        if (tid == 0) *counter = 0u;
+        return;
+    }}
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call)
@@ -563,7 +569,8 @@ tw_gconv_fprop(FPROP_PARAMS)
 // the tap wgrad's diagnosis switch (``TILEWISE_GCONV_WGRAD_ABLATE``, never set in use; wrong
 // results, for timing only; session 45: where its ~11 us a launch goes): 1 no atomics (the
 // CTAs' sums never leave), 2 no finish (no counter, no last-CTA pass), 4 no MMAs (the tap loop
-// left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents)
+// left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents);
+// session 46, inside the finish (finish_wgrad's ablate): 16 the count alone, 32 no fence before it
 #define WABLATE {WABLATE}
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
@@ -829,7 +836,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     if (blockIdx.z == 0) red_add(db + c0 + tid % CB, dbs);
 #endif
 #if !(WABLATE & 2)
-    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem, WABLATE);
 #endif
 #endif
 }}
