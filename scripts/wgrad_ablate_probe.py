@@ -8,7 +8,8 @@ leaves the stream's workspace unclean for any later wgrad in the process (timing
 graph replay as the study: each captured wgrad gets its own zeroed workspace (a fill before it).
 
     TILEWISE_GCONV_WGRAD_ABLATE=4 python scripts/wgrad_ablate_probe.py [--n 8 32 128]
-        [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1] [--json out.json]
+        [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1] [--dw-cl]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _tile(name: str) -> gconv_cuda.CudaTile:
     return tiles[name]
 
 
-def _row(n: int, c: int, k: int, tile, copy_bw: float) -> dict:
+def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> dict:
     hw, pad = SIDES[c], k // 2
     sets = []
     for _ in range(3):  # rotated: at N = 128 each set (x + dy) is 134 MB, past the L2
@@ -46,7 +47,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float) -> dict:
         sets.append((dy, x))
 
     def fn(dy, x):
-        return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile)[0]
+        return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl)[0]
 
     err = None
     if not gconv_cuda.WGRAD_ABLATE:
@@ -64,6 +65,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float) -> dict:
         "k": k,
         "tile": tile.name,
         "ablate": gconv_cuda.WGRAD_ABLATE,
+        "dw_cl": dw_cl,
         "us": s * 1e6,
         "frac_copy": nbytes / s / copy_bw,
         "rel_err": err,
@@ -76,6 +78,7 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=64, choices=sorted(SIDES))
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--tile", default=DEFAULT_TILE)
+    ap.add_argument("--dw-cl", action="store_true", help="dw in a channels_last weight's layout")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     tile = _tile(args.tile)
@@ -87,11 +90,12 @@ def main() -> None:
     print(f"copy {copy_bw / 1e12:.3f} TB/s; ablate {gconv_cuda.WGRAD_ABLATE}")
     rows = []
     for n in args.n:
-        row = _row(n, args.channels, args.kernel, tile, copy_bw)
+        row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl)
         rows.append(row)
         err = "-" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
+        layout = " cl" if args.dw_cl else ""
         print(
-            f"ablate {row['ablate']:2d} C={row['c']} {row['k']}x{row['k']} "
+            f"ablate {row['ablate']:2d}{layout} C={row['c']} {row['k']}x{row['k']} "
             f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
             f"err {err}"
         )

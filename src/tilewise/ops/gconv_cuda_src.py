@@ -89,7 +89,7 @@ SOURCE = (
 // wgrad's dw_out element (out channel * 8 + in channel, tap): [C, 8, R_FULL, S] contiguous, or
 // with DW_CL in a channels_last weight's layout [C, R_FULL, S, 8], so that autograd keeps the
 // gradient of a channels_last parameter as it is instead of copying it into that layout
-// and the (out channel * 8 + in channel, tap) that the finishing loops' element i stands for:
+// and the (out channel * 8 + in channel, tap) that the cluster epilogue's element i stands for:
 // i runs over the layout's order, so consecutive threads store consecutive elements
 #if DW_CL
 #define DW_OUT(oi8, tap) \
@@ -386,24 +386,32 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     }}
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
-    // round trip per element on the kernel's tail (session 7: +5-7 us per call)
+    // round trip per element on the kernel's tail (session 7: +5-7 us per call). Element i runs
+    // over the workspace's order (tap, then (co - c0) * 8 + ci: a tap's CB * 8 sums are
+    // contiguous), so the fp32 loads and the zeroing stores coalesce; the u16 stores into dw_out
+    // do with DW_CL (8 in channels contiguous) and stride by the taps without it. Session 46: in
+    // dw_out's order (the loads and the zeroing a sector a lane) the last CTA's pass took 2.8-4.5
+    // us of the 3x3 pick, not by its round trips (all loads in one round changed nothing).
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
-    constexpr int FB = 8, NW = CB * 8 * TAPS;
+    // FB 4 where the launch bounds leave under 96 registers a thread (the 64-register 5x5/7x7
+    // warpgroup wgrads spilled at 8 with this order's addresses)
+    constexpr int FB = 65536 / ({MIN_CTAS} * WARPS * 32) < 96 ? 4 : 8, NW = CB * 8 * TAPS;
     const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
         float v[FB];
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;
-            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i))
-                          : 0.f;
+            const long long w = (long long)(tap0 + i / (CB * 8)) * C * 8 + c0 * 8 + i % (CB * 8);
+            v[j] = i < NW ? ld_cg(dw + w) : 0.f;
         }}
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
-            const int i = base + j * WARPS * 32 + tid;  // FIN_OI(i) = (co - c0) * 8 + ci
+            const int i = base + j * WARPS * 32 + tid;
             if (i < NW) {{
-                dw_out[DW_OUT(c0 * 8 + FIN_OI(i), tap0 + FIN_TAP(i))] = to_u16(v[j]);
-                st_cg(dw + (long long)(tap0 + FIN_TAP(i)) * C * 8 + c0 * 8 + FIN_OI(i), 0.f);
+                const int oi = i % (CB * 8), tap = tap0 + i / (CB * 8);  // oi: (co - c0) * 8 + ci
+                dw_out[DW_OUT(c0 * 8 + oi, tap)] = to_u16(v[j]);
+                st_cg(dw + (long long)tap * C * 8 + c0 * 8 + oi, 0.f);
             }}
         }}
     }}
