@@ -633,24 +633,23 @@ PY
       done
       wait "${pids[@]}"
       pack ;;
-    finish-ws-s46)  # session 46: the wgrad finish in the workspace's order (its loads and zeroing
-      # coalesced; the ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass). The pick at
-      # C=64 N = 8, 128, dw contiguous and channels_last, before (OLD_SRC: a copy of 0891bb6's
-      # src/) and after, beside the wgrad GPU tests (two processes)
-      TEST_LIMIT=${TEST_LIMIT:-170} par_tests ws-tests \
+    finish-ws-s46)  # session 46 (prepared after its device time ran out; next session's item 00):
+      # the wgrad finish over the workspace's order (TILEWISE_GCONV_WGRAD_FINISH_WS=1: its loads
+      # and zeroing coalesce; the ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass).
+      # The wgrad GPU tests with it on (two processes), beside the pick at C=64 N = 8, 128, dw
+      # contiguous and channels_last, with it off and on
+      TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-300} par_tests ws-tests \
         tests/test_gconv.py "(wgrad or backward) and not compile" \
         tests/test_gconv_cuda.py "workspace_is_left_zero or multi_row_blocks or row_split_wgrad" &
       tests_pid=$!
-      for v in old new; do
-        src=src
-        [ "$v" = old ] && src=${OLD_SRC:-old_src}
-        [ -d "$src/tilewise" ] || { echo "finish-ws $v: no $src/tilewise"; continue; }
+      for ws in 0 1; do
         for cl in "" --dw-cl; do
           # shellcheck disable=SC2086
-          PYTHONPATH=$src timeout "${PROBE_LIMIT:-60}" python scripts/wgrad_ablate_probe.py \
-            --n ${PROBE_N:-8 128} $cl --json "$R/finish-ws-$v$cl.json" >"$R/finish-ws-$v$cl.log" 2>&1
-          echo "rc $?: finish-ws $v $cl"
-          grep -E "^ablate" "$R/finish-ws-$v$cl.log"
+          TILEWISE_GCONV_WGRAD_FINISH_WS=$ws timeout "${PROBE_LIMIT:-60}" \
+            python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 128} $cl \
+            --json "$R/finish-ws$ws$cl.json" >"$R/finish-ws$ws$cl.log" 2>&1
+          echo "rc $?: finish-ws $ws $cl"
+          grep -E "^ablate" "$R/finish-ws$ws$cl.log"
         done
       done
       wait "$tests_pid"

@@ -66,6 +66,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
         "tile": tile.name,
         "ablate": gconv_cuda.WGRAD_ABLATE,
         "dw_cl": dw_cl,
+        "finish_ws": gconv_cuda.WGRAD_FINISH_WS,
         "us": s * 1e6,
         "frac_copy": nbytes / s / copy_bw,
         "rel_err": err,
@@ -87,7 +88,10 @@ def main() -> None:
             f"argument '--tile': {tile.name} has no tensor copies to leave out (bit 8)"
         )
     copy_bw = measure_copy_bandwidth()
-    print(f"copy {copy_bw / 1e12:.3f} TB/s; ablate {gconv_cuda.WGRAD_ABLATE}")
+    print(
+        f"copy {copy_bw / 1e12:.3f} TB/s; ablate {gconv_cuda.WGRAD_ABLATE}; "
+        f"finish over the workspace's order: {gconv_cuda.WGRAD_FINISH_WS}"
+    )
     rows = []
     for n in args.n:
         row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl)

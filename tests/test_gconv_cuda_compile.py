@@ -449,6 +449,29 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
+@pytest.mark.parametrize("dw_cl", [False, True])
+def test_wgrad_finish_in_workspace_order_compiles_alike(dw_cl, tmp_path, monkeypatch):
+    """``TILEWISE_GCONV_WGRAD_FINISH_WS`` (session 46, prepared; its values are the GPU step's):
+    the 3x3 wgrad pick's finish over the workspace's order compiles for sm_90a without spills
+    and with the same loads, stores and atomics as over dw_out's order; the switch is in the
+    source only when set."""
+    (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
+    ops, srcs = {}, {}
+    for ws in (False, True):
+        monkeypatch.setattr(gconv_cuda, "WGRAD_FINISH_WS", ws)
+        src, entry = gconv_cuda.source(3, 3, tile, False, 2, False, "tw_gconv_wgrad", dw_cl)
+        assert f"#define FIN_WS {int(ws)}" in src
+        cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
+        assert _usage(log, entry)[1] == 0, ws
+        ops[ws], srcs[ws] = sass.opcodes(cubin, entry), src
+    for prefix in ("LDG", "STG", "ATOM", "RED"):
+        mem = [sorted(o for o in ops[ws] if o.startswith(prefix)) for ws in (False, True)]
+        assert mem[0] == mem[1] and mem[0], prefix
+    assert srcs[False] != srcs[True]
+    assert gconv_cuda.ENV_WGRAD_FINISH_WS == "TILEWISE_GCONV_WGRAD_FINISH_WS"
+
+
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
 @pytest.mark.parametrize("k", [3, 5])
 def test_dynamic_tile_counters_compile_without_new_spills(k, tmp_path, monkeypatch):
     """``TILEWISE_GCONV_DYNAMIC_TILES`` (session 43): every row-pair TMA candidate at C=64

@@ -538,6 +538,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
+        FIN_WS=int(WGRAD_FINISH_WS),
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -882,6 +883,13 @@ WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: N=8, one tile a CTA, where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
+#: the wgrad finish over the workspace's order (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``, read once;
+#: session 46, prepared and compiled for every wgrad variant, not run on a GPU: the device time
+#: ran out): the last CTA's fp32 loads and zeroing coalesce. Why: session 46's ablation put 2.8-4.5
+#: us of the 3x3 pick in that pass, whose loads and zeroing take a sector a lane. Part of
+#: ``SOURCE_DIGEST`` when set
+ENV_WGRAD_FINISH_WS = "TILEWISE_GCONV_WGRAD_FINISH_WS"
+WGRAD_FINISH_WS = os.environ.get(ENV_WGRAD_FINISH_WS, "0") == "1"
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
 #: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
 #: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What
@@ -939,6 +947,7 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
+        + ("wgrad-finish-ws" if WGRAD_FINISH_WS else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)

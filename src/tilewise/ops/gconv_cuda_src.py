@@ -5,8 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``; literal braces doubled); ``gconv_cuda.source``
-fills it in.
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_WS}``; literal braces doubled);
+``gconv_cuda.source`` fills it in.
 """
 
 #: helpers the kernels of ``gconv_wgmma_src`` share (``str.format`` text: braces doubled): the
@@ -89,7 +89,7 @@ SOURCE = (
 // wgrad's dw_out element (out channel * 8 + in channel, tap): [C, 8, R_FULL, S] contiguous, or
 // with DW_CL in a channels_last weight's layout [C, R_FULL, S, 8], so that autograd keeps the
 // gradient of a channels_last parameter as it is instead of copying it into that layout
-// and the (out channel * 8 + in channel, tap) that the cluster epilogue's element i stands for:
+// and the (out channel * 8 + in channel, tap) that the finishing loops' element i stands for:
 // i runs over the layout's order, so consecutive threads store consecutive elements
 #if DW_CL
 #define DW_OUT(oi8, tap) \
@@ -101,6 +101,9 @@ SOURCE = (
 #define FIN_OI(i) ((i) / TAPS)
 #define FIN_TAP(i) ((i) % TAPS)
 #endif
+
+// the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_WS``; see finish_wgrad)
+#define FIN_WS {FIN_WS}
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -387,34 +390,44 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     __threadfence();
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call). Element i runs
-    // over the workspace's order (tap, then (co - c0) * 8 + ci: a tap's CB * 8 sums are
-    // contiguous), so the fp32 loads and the zeroing stores coalesce; the u16 stores into dw_out
-    // do with DW_CL (8 in channels contiguous) and stride by the taps without it. Session 46: in
-    // dw_out's order (the loads and the zeroing a sector a lane) the last CTA's pass took 2.8-4.5
-    // us of the 3x3 pick, not by its round trips (all loads in one round changed nothing).
+    // over dw_out's order (FIN_OI, FIN_TAP): the u16 stores coalesce, the fp32 loads and the
+    // zeroing take a sector a lane. FIN_WS (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``; session 46,
+    // prepared, not timed: the device time ran out) runs it over the workspace's order instead
+    // (a tap's CB * 8 sums are contiguous): the loads and the zeroing coalesce, and the u16
+    // stores with DW_CL; FB 4 there under 96 registers a thread (the 64-register 5x5/7x7
+    // warpgroup wgrads spilled at 8). Session 46's ablation put 2.8-4.5 us of the 3x3 pick in
+    // this pass, not by its round trips (all loads in one round changed nothing).
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
-    // FB 4 where the launch bounds leave under 96 registers a thread (the 64-register 5x5/7x7
-    // warpgroup wgrads spilled at 8 with this order's addresses)
+#if FIN_WS
+#define FIN_EL_OI(i) ((i) % (CB * 8))
+#define FIN_EL_TAP(i) ((i) / (CB * 8))
     constexpr int FB = 65536 / ({MIN_CTAS} * WARPS * 32) < 96 ? 4 : 8, NW = CB * 8 * TAPS;
+#else
+#define FIN_EL_OI(i) FIN_OI(i)
+#define FIN_EL_TAP(i) FIN_TAP(i)
+    constexpr int FB = 8, NW = CB * 8 * TAPS;
+#endif
     const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
         float v[FB];
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
             const int i = base + j * WARPS * 32 + tid;
-            const long long w = (long long)(tap0 + i / (CB * 8)) * C * 8 + c0 * 8 + i % (CB * 8);
-            v[j] = i < NW ? ld_cg(dw + w) : 0.f;
+            v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 +
+                                  FIN_EL_OI(i))
+                          : 0.f;
         }}
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
-            const int i = base + j * WARPS * 32 + tid;
+            const int i = base + j * WARPS * 32 + tid;  // FIN_EL_OI(i) = (co - c0) * 8 + ci
             if (i < NW) {{
-                const int oi = i % (CB * 8), tap = tap0 + i / (CB * 8);  // oi: (co - c0) * 8 + ci
-                dw_out[DW_OUT(c0 * 8 + oi, tap)] = to_u16(v[j]);
-                st_cg(dw + (long long)tap * C * 8 + c0 * 8 + oi, 0.f);
+                dw_out[DW_OUT(c0 * 8 + FIN_EL_OI(i), tap0 + FIN_EL_TAP(i))] = to_u16(v[j]);
+                st_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 + FIN_EL_OI(i), 0.f);
             }}
         }}
     }}
+#undef FIN_EL_OI
+#undef FIN_EL_TAP
 #if HAS_BIAS
     if (blockIdx.z == 0)
     for (int i = tid; i < CB; i += WARPS * 32) {{
