@@ -636,12 +636,10 @@ PY
     finish-ws-s46)  # session 46 (prepared after its device time ran out; next session's item 00):
       # the wgrad finish over the workspace's order (TILEWISE_GCONV_WGRAD_FINISH_WS=1: its loads
       # and zeroing coalesce; the ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass).
-      # The wgrad GPU tests with it on (two processes), beside the pick at C=64 N = 8, 128, dw
-      # contiguous and channels_last, with it off and on
-      TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-300} par_tests ws-tests \
-        tests/test_gconv.py "(wgrad or backward) and not compile" \
-        tests/test_gconv_cuda.py "workspace_is_left_zero or multi_row_blocks or row_split_wgrad" &
-      tests_pid=$!
+      # The pick at C=64 N = 8, 128, dw contiguous and channels_last, with it off and on, alone on
+      # the GPU; then the wgrad GPU tests with it on, against PyTorch: every wgrad tile (tap, TMA
+      # tap, row-pair), the warpgroup wgrads, the row splits (three processes; every variant
+      # compiles anew: give it most of a call)
       for ws in 0 1; do
         for cl in "" --dw-cl; do
           # shellcheck disable=SC2086
@@ -652,8 +650,10 @@ PY
           grep -E "^ablate" "$R/finish-ws$ws$cl.log"
         done
       done
-      wait "$tests_pid"
-      pack ;;
+      TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-400} par_tests ws-tests \
+        tests/test_gconv_cuda.py "every_wgrad_tile or multi_row_blocks or row_split_wgrad" \
+        tests/test_gconv_cuda.py "wgmma_wgrad or experimental_wgrad or workspace_is_left_zero" \
+        tests/test_gconv.py "(wgrad or backward) and not compile" ;;
     wgrad-ablate-s45)  # session 45 (prepared after its device time): where the 3x3 tap wgrad's
       # ~11.5 us a launch goes: the pick at C=64 N = 8, 32, 128 with parts switched off
       # (TILEWISE_GCONV_WGRAD_ABLATE: 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads), one

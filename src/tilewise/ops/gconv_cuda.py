@@ -886,7 +886,7 @@ WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: the wgrad finish over the workspace's order (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``, read once;
 #: session 46, prepared and compiled for every wgrad variant, not run on a GPU: the device time
 #: ran out): the last CTA's fp32 loads and zeroing coalesce. Why: session 46's ablation put 2.8-4.5
-#: us of the 3x3 pick in that pass, whose loads and zeroing take a sector a lane. Part of
+#: us of the 3x3 pick in that pass, whose loads and zeroing take 9-18 sectors a warp. Part of
 #: ``SOURCE_DIGEST`` when set
 ENV_WGRAD_FINISH_WS = "TILEWISE_GCONV_WGRAD_FINISH_WS"
 WGRAD_FINISH_WS = os.environ.get(ENV_WGRAD_FINISH_WS, "0") == "1"

@@ -391,22 +391,20 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call). Element i runs
     // over dw_out's order (FIN_OI, FIN_TAP): the u16 stores coalesce, the fp32 loads and the
-    // zeroing take a sector a lane. FIN_WS (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``; session 46,
+    // zeroing take 9-18 sectors a warp. FIN_WS (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``; session 46,
     // prepared, not timed: the device time ran out) runs it over the workspace's order instead
     // (a tap's CB * 8 sums are contiguous): the loads and the zeroing coalesce, and the u16
-    // stores with DW_CL; FB 4 there under 96 registers a thread (the 64-register 5x5/7x7
-    // warpgroup wgrads spilled at 8). Session 46's ablation put 2.8-4.5 us of the 3x3 pick in
-    // this pass, not by its round trips (all loads in one round changed nothing).
+    // stores with DW_CL. Session 46's ablation put 2.8-4.5 us of the 3x3 pick in this pass, not
+    // by its round trips (all loads in one round changed nothing).
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
 #if FIN_WS
 #define FIN_EL_OI(i) ((i) % (CB * 8))
 #define FIN_EL_TAP(i) ((i) / (CB * 8))
-    constexpr int FB = 65536 / ({MIN_CTAS} * WARPS * 32) < 96 ? 4 : 8, NW = CB * 8 * TAPS;
 #else
 #define FIN_EL_OI(i) FIN_OI(i)
 #define FIN_EL_TAP(i) FIN_TAP(i)
-    constexpr int FB = 8, NW = CB * 8 * TAPS;
 #endif
+    constexpr int FB = 8, NW = CB * 8 * TAPS;
     const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
         float v[FB];
@@ -592,6 +590,7 @@ tw_gconv_fprop(FPROP_PARAMS)
 // CTAs' sums never leave), 2 no finish (no counter, no last-CTA pass), 4 no MMAs (the tap loop
 // left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents);
 // session 46, inside the finish (finish_wgrad's ablate): 16 the count alone, 32 no fence before it
+// (a late atomic may then land after the zeroing: the workspace left unclean, as with 2 or 16)
 #define WABLATE {WABLATE}
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
