@@ -114,8 +114,9 @@ def test_warm_and_cold_choice_takes_the_smallest_worst_case_loss(tuner, monkeypa
     # its readings: the chosen one first though not the fastest cold (each timer's time, no
     # screen on three candidates), then by the cold time
     chosen, *rest = stored["readings"]
+    # (cold, Cfg(32) at 1.0 and Cfg(64) at 1.1 are near-ties of a long problem: their rounds)
     assert chosen == {"cand": "Cfg(block=64,warps=4)", "screen": None, "timed": [1.1, 1.2],
-                      "chosen": True}  # fmt: skip
+                      "chosen": True, "rounds": [[1.1] * 5, None]}  # fmt: skip
     assert [r["cand"] for r in rest] == ["Cfg(block=32,warps=4)", "Cfg(block=16,warps=4)"]
 
     def warm_fails(fn):
@@ -464,6 +465,15 @@ def test_near_ties_of_long_problems_are_timed_again_in_turns(tuner, monkeypatch)
     true_ms.update({Cfg(16): 0.075, Cfg(32): 0.0735, Cfg(64): 0.15})
     got = autotune.choose_config("op", Prob(3), CANDS, run, device=DEV, screen=True)
     assert got == Cfg(32) and len(calls) == 3 + 2 * rounds and Cfg(64) not in calls[3:]
+    # the stored readings keep each near-tie's rounds, first reading first (session 46)
+    entries = json.loads(tuner.path.read_text())["entries"].items()
+    (stored,) = [e for k, e in entries if json.loads(k)["problem"]["n"] == 3]
+    by_cand = {r["cand"]: r for r in stored["readings"]}
+    (first16,) = by_cand["Cfg(block=16,warps=4)"]["rounds"]
+    assert first16[0] == round(0.075 * 0.94, 5) and len(first16) == 1 + rounds
+    assert by_cand["Cfg(block=16,warps=4)"]["timed"] == [0.075]  # the median
+    assert len(by_cand["Cfg(block=32,warps=4)"]["rounds"][0]) == 1 + rounds
+    assert "rounds" not in by_cand["Cfg(block=64,warps=4)"]
     calls.clear()  # under the screened threshold: once each
     true_ms.update({Cfg(16): 0.040, Cfg(32): 0.0392, Cfg(64): 0.08})
     assert autotune.choose_config("op", Prob(4), CANDS, run, device=DEV, screen=True) == Cfg(16)

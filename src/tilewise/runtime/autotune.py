@@ -334,13 +334,19 @@ def _label(cand: Any) -> str:
 
 
 def _readings(
-    candidates: Sequence[Any], table: list[list[float]], quick: list[float] | None, best: int
+    candidates: Sequence[Any],
+    table: list[list[float]],
+    quick: list[float] | None,
+    best: int,
+    rounds: list[dict[int, list[float]]] | None = None,
 ) -> list[dict[str, Any]]:
     """What the choice saw, for the cache file: per candidate (the chosen one, ``chosen``, then
     the fastest by the first timer, then by the screen: ``READINGS_KEEP`` in all) its screening
     reading and each timer's, in ms (None: not timed or failed). Session 45: two fresh machines
     picked different tiles for one problem (16% apart in the in-situ stack), and the stored
-    choice kept no trace of why."""
+    choice kept no trace of why. A near-tie timed again in rounds (``rounds``, per timer:
+    candidate -> its readings) also keeps those readings, first one first, and its ``timed`` is
+    their median (session 46)."""
 
     def ms(t: float) -> float | None:
         return round(t, 5) if math.isfinite(_valid(t)) else None
@@ -356,6 +362,11 @@ def _readings(
             "screen": ms(quick[i]) if quick else None,
             "timed": [ms(times[i]) for times in table],
             **({"chosen": True} if i == best else {}),
+            **(
+                {"rounds": [[ms(t) for t in r[i]] if i in r else None for r in rounds]}
+                if rounds and any(i in r for r in rounds)
+                else {}
+            ),
         }
         for i in order
     ]
@@ -503,6 +514,7 @@ def _choose_config(
     if both:
         timers.append(_bench)
     table = []  # per timer, per candidate
+    rounds: list[dict[int, list[float]]] = []  # per timer: the near-ties' readings (_retime_close)
     # the brief screening readings are warm replays even for a cold choice: they only drop
     # candidates slower by more than SCREEN_RATIO, and the kept ones are timed with ``timers``
     close_min = SCREENED_CLOSE_MIN_MS if screen else CLOSE_MIN_MS  # asked for, switch or not
@@ -513,7 +525,8 @@ def _choose_config(
         if kept is not None and not any(math.isfinite(_valid(t)) for t in times):
             times = _time_each(op, timer, candidates, run_fn, None)  # the kept all failed
             kept = None  # and the next timer (warm_too) times every candidate too
-        table.append(_retime_close(times, timer, candidates, run_fn, close_min))
+        rounds.append({})
+        table.append(_retime_close(times, timer, candidates, run_fn, close_min, rounds[-1]))
     times = table[0]  # what is stored: the cold time when timed cold
     if both:
         best = _least_worst_loss(table)
@@ -524,7 +537,8 @@ def _choose_config(
         _warn_once(f"every candidate of {op} failed; using the heuristic config")
         _resolved[memo_key] = fallback
         return fallback
-    _store(key, candidates[best], times[best], _readings(candidates, table, quick, best))
+    readings = _readings(candidates, table, quick, best, rounds)
+    _store(key, candidates[best], times[best], readings)
     _resolved[memo_key] = candidates[best]
     log.info("tilewise.autotune: %s %s -> %s (%.4f ms)", op, problem, candidates[best], times[best])
     return candidates[best]
@@ -611,10 +625,12 @@ def _retime_close(
     candidates: Sequence,
     run_fn: Callable,
     min_ms: float = CLOSE_MIN_MS,
+    samples_out: dict[int, list[float]] | None = None,
 ) -> list[float]:
     """``times`` with each near-tie of a problem of at least ``min_ms`` replaced by the median of
     its first timing and ``CLOSE_ROUNDS`` more, taken in turns whose order rotates; a near-tie
-    that fails in a round is out (inf)."""
+    that fails in a round is out (inf). ``samples_out`` gets each near-tie's readings in the
+    order taken."""
     valid = [_valid(t) for t in times]
     best = min(valid)
     if not math.isfinite(best) or best < min_ms:
@@ -633,6 +649,8 @@ def _retime_close(
                 samples[i].append(_valid(timer(lambda cand=candidates[i]: run_fn(cand))))
             except Exception:  # failed now after timing once: not a candidate to keep
                 samples[i].append(math.inf)
+    if samples_out is not None:
+        samples_out.update({i: list(got) for i, got in samples.items()})
     out = list(times)
     for i, got in samples.items():
         got.sort()
