@@ -68,7 +68,7 @@ def _clocks() -> str:
 
 
 def _read(fn, sets, device, timers=TIMERS) -> dict[str, float]:
-    """Milliseconds of ``fn`` by each of ``timers`` (inf where one fails)."""
+    """Milliseconds of ``fn`` by each of ``timers`` (inf where one fails; the others absent)."""
     out = {}
     for timer, read in (
         ("warm", lambda: autotune._bench(lambda: fn(*sets[0]))),
@@ -77,7 +77,6 @@ def _read(fn, sets, device, timers=TIMERS) -> dict[str, float]:
         ("rotated", lambda: statistics.median(GraphTimer(fn, sets).sample(20)) * 1e3),
     ):
         if timer not in timers:
-            out[timer] = math.inf
             continue
         try:
             out[timer] = float(read())
@@ -164,12 +163,9 @@ def probe(
         print(f"  {t:8s} picks {pick['config']:44s} {order} {pick[order] * 1e3:7.1f} us "
               f"({loss:.3f}x the best)")  # fmt: skip
 
-    def plain(r: dict) -> dict:  # strict JSON: a failed reading as null, timers not run left out
-        return {
-            key: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for key, v in r.items()
-            if key not in TIMERS or key in timers
-        }
+    def plain(r: dict) -> dict:  # strict JSON: a failed reading as null
+        bad = [k for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
+        return {**r, **dict.fromkeys(bad)}
 
     return dict(
         c=c, k=k, n=n, side=hw, weight=weight, dtype=dname, pass_=pass_, bytes=nbytes,

@@ -570,29 +570,9 @@ for r in json.load(open(sys.argv[1]))["records"]:
         print(r["impl"], r["batch"], r["pass"], r["launches"], r["expected_launches"], r.get("note"))
 PY
       pack ;;
-    finish-s46)  # session 46 (the change it timed was not kept: no faster; OLD_SRC held
-      # a copy of 66a7157's src/ (a folder holding tilewise/), src the change). The wgrad's finish
-      # with all its loads in one round (the ablation:
-      # the finish is 4.3-5.1 us of the 3x3 pick at any N). The wgrad GPU tests; the pick at C=64
-      # N = 8, 32, 128 with the source before the change (OLD_SRC: an untracked copy of
-      # src/tilewise) and after, and with the four-wide atomics (RED4); then the autotuner's
-      # timers on MBConv's C=1024 16x16 N=256 fprop in rounds, with the clocks
-      TEST_LIMIT=${TEST_LIMIT:-200} par_tests s46 \
-        tests/test_gconv_cuda.py "every_wgrad_tile or multi_row_blocks or workspace_is_left_zero" \
-        tests/test_gconv_cuda.py "row_split_wgrad or wgmma_wgrad or experimental_wgrad" \
-        tests/test_gconv.py "wgrad or backward"
-      for v in ${FINISH_SETS:-old new red4}; do
-        src=src red4=0
-        [ "$v" = old ] && src=${OLD_SRC:-old_src}
-        [ -d "$src/tilewise" ] || { echo "finish $v: no $src/tilewise"; continue; }
-        [ "$v" = red4 ] && red4=1
-        # shellcheck disable=SC2086
-        PYTHONPATH=$src TILEWISE_GCONV_WGRAD_RED4=$red4 timeout "${PROBE_LIMIT:-60}" \
-          python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} \
-          --json "$R/finish-$v.json" >"$R/finish-$v.log" 2>&1
-        echo "rc $?: finish $v"
-        grep -E "^ablate" "$R/finish-$v.log"
-      done
+    timers-s46)  # session 46 (call 2 ran it inside its finish-s46 step at 4105d17; the finish and
+      # fence steps were taken out once their changes were: see gpu_log-s46.log): the
+      # autotuner's timers on MBConv's C=1024 16x16 N=256 fprop in rounds, with the clocks
       for w in ${TIMER_WEIGHTS:-contiguous channels_last}; do
         timeout "${TIMER_LIMIT:-90}" python scripts/autotune_timer_probe.py --channels 1024 --side 16 \
           --n 256 --passes fprop --weight "$w" --rounds "${TIMER_ROUNDS:-3}" --clocks \
@@ -601,37 +581,6 @@ PY
         echo "rc $?: timers $w"
         grep -E "round|picks" "$R/timers-$w.log" | cut -c1-160
       done
-      pack ;;
-    fence-s46)  # session 46 (ran at 4105d17; the switch was taken out after: none of its modes
-      # was faster by more than 0.3 us, so at later commits every mode runs the same kernel)
-      # the wgrad finish's fences (TILEWISE_GCONV_WGRAD_FENCE: 0 every
-      # thread's fence.sc, 1 every thread's fence.acq_rel, 2 thread 0's, 3 the count an acq_rel
-      # atomic): the 3x3 pick at C=64 N = 8, 32, 128 (checked against PyTorch) per mode; then
-      # the wgrad GPU tests under FENCE_TEST_MODES, two processes a mode
-      for m in ${FENCE_MODES:-0 1 2 3}; do
-        # shellcheck disable=SC2086
-        TILEWISE_GCONV_WGRAD_FENCE=$m timeout "${PROBE_LIMIT:-60}" \
-          python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} \
-          --json "$R/fence-$m.json" >"$R/fence-$m.log" 2>&1
-        echo "rc $?: fence $m"
-        grep -E "^ablate" "$R/fence-$m.log"
-      done
-      args=()
-      for m in ${FENCE_TEST_MODES:-2 3}; do
-        args+=(tests/test_gconv.py "(wgrad or backward) and not compile"
-          tests/test_gconv_cuda.py "workspace_is_left_zero or multi_row_blocks or row_split_wgrad")
-      done
-      # each mode's pair in its own environment: par_tests runs the pairs it is given at once.
-      # Wait for these by pid: a bare `wait` also waits for the repacker, which runs until this
-      # script ends (session 46's call 3 hung there to the tool's limit after the tests passed)
-      i=0 pids=()
-      for m in ${FENCE_TEST_MODES:-2 3}; do
-        TILEWISE_GCONV_WGRAD_FENCE=$m TEST_LIMIT=${TEST_LIMIT:-240} par_tests "fence-tests-$m" \
-          "${args[@]:$i:4}" &
-        pids+=($!)
-        i=$((i + 4))
-      done
-      wait "${pids[@]}"
       pack ;;
     finish-ws-s46)  # session 46 (prepared after its device time ran out; next session's item 00):
       # the wgrad finish over the workspace's order (TILEWISE_GCONV_WGRAD_FINISH_WS=1: its loads
