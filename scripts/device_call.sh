@@ -582,6 +582,24 @@ PY
         grep -E "round|picks" "$R/timers-$w.log" | cut -c1-160
       done
       pack ;;
+    stamps-s47)  # session 47: the 3x3 wgrad pick's phases by clock stamps (the finish over the
+      # workspace's order took only 0.2-0.4 us of the pass's 2.8-4.5 in call 1), off and on; then
+      # the wgrad GPU tests call 1 left (its second group was cut after two), with it on, split
+      for ws in ${STAMP_WS:-0 1}; do
+        # shellcheck disable=SC2086
+        TILEWISE_GCONV_WGRAD_FINISH_WS=$ws timeout "${PROBE_LIMIT:-90}" \
+          python scripts/wgrad_stamp_probe.py --n ${PROBE_N:-8 128} \
+          --json "$R/stamps-ws$ws.json" >"$R/stamps-ws$ws.log" 2>&1
+        echo "rc $?: stamps ws $ws"
+        grep -E "^stamps" "$R/stamps-ws$ws.log"
+      done
+      pack
+      [ -n "${SKIP_TESTS:-}" ] || TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-400} \
+        par_tests ws-tests-b \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta" \
+        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" ;;
     finish-ws-s46)  # session 46 (prepared after its device time ran out; next session's item 00):
       # the wgrad finish over the workspace's order (TILEWISE_GCONV_WGRAD_FINISH_WS=1: its loads
       # and zeroing coalesce; the ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass).

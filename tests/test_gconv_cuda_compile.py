@@ -537,3 +537,27 @@ def test_wide_row_tiles_compile_without_spills(tmp_path, dgrad):
         src, _ = gconv_cuda.source(3, 3, tile, False, True, dgrad, "tw_gconv_fprop")
         regs, spills = _ptxas(src, out, "sm_90a")
         assert spills == 0 and regs <= 65536 // (tile.min_ctas * tile.warps * 32), (tile, regs)
+
+
+@pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
+def test_wgrad_stamps_compile_only_when_set(tmp_path, monkeypatch):
+    """``gconv_cuda.WGRAD_STAMPS`` (session 47, diagnosis only): with an address set, the 3x3
+    wgrad pick reads its timers and stores its stamps, without spills and with the kernel's own
+    global loads, stores and atomics unchanged; the stamps' values are the GPU probe's."""
+    (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
+    ops = {}
+    for addr in (0, 0x7F0000000000):
+        monkeypatch.setattr(gconv_cuda, "WGRAD_STAMPS", addr)
+        src, entry = gconv_cuda.source(3, 3, tile, False, 2, False, "tw_gconv_wgrad", False)
+        assert f"#define STAMPS {addr}ULL" in src
+        cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
+        assert _usage(log, entry)[1] == 0, addr
+        ops[addr] = sass.opcodes(cubin, entry)
+    # the stamps: timer reads (CS2R) and 64-bit generic stores (the address is an integer) added;
+    # the kernel's own global memory operations unchanged
+    for prefix in ("LDG", "STG", "ATOM", "RED"):
+        mem = [sorted(o for o in ops[a] if o.startswith(prefix)) for a in (0, 0x7F0000000000)]
+        assert mem[0] == mem[1], prefix
+    count = {a: sum(o == "CS2R" for o in ops[a]) for a in ops}
+    assert count[0x7F0000000000] > count[0]
+    assert sum(o == "ST.E.64" for o in ops[0x7F0000000000]) > sum(o == "ST.E.64" for o in ops[0])

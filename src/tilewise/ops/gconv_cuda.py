@@ -539,6 +539,7 @@ def source(
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
         FIN_WS=int(WGRAD_FINISH_WS),
+        STAMPS=WGRAD_STAMPS,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -890,6 +891,11 @@ WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: ``SOURCE_DIGEST`` when set
 ENV_WGRAD_FINISH_WS = "TILEWISE_GCONV_WGRAD_FINISH_WS"
 WGRAD_FINISH_WS = os.environ.get(ENV_WGRAD_FINISH_WS, "0") == "1"
+#: the tap wgrad's phase stamps (session 47, diagnosis only): the address of a u64 buffer of at
+#: least 64 + 4 x CTAs words that ``scripts/wgrad_stamp_probe.py`` allocates and sets here before
+#: the first compile (0: off; the source then has no stamps). Not part of ``SOURCE_DIGEST``: the
+#: probe times no autotune choice
+WGRAD_STAMPS = 0
 #: the row-pair TMA tiles hand out their tiles past each CTA's first by a counter
 #: (``TILEWISE_GCONV_DYNAMIC_TILES=1``, read once; session 43, off). Why it was tried: Nsight
 #: Compute read the C=64 3x3 N=128 row-pair 8x16 tile's SMs active only 85% of its 40 us. What

@@ -5,7 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_WS}``; literal braces doubled);
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_WS}``, ``{STAMPS}``; literal braces
+doubled);
 ``gconv_cuda.source`` fills it in.
 """
 
@@ -104,6 +105,33 @@ SOURCE = (
 
 // the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_WS``; see finish_wgrad)
 #define FIN_WS {FIN_WS}
+// the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
+// of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
+// before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
+// writes its pass's phases in words 0-31 (%globaltimer) and 32-63 (clock64)
+#define STAMPS {STAMPS}ULL
+#if STAMPS
+__device__ __forceinline__ unsigned long long tw_gtimer() {{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+    return t;
+}}
+#define TW_CTA_ID (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
+#define STAMP_CTA(k)                                                                 \
+    do {{                                                                             \
+        if (tid == 0) ((unsigned long long*)STAMPS)[64 + 4 * TW_CTA_ID + (k)] = tw_gtimer(); \
+    }} while (0)
+#define STAMP_LAST(k)                                                          \
+    do {{                                                                       \
+        if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{                   \
+            ((unsigned long long*)STAMPS)[k] = tw_gtimer();                    \
+            ((unsigned long long*)STAMPS)[32 + (k)] = clock64();               \
+        }}                                                                      \
+    }} while (0)
+#else
+#define STAMP_CTA(k)
+#define STAMP_LAST(k)
+#endif
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -377,17 +405,21 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                                              int tid, volatile unsigned* flag, int ablate = 0) {{
     // ablate (the tap wgrad's WABLATE, for timing only; session 46): 16 the count alone (the last
     // CTA resets the counter and leaves: no pass), 32 no fence before the count
+    STAMP_CTA(1);
     if (!(ablate & 32)) __threadfence();  // this thread's atomics are visible before the count
     __syncthreads();
     unsigned* const counter = counters + blockIdx.z * gridDim.y + blockIdx.y;
     if (tid == 0) *flag = atomicAdd(counter, 1u) == gridDim.x - 1;
     __syncthreads();
+    STAMP_CTA(2);
     if (!*flag) return;
+    STAMP_LAST(0);
     if (ablate & 16) {{
         if (tid == 0) *counter = 0u;
         return;
     }}
     __threadfence();
+    STAMP_LAST(1);
     // FB loads in flight per thread before their stores: a serial load-store loop left an L2
     // round trip per element on the kernel's tail (session 7: +5-7 us per call). Element i runs
     // over dw_out's order (FIN_OI, FIN_TAP): the u16 stores coalesce, the fp32 loads and the
@@ -423,6 +455,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                 st_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 + FIN_EL_OI(i), 0.f);
             }}
         }}
+        STAMP_LAST(2 + base / (FB * WARPS * 32));  // thread 0's loads of this round are back
     }}
 #undef FIN_EL_OI
 #undef FIN_EL_TAP
@@ -439,6 +472,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     }}
 #endif
     if (tid == 0) *counter = 0u;
+    STAMP_LAST(30);
 }}
 
 // Persistent CTAs: blockIdx.y picks CB channels (its weights are staged once), blockIdx.x walks
@@ -653,6 +687,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     // runtime one made the one-warp-per-group cluster tiles 28% slower at batch 1)
     const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
+    STAMP_CTA(0);
 #if ROWSPLIT
     // kernel rows [r0, r0 + R) of R_FULL: the wgrad of an R-row kernel whose input starts r0
     // rows lower, i.e. with r0 less padding on top (negative padding reads inside the image)
