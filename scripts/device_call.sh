@@ -585,13 +585,17 @@ PY
     stamps-s47)  # session 47: the 3x3 wgrad pick's phases by clock stamps (the finish over the
       # workspace's order took only 0.2-0.4 us of the pass's 2.8-4.5 in call 1), off and on; then
       # the wgrad GPU tests call 1 left (its second group was cut after two), with it on, split
-      for ws in ${STAMP_WS:-0 1}; do
+      # STAMP_SETS: WS:ABLATE:CL tokens (CL "cl": a channels_last dw); call 2 ran "0:0: 1:0:"
+      for set in ${STAMP_SETS:-0:0: 1:0:}; do
+        IFS=: read -r ws ab cl <<<"$set"
+        tag=ws$ws${ab:+-ab$ab}${cl:+-$cl}
         # shellcheck disable=SC2086
-        TILEWISE_GCONV_WGRAD_FINISH_WS=$ws timeout "${PROBE_LIMIT:-90}" \
-          python scripts/wgrad_stamp_probe.py --n ${PROBE_N:-8 128} \
-          --json "$R/stamps-ws$ws.json" >"$R/stamps-ws$ws.log" 2>&1
-        echo "rc $?: stamps ws $ws"
-        grep -E "^stamps" "$R/stamps-ws$ws.log"
+        TILEWISE_GCONV_WGRAD_FINISH_WS=$ws TILEWISE_GCONV_WGRAD_ABLATE=${ab:-0} \
+          timeout "${PROBE_LIMIT:-90}" python scripts/wgrad_stamp_probe.py \
+          --n ${PROBE_N:-8 128} ${cl:+--dw-cl} --json "$R/stamps-$tag.json" \
+          >"$R/stamps-$tag.log" 2>&1
+        echo "rc $?: stamps $tag"
+        grep -E "^stamps" "$R/stamps-$tag.log"
       done
       pack
       [ -n "${SKIP_TESTS:-}" ] || TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-400} \

@@ -7,7 +7,8 @@ write ``%globaltimer`` at its start, before its finish and after its count, and 
 its pass's phases (``%globaltimer`` and ``clock64``). Each launch runs eagerly after a sync, the
 stamps zeroed before it; the table takes each phase's median over the launches, in ns from the
 first CTA's start. The same process also times the stamped kernel by graph replay, to show what
-the stamps cost against the ablation probe's figure.
+the stamps cost against the ablation probe's figure. With ``TILEWISE_GCONV_WGRAD_ABLATE`` set the
+results are wrong (its error printed, not checked): bit 1 no atomics, 64 the pass's loads alone.
 
     python scripts/wgrad_stamp_probe.py [--n 8 128] [--reps 30] [--dw-cl] [--json out.json]
 """
@@ -55,7 +56,8 @@ def _launch_phases(buf: torch.Tensor, rounds: int) -> dict:
     for k, name in LAST_PHASES.items():
         out[f"last CTA: {name}"] = words[k] - t0
     for r in range(rounds):
-        out[f"last CTA: round {r} back"] = words[2 + r] - t0
+        out[f"last CTA: round {r} loads back"] = words[10 + r] - t0
+        out[f"last CTA: round {r} stored"] = words[2 + r] - t0
     # clock64 of the last CTA, as cycles after its count was seen
     out["cycles: fence"] = words[33] - words[32]
     out["cycles: pass"] = words[62] - words[33]
@@ -95,6 +97,7 @@ def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor
         "tile": tile.name,
         "dw_cl": dw_cl,
         "finish_ws": gconv_cuda.WGRAD_FINISH_WS,
+        "ablate": gconv_cuda.WGRAD_ABLATE,
         "graph_us": time_calls(fn, sets).median_s * 1e6,
         "rel_err": err,
         "phases_ns": phases,
@@ -120,7 +123,8 @@ def main() -> None:
         row = _row(n, args.channels, args.kernel, tile, args.reps, args.dw_cl, buf)
         rows.append(row)
         print(
-            f"stamps C={row['c']} {row['k']}x{row['k']} N={n} {row['tile']} ws {row['finish_ws']}: "
+            f"stamps C={row['c']} {row['k']}x{row['k']} N={n} {row['tile']} ws {row['finish_ws']} "
+            f"ablate {row['ablate']}{' cl' if args.dw_cl else ''}: "
             f"{row['graph_us']:.1f} us by graph replay (stamped), err {row['rel_err']:.1e}"
         )
         for key, v in row["phases_ns"].items():

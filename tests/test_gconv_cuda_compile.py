@@ -418,11 +418,12 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
     """``TILEWISE_GCONV_WGRAD_ABLATE`` (session 45, for timing only): on the 3x3 wgrad pick (the
     TMA tap tile), bit 1 leaves no reductions, 2 no finish (its counter atomic and its
     write-out), 4 no MMAs, 8 no tensor copies, 16 the finish's count alone, 32 no fence before
-    the count (session 46), and each leaves the rest (bit 1 keeps the MMAs whose sums no longer
+    the count (session 46), 64 the pass's loads without its stores (session 47), and each leaves
+    the rest (bit 1 keeps the MMAs whose sums no longer
     leave); 0 is the kernel as it is; all compiled for sm_90a without spills."""
     (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
     ops = {}
-    for bits in (0, 1, 2, 4, 8, 16, 32):
+    for bits in (0, 1, 2, 4, 8, 16, 32, 64):
         monkeypatch.setattr(gconv_cuda, "WGRAD_ABLATE", bits)
         src, entry = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_wgrad")
         cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
@@ -442,6 +443,9 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
     # 32 no fence before the count; both keep the count and the reductions
     assert count(16, "LDG") == 0 < count(0, "LDG") and count(16, "STG.E.U16") == 0
     assert count(32, "LDG") == count(0, "LDG") and count(32, "STG.E.U16") == count(0, "STG.E.U16")
+    # 64: the pass's loads stay, its u16 write-out and fp32 zeroing go
+    assert count(64, "LDG") == count(0, "LDG") and count(64, "STG.E.U16") == 1  # never runs
+    assert count(64, "STG.E.STRONG") == 0 < count(0, "STG.E.STRONG")
     for bits in (16, 32):
         assert count(bits, "MEMBAR.SC.GPU") == count(0, "MEMBAR.SC.GPU") - 1, bits
         assert count(bits, "ATOM") == count(0, "ATOM") and count(bits, "RED") == count(0, "RED")

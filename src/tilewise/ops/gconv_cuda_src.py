@@ -108,12 +108,21 @@ SOURCE = (
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
-// writes its pass's phases in words 0-31 (%globaltimer) and 32-63 (clock64)
+// writes its pass's phases in words 0-31 (%globaltimer) and 32-63 (clock64): 0 count seen, 1
+// after the fence, 2 + r round r's stores issued, 10 + r round r's loads back, 30 done
 #define STAMPS {STAMPS}ULL
 #if STAMPS
 __device__ __forceinline__ unsigned long long tw_gtimer() {{
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+    return t;
+}}
+// the timer after ``v`` is known: the stamp's value depends on it, so the read waits for it
+__device__ __forceinline__ unsigned long long tw_gtimer_after(float v) {{
+    unsigned long long t;
+    asm volatile(
+        "{{ .reg .pred p; setp.eq.f32 p, %1, 0f00000001; mov.u64 %0, %%globaltimer; "
+        "@p add.u64 %0, %0, 1; }}" : "=l"(t) : "f"(v) : "memory");
     return t;
 }}
 #define TW_CTA_ID (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
@@ -404,7 +413,8 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                                              unsigned* __restrict__ counters, int C, int c0,
                                              int tid, volatile unsigned* flag, int ablate = 0) {{
     // ablate (the tap wgrad's WABLATE, for timing only; session 46): 16 the count alone (the last
-    // CTA resets the counter and leaves: no pass), 32 no fence before the count
+    // CTA resets the counter and leaves: no pass), 32 no fence before the count; session 47: 64
+    // the pass's loads without its stores (no dw_out, the workspace left unclean)
     STAMP_CTA(1);
     if (!(ablate & 32)) __threadfence();  // this thread's atomics are visible before the count
     __syncthreads();
@@ -446,6 +456,21 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
             v[j] = i < NW ? ld_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 +
                                   FIN_EL_OI(i))
                           : 0.f;
+        }}
+#if STAMPS
+        if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{  // thread 0's loads are back
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < FB; ++j) sum += v[j];
+            ((unsigned long long*)STAMPS)[10 + base / (FB * WARPS * 32)] = tw_gtimer_after(sum);
+        }}
+#endif
+        if (ablate & 64) {{  // the loads only, no stores: a sum that is stored only if 0x1p-149
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < FB; ++j) sum += v[j];
+            if (sum == 1.401298464e-45f) dw_out[tid] = 0;
+            continue;
         }}
 #pragma unroll
         for (int j = 0; j < FB; ++j) {{
@@ -624,7 +649,8 @@ tw_gconv_fprop(FPROP_PARAMS)
 // CTAs' sums never leave), 2 no finish (no counter, no last-CTA pass), 4 no MMAs (the tap loop
 // left out), 8 no loads (TMA tiles: no tensor copies, no waits; the stages' stale contents);
 // session 46, inside the finish (finish_wgrad's ablate): 16 the count alone, 32 no fence before it
-// (a late atomic may then land after the zeroing: the workspace left unclean, as with 2 or 16)
+// (a late atomic may then land after the zeroing: the workspace left unclean, as with 2 or 16);
+// session 47: 64 the pass's loads without its stores
 #define WABLATE {WABLATE}
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
