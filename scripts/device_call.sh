@@ -582,48 +582,51 @@ PY
         grep -E "round|picks" "$R/timers-$w.log" | cut -c1-160
       done
       pack ;;
-    stamps-s47)  # session 47: the 3x3 wgrad pick's phases by clock stamps (the finish over the
-      # workspace's order took only 0.2-0.4 us of the pass's 2.8-4.5 in call 1), off and on; then
-      # the wgrad GPU tests call 1 left (its second group was cut after two), with it on, split
-      # STAMP_SETS: WS:ABLATE:CL tokens (CL "cl": a channels_last dw); call 2 ran "0:0: 1:0:"
-      for set in ${STAMP_SETS:-0:0: 1:0:}; do
-        IFS=: read -r ws ab cl <<<"$set"
-        tag=ws$ws${ab:+-ab$ab}${cl:+-$cl}
+    stamps-s47)  # session 47: the 3x3 wgrad pick's phases by clock stamps. Calls 2 and 3 ran it at
+      # 0da4bd2 / 4f9d1ef, when the order switch was TILEWISE_GCONV_WGRAD_FINISH_WS (0: dw_out,
+      # 1: workspace; STAMP_SETS then WS:ABLATE:CL) and call 2 also ran the wgrad tests call 1 had
+      # left with it on. STAMP_SETS: ORDER:ABLATE:CL tokens (ORDER a finish order, CL "cl": a
+      # channels_last dw)
+      for set in ${STAMP_SETS:-pairs:0: dw_out:0:}; do
+        IFS=: read -r order ab cl <<<"$set"
+        tag=$order${ab:+-ab$ab}${cl:+-$cl}
         # shellcheck disable=SC2086
-        TILEWISE_GCONV_WGRAD_FINISH_WS=$ws TILEWISE_GCONV_WGRAD_ABLATE=${ab:-0} \
+        TILEWISE_GCONV_WGRAD_FINISH_ORDER=$order TILEWISE_GCONV_WGRAD_ABLATE=${ab:-0} \
           timeout "${PROBE_LIMIT:-90}" python scripts/wgrad_stamp_probe.py \
           --n ${PROBE_N:-8 128} ${cl:+--dw-cl} --json "$R/stamps-$tag.json" \
           >"$R/stamps-$tag.log" 2>&1
         echo "rc $?: stamps $tag"
-        grep -E "^stamps" "$R/stamps-$tag.log"
+        grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
+      pack ;;
+    finish-pairs-s47)  # session 47: the finish's pass over channel pairs (the new default) against
+      # the dw_out order before it, the pick at C=64 N = 8, 32, 128 in both dw layouts, one
+      # process each, alone on the GPU; the pairs with four-wide atomics; then every wgrad GPU
+      # test against PyTorch (every tile, the warpgroup wgrads, the row splits; eight processes)
+      for order in pairs dw_out; do
+        for cl in "" --dw-cl; do
+          # shellcheck disable=SC2086
+          TILEWISE_GCONV_WGRAD_FINISH_ORDER=$order timeout "${PROBE_LIMIT:-60}" \
+            python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 32 128} $cl \
+            --json "$R/finish-$order$cl.json" >"$R/finish-$order$cl.log" 2>&1
+          echo "rc $?: finish $order $cl"
+          grep -E "^ablate" "$R/finish-$order$cl.log"
+        done
+      done
+      # shellcheck disable=SC2086
+      TILEWISE_GCONV_WGRAD_RED4=1 timeout "${PROBE_LIMIT:-60}" python scripts/wgrad_ablate_probe.py \
+        --n ${PROBE_N:-8 32 128} --json "$R/finish-pairs-red4.json" >"$R/finish-pairs-red4.log" 2>&1
+      echo "rc $?: finish pairs red4"
+      grep -E "^ablate" "$R/finish-pairs-red4.log"
       pack
-      [ -n "${SKIP_TESTS:-}" ] || TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-400} \
-        par_tests ws-tests-b \
+      [ -n "${SKIP_TESTS:-}" ] || TEST_LIMIT=${TEST_LIMIT:-400} par_tests pairs-tests \
+        tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
+        tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles" \
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
         tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta" \
-        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" ;;
-    finish-ws-s46)  # session 46 (prepared after its device time ran out; next session's item 00):
-      # the wgrad finish over the workspace's order (TILEWISE_GCONV_WGRAD_FINISH_WS=1: its loads
-      # and zeroing coalesce; the ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass).
-      # The pick at C=64 N = 8, 128, dw contiguous and channels_last, with it off and on, alone on
-      # the GPU; then the wgrad GPU tests with it on, against PyTorch: every wgrad tile (tap, TMA
-      # tap, row-pair), the warpgroup wgrads, the row splits (three processes; every variant
-      # compiles anew: give it most of a call)
-      for ws in 0 1; do
-        for cl in "" --dw-cl; do
-          # shellcheck disable=SC2086
-          TILEWISE_GCONV_WGRAD_FINISH_WS=$ws timeout "${PROBE_LIMIT:-60}" \
-            python scripts/wgrad_ablate_probe.py --n ${PROBE_N:-8 128} $cl \
-            --json "$R/finish-ws$ws$cl.json" >"$R/finish-ws$ws$cl.log" 2>&1
-          echo "rc $?: finish-ws $ws $cl"
-          grep -E "^ablate" "$R/finish-ws$ws$cl.log"
-        done
-      done
-      TILEWISE_GCONV_WGRAD_FINISH_WS=1 TEST_LIMIT=${TEST_LIMIT:-400} par_tests ws-tests \
-        tests/test_gconv_cuda.py "every_wgrad_tile or multi_row_blocks or row_split_wgrad" \
-        tests/test_gconv_cuda.py "wgmma_wgrad or experimental_wgrad or workspace_is_left_zero" \
+        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" \
         tests/test_gconv.py "(wgrad or backward) and not compile" ;;
     wgrad-ablate-s45)  # session 45 (prepared after its device time): where the 3x3 tap wgrad's
       # ~11.5 us a launch goes: the pick at C=64 N = 8, 32, 128 with parts switched off

@@ -66,7 +66,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
         "tile": tile.name,
         "ablate": gconv_cuda.WGRAD_ABLATE,
         "dw_cl": dw_cl,
-        "finish_ws": gconv_cuda.WGRAD_FINISH_WS,
+        "finish_order": gconv_cuda.WGRAD_FINISH_ORDER,
         "us": s * 1e6,
         "frac_copy": nbytes / s / copy_bw,
         "rel_err": err,
@@ -90,7 +90,7 @@ def main() -> None:
     copy_bw = measure_copy_bandwidth()
     print(
         f"copy {copy_bw / 1e12:.3f} TB/s; ablate {gconv_cuda.WGRAD_ABLATE}; "
-        f"finish over the workspace's order: {gconv_cuda.WGRAD_FINISH_WS}"
+        f"finish order: {gconv_cuda.WGRAD_FINISH_ORDER}"
     )
     rows = []
     for n in args.n:

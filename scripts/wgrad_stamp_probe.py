@@ -1,6 +1,7 @@
 """Where the tap wgrad's finish spends its time, by clock stamps inside one launch (session 47).
 Session 46's ablation put 2.8-4.5 us of the 3x3 pick in the last CTA's pass over 4,608 sums,
-and coalescing that pass (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``) took only 0.2-0.4 us of it.
+and coalescing that pass (session 46's workspace order) took only 0.2-0.4 us of it
+(``TILEWISE_GCONV_WGRAD_FINISH_ORDER`` picks the pass's order; since session 47 "pairs").
 
 ``gconv_cuda.WGRAD_STAMPS`` (set here before the first compile) makes thread 0 of every CTA
 write ``%globaltimer`` at its start, before its finish and after its count, and the last CTA
@@ -96,7 +97,7 @@ def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor
         "k": k,
         "tile": tile.name,
         "dw_cl": dw_cl,
-        "finish_ws": gconv_cuda.WGRAD_FINISH_WS,
+        "finish_order": gconv_cuda.WGRAD_FINISH_ORDER,
         "ablate": gconv_cuda.WGRAD_ABLATE,
         "graph_us": time_calls(fn, sets).median_s * 1e6,
         "rel_err": err,
@@ -123,7 +124,7 @@ def main() -> None:
         row = _row(n, args.channels, args.kernel, tile, args.reps, args.dw_cl, buf)
         rows.append(row)
         print(
-            f"stamps C={row['c']} {row['k']}x{row['k']} N={n} {row['tile']} ws {row['finish_ws']} "
+            f"stamps C={row['c']} {row['k']}x{row['k']} N={n} {row['tile']} {row['finish_order']} "
             f"ablate {row['ablate']}{' cl' if args.dw_cl else ''}: "
             f"{row['graph_us']:.1f} us by graph replay (stamped), err {row['rel_err']:.1e}"
         )

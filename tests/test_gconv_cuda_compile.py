@@ -454,25 +454,31 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")
 @pytest.mark.parametrize("dw_cl", [False, True])
-def test_wgrad_finish_in_workspace_order_compiles_alike(dw_cl, tmp_path, monkeypatch):
-    """``TILEWISE_GCONV_WGRAD_FINISH_WS`` (session 46, prepared; its values are the GPU step's):
-    the 3x3 wgrad pick's finish over the workspace's order compiles for sm_90a without spills
-    and with the same loads, stores and atomics as over dw_out's order; the switch is in the
-    source only when set."""
+def test_wgrad_finish_orders_compile_alike(dw_cl, tmp_path, monkeypatch):
+    """``TILEWISE_GCONV_WGRAD_FINISH_ORDER`` (session 47; its values are the GPU tests'): the 3x3
+    wgrad pick compiles for sm_90a without spills in each finish order, with the same kinds of
+    loads, stores and atomics; the pairs' order (the default) keeps all 18 of a thread's loads in
+    flight at once (one batch before the first store) and needs no integer division."""
     (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
+    assert gconv_cuda.WGRAD_FINISH_ORDER == "pairs" == gconv_cuda.FINISH_ORDERS[0]
     ops, srcs = {}, {}
-    for ws in (False, True):
-        monkeypatch.setattr(gconv_cuda, "WGRAD_FINISH_WS", ws)
+    for order in gconv_cuda.FINISH_ORDERS:
+        monkeypatch.setattr(gconv_cuda, "WGRAD_FINISH_ORDER", order)
         src, entry = gconv_cuda.source(3, 3, tile, False, 2, False, "tw_gconv_wgrad", dw_cl)
-        assert f"#define FIN_WS {int(ws)}" in src
+        assert f"#define FIN_ORDER {gconv_cuda.FINISH_ORDERS.index(order)}" in src
         cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
-        assert _usage(log, entry)[1] == 0, ws
-        ops[ws], srcs[ws] = sass.opcodes(cubin, entry), src
+        assert _usage(log, entry)[1] == 0, order
+        ops[order], srcs[order] = sass.opcodes(cubin, entry), src
     for prefix in ("LDG", "STG", "ATOM", "RED"):
-        mem = [sorted(o for o in ops[ws] if o.startswith(prefix)) for ws in (False, True)]
-        assert mem[0] == mem[1] and mem[0], prefix
-    assert srcs[False] != srcs[True]
-    assert gconv_cuda.ENV_WGRAD_FINISH_WS == "TILEWISE_GCONV_WGRAD_FINISH_WS"
+        kinds = [{o for o in ops[order] if o.startswith(prefix)} for order in ops]
+        assert kinds[0] == kinds[1] == kinds[2] and kinds[0], prefix
+    pairs = ops["pairs"]  # the pass starts after the last CTA's fence (the second)
+    start = [i for i, o in enumerate(pairs) if o == "MEMBAR.SC.GPU"][1]
+    batch = pairs[start : pairs.index("STG.E.U16", start)]
+    assert batch.count("LDG.E.STRONG.GPU") == 18 and not [o for o in batch if o == "BRA"]
+    assert not [o for o in batch if o.startswith("IMAD.HI")]  # no division by the taps
+    assert len(set(srcs.values())) == 3
+    assert gconv_cuda.ENV_WGRAD_FINISH_ORDER == "TILEWISE_GCONV_WGRAD_FINISH_ORDER"
 
 
 @pytest.mark.skipif(NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing")

@@ -538,7 +538,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
-        FIN_WS=int(WGRAD_FINISH_WS),
+        FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         STAMPS=WGRAD_STAMPS,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
@@ -884,13 +884,21 @@ WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: N=8, one tile a CTA, where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
-#: the wgrad finish over the workspace's order (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``, read once;
-#: session 46, prepared and compiled for every wgrad variant, not run on a GPU: the device time
-#: ran out): the last CTA's fp32 loads and zeroing coalesce. Why: session 46's ablation put 2.8-4.5
-#: us of the 3x3 pick in that pass, whose loads and zeroing take 9-18 sectors a warp. Part of
-#: ``SOURCE_DIGEST`` when set
-ENV_WGRAD_FINISH_WS = "TILEWISE_GCONV_WGRAD_FINISH_WS"
-WGRAD_FINISH_WS = os.environ.get(ENV_WGRAD_FINISH_WS, "0") == "1"
+#: the order of the wgrad finish's pass over the block's sums
+#: (``TILEWISE_GCONV_WGRAD_FINISH_ORDER``, read once): "pairs" (session 47, the default) each
+#: thread a channel pair's taps, every load and zeroing a warp's one line, no index division, up
+#: to 24 loads in flight; "dw_out" the element order of dw_out (before session 47); "workspace"
+#: the workspace's (session 46's switch). Why: session 47's clock stamps put 3.2-3.7 us of the
+#: 3x3 pick (C=64, H200) in the dw_out-order pass, in three rounds of loads (~0.5-0.75 us each)
+#: and their stores' index arithmetic (~0.5 us each); the workspace order took 0.2-0.4 us of it.
+#: Part of ``SOURCE_DIGEST`` when not the default
+ENV_WGRAD_FINISH_ORDER = "TILEWISE_GCONV_WGRAD_FINISH_ORDER"
+FINISH_ORDERS = ("pairs", "dw_out", "workspace")
+WGRAD_FINISH_ORDER = os.environ.get(ENV_WGRAD_FINISH_ORDER) or FINISH_ORDERS[0]
+if WGRAD_FINISH_ORDER not in FINISH_ORDERS:
+    raise ValueError(
+        f"{ENV_WGRAD_FINISH_ORDER}={WGRAD_FINISH_ORDER!r} is none of {', '.join(FINISH_ORDERS)}"
+    )
 #: the tap wgrad's phase stamps (session 47, diagnosis only): the address of a u64 buffer of at
 #: least 64 + 4 x CTAs words that ``scripts/wgrad_stamp_probe.py`` allocates and sets here before
 #: the first compile (0: off; the source then has no stamps). Not part of ``SOURCE_DIGEST``: the
@@ -953,7 +961,7 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"wg-ablate {WG_ABLATE}" if WG_ABLATE else "")
         + ("wgrad-red4" if WGRAD_RED4 else "")
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
-        + ("wgrad-finish-ws" if WGRAD_FINISH_WS else "")
+        + (f"wgrad-finish {WGRAD_FINISH_ORDER}" if WGRAD_FINISH_ORDER != FINISH_ORDERS[0] else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)

@@ -5,7 +5,7 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_WS}``, ``{STAMPS}``; literal braces
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{STAMPS}``; literal braces
 doubled);
 ``gconv_cuda.source`` fills it in.
 """
@@ -103,8 +103,8 @@ SOURCE = (
 #define FIN_TAP(i) ((i) % TAPS)
 #endif
 
-// the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_WS``; see finish_wgrad)
-#define FIN_WS {FIN_WS}
+// the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_ORDER``; see finish_wgrad)
+#define FIN_ORDER {FIN_ORDER}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
@@ -430,16 +430,66 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     }}
     __threadfence();
     STAMP_LAST(1);
-    // FB loads in flight per thread before their stores: a serial load-store loop left an L2
-    // round trip per element on the kernel's tail (session 7: +5-7 us per call). Element i runs
-    // over dw_out's order (FIN_OI, FIN_TAP): the u16 stores coalesce, the fp32 loads and the
-    // zeroing take 9-18 sectors a warp. FIN_WS (``TILEWISE_GCONV_WGRAD_FINISH_WS=1``; session 46,
-    // prepared, not timed: the device time ran out) runs it over the workspace's order instead
-    // (a tap's CB * 8 sums are contiguous): the loads and the zeroing coalesce, and the u16
-    // stores with DW_CL. Session 46's ablation put 2.8-4.5 us of the 3x3 pick in this pass, not
-    // by its round trips (all loads in one round changed nothing).
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
-#if FIN_WS
+    const int tap0 = blockIdx.z * TAPS;
+#if FIN_ORDER == 0
+    // Thread t takes the (out, in) channel pairs p = t, t + NT, ... and every tap of each:
+    // a tap's CB * 8 sums are contiguous in the workspace, so a warp's loads and zeroing each
+    // take one 128-byte line, the addresses need no division, and up to 24 loads a thread are
+    // in flight at once (3x3, CB 64, 256 threads: all 18 of them). Session 47's clock stamps
+    // (H200, the 3x3 pick): the dw_out-order pass below took 3.2-3.7 us of the last CTA, its
+    // loads ~0.5-0.75 us a round (three rounds) and the index arithmetic and branches of its
+    // stores ~0.5 us a round; coalescing alone (the workspace order) 2.5 us.
+    constexpr int NP = CB * 8, NT = WARPS * 32, PPT = (NP + NT - 1) / NT;
+    constexpr int TB = TAPS * PPT <= 24 ? TAPS : (24 / PPT > 0 ? 24 / PPT : 1);
+    float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
+    const long long tstride = (long long)C * 8;
+    for (int t0 = 0; t0 < TAPS; t0 += TB) {{
+        float v[PPT][TB];
+#pragma unroll
+        for (int q = 0; q < PPT; ++q)
+#pragma unroll
+            for (int j = 0; j < TB; ++j) {{
+                const int p = tid + q * NT;
+                const bool ok = (NP % NT == 0 || p < NP) && (TAPS % TB == 0 || t0 + j < TAPS);
+                v[q][j] = ok ? ld_cg(wsb + (t0 + j) * tstride + p) : 0.f;
+            }}
+#if STAMPS
+        if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{  // thread 0's loads are back
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < TB; ++j) sum += v[0][j];
+            ((unsigned long long*)STAMPS)[10 + t0 / TB] = tw_gtimer_after(sum);
+        }}
+#endif
+        if (ablate & 64) {{  // the loads only, no stores: a sum that is stored only if 0x1p-149
+            float sum = 0.f;
+#pragma unroll
+            for (int q = 0; q < PPT; ++q)
+#pragma unroll
+                for (int j = 0; j < TB; ++j) sum += v[q][j];
+            if (sum == 1.401298464e-45f) dw_out[tid] = 0;
+            continue;
+        }}
+#pragma unroll
+        for (int q = 0; q < PPT; ++q)
+#pragma unroll
+            for (int j = 0; j < TB; ++j) {{
+                const int p = tid + q * NT;  // (co - c0) * 8 + ci
+                if ((NP % NT == 0 || p < NP) && (TAPS % TB == 0 || t0 + j < TAPS)) {{
+                    dw_out[DW_OUT(c0 * 8 + p, tap0 + t0 + j)] = to_u16(v[q][j]);
+                    st_cg(wsb + (t0 + j) * tstride + p, 0.f);
+                }}
+            }}
+        STAMP_LAST(2 + t0 / TB);
+    }}
+#else
+    // FIN_ORDER 1 (before session 47) runs element i over dw_out's order (FIN_OI, FIN_TAP): the
+    // u16 stores coalesce, the fp32 loads and the zeroing take 9-18 sectors a warp; 2 (session
+    // 46's switch) over the workspace's order: the loads and the zeroing coalesce. FB loads in
+    // flight per thread before their stores (session 7: a serial load-store loop left an L2
+    // round trip per element on the kernel's tail, +5-7 us per call).
+#if FIN_ORDER == 2
 #define FIN_EL_OI(i) ((i) % (CB * 8))
 #define FIN_EL_TAP(i) ((i) / (CB * 8))
 #else
@@ -447,7 +497,6 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
 #define FIN_EL_TAP(i) FIN_TAP(i)
 #endif
     constexpr int FB = 8, NW = CB * 8 * TAPS;
-    const int tap0 = blockIdx.z * TAPS;
     for (int base = 0; base < NW; base += FB * WARPS * 32) {{
         float v[FB];
 #pragma unroll
@@ -480,10 +529,11 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                 st_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 + FIN_EL_OI(i), 0.f);
             }}
         }}
-        STAMP_LAST(2 + base / (FB * WARPS * 32));  // thread 0's loads of this round are back
+        STAMP_LAST(2 + base / (FB * WARPS * 32));
     }}
 #undef FIN_EL_OI
 #undef FIN_EL_TAP
+#endif
 #if HAS_BIAS
     if (blockIdx.z == 0)
     for (int i = tid; i < CB; i += WARPS * 32) {{
