@@ -131,6 +131,17 @@ DWCL_TESTS=(
   tests/test_gconv_library.py ""
 )
 GEMV_TESTS=(tests/test_gemv_cuda.py "row_chunks or every_candidate")
+#: every wgrad GPU test against PyTorch in eight processes (session 47: 227 s on a fresh machine)
+WGRAD_ALL_TESTS=(
+  tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16"
+  tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16"
+  tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles"
+  tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16"
+  tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16"
+  tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta"
+  tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero"
+  tests/test_gconv.py "(wgrad or backward) and not compile"
+)
 #: the wgmma candidates at 3x3, 5x5 and 7x7 (C=64): session 40's descriptor A/B
 DESC_TILES="cudawg_t8x64c32w16m1s[23]_tma|cudawg_t16x64c16w8m1s2(a3)?_tma"
 WGRAD_K5_N8=(--channels 64 --kernels 5 --extra-kernels --n 8 --passes wgrad)
@@ -599,6 +610,23 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    finish-stage-s47)  # session 47, after call 4: the pairs' finish with a contiguous dw_out
+      # staged in shared memory (its stores had taken 1.5 us of 1.9 at N = 128), the pick at C=64
+      # N = 8, 32, 128 in both layouts; its stamps; every wgrad GPU test
+      for cl in "" --dw-cl; do
+        # shellcheck disable=SC2086
+        timeout "${PROBE_LIMIT:-60}" python scripts/wgrad_ablate_probe.py \
+          --n ${PROBE_N:-8 32 128} $cl --json "$R/stage$cl.json" >"$R/stage$cl.log" 2>&1
+        echo "rc $?: finish staged $cl"
+        grep -E "^ablate" "$R/stage$cl.log"
+      done
+      timeout "${PROBE_LIMIT:-60}" python scripts/wgrad_stamp_probe.py --n 8 128 \
+        --json "$R/stamps-stage.json" >"$R/stamps-stage.log" 2>&1
+      echo "rc $?: stamps staged"
+      grep -E "^stamps" "$R/stamps-stage.log" | grep -vE "ctas|last start|first at|median at"
+      pack
+      [ -n "${SKIP_TESTS:-}" ] || TEST_LIMIT=${TEST_LIMIT:-400} par_tests stage-tests \
+        "${WGRAD_ALL_TESTS[@]}" ;;
     finish-pairs-s47)  # session 47: the finish's pass over channel pairs (the new default) against
       # the dw_out order before it, the pick at C=64 N = 8, 32, 128 in both dw layouts, one
       # process each, alone on the GPU; the pairs with four-wide atomics; then every wgrad GPU
@@ -620,14 +648,7 @@ PY
       grep -E "^ablate" "$R/finish-pairs-red4.log"
       pack
       [ -n "${SKIP_TESTS:-}" ] || TEST_LIMIT=${TEST_LIMIT:-400} par_tests pairs-tests \
-        tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" \
-        tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16" \
-        tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles" \
-        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16" \
-        tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16" \
-        tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta" \
-        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" \
-        tests/test_gconv.py "(wgrad or backward) and not compile" ;;
+        "${WGRAD_ALL_TESTS[@]}" ;;
     wgrad-ablate-s45)  # session 45 (prepared after its device time): where the 3x3 tap wgrad's
       # ~11.5 us a launch goes: the pick at C=64 N = 8, 32, 128 with parts switched off
       # (TILEWISE_GCONV_WGRAD_ABLATE: 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads), one

@@ -56,9 +56,11 @@ def _launch_phases(buf: torch.Tensor, rounds: int) -> dict:
     }
     for k, name in LAST_PHASES.items():
         out[f"last CTA: {name}"] = words[k] - t0
-    for r in range(rounds):
-        out[f"last CTA: round {r} loads back"] = words[10 + r] - t0
-        out[f"last CTA: round {r} stored"] = words[2 + r] - t0
+    for r in range(rounds):  # the rounds the kernel ran (the order's, not the dw_out one's)
+        if words[10 + r]:
+            out[f"last CTA: round {r} loads back"] = words[10 + r] - t0
+        if words[2 + r]:
+            out[f"last CTA: round {r} stored"] = words[2 + r] - t0
     # clock64 of the last CTA, as cycles after its count was seen
     out["cycles: fence"] = words[33] - words[32]
     out["cycles: pass"] = words[62] - words[33]
@@ -90,7 +92,8 @@ def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor
         torch.cuda.synchronize()
         if i >= 3:  # the first launches warm up
             launches.append(_launch_phases(buf, rounds))
-    phases = {key: statistics.median(p[key] for p in launches) for key in launches[0]}
+    keys = [k for k in launches[0] if all(k in p for p in launches)]
+    phases = {key: statistics.median(p[key] for p in launches) for key in keys}
     return {
         "n": n,
         "c": c,

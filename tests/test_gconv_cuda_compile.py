@@ -457,8 +457,9 @@ def test_wgrad_ablation_takes_out_what_each_bit_says(tmp_path, monkeypatch):
 def test_wgrad_finish_orders_compile_alike(dw_cl, tmp_path, monkeypatch):
     """``TILEWISE_GCONV_WGRAD_FINISH_ORDER`` (session 47; its values are the GPU tests'): the 3x3
     wgrad pick compiles for sm_90a without spills in each finish order, with the same kinds of
-    loads, stores and atomics; the pairs' order (the default) keeps all 18 of a thread's loads in
-    flight at once (one batch before the first store) and needs no integer division."""
+    loads and atomics; the pairs' order (the default) keeps all 18 of a thread's loads in flight
+    at once (one batch before the first store), needs no integer division, and stages a
+    contiguous dw_out in shared memory."""
     (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
     assert gconv_cuda.WGRAD_FINISH_ORDER == "pairs" == gconv_cuda.FINISH_ORDERS[0]
     ops, srcs = {}, {}
@@ -469,14 +470,22 @@ def test_wgrad_finish_orders_compile_alike(dw_cl, tmp_path, monkeypatch):
         cubin, log = sass.compile_cubin(src, tmp_path, "sm_90a")
         assert _usage(log, entry)[1] == 0, order
         ops[order], srcs[order] = sass.opcodes(cubin, entry), src
-    for prefix in ("LDG", "STG", "ATOM", "RED"):
+    for prefix in ("LDG", "ATOM", "RED"):
         kinds = [{o for o in ops[order] if o.startswith(prefix)} for order in ops]
         assert kinds[0] == kinds[1] == kinds[2] and kinds[0], prefix
     pairs = ops["pairs"]  # the pass starts after the last CTA's fence (the second)
     start = [i for i, o in enumerate(pairs) if o == "MEMBAR.SC.GPU"][1]
-    batch = pairs[start : pairs.index("STG.E.U16", start)]
+    first_store = min(i for i, o in enumerate(pairs) if i > start and o.startswith("STG"))
+    batch = pairs[start:first_store]
     assert batch.count("LDG.E.STRONG.GPU") == 18 and not [o for o in batch if o == "BRA"]
     assert not [o for o in batch if o.startswith("IMAD.HI")]  # no division by the taps
+    # a contiguous dw_out is staged in shared memory and leaves as words (a halves' fallback for
+    # an odd address); a channels_last one is stored from the registers
+    staged = {o for o in pairs[start:] if o.startswith(("STS", "LDS", "STG.E"))}
+    if dw_cl:
+        assert not {o for o in staged if o.startswith(("STS", "LDS"))}
+    else:
+        assert {"STS.U16", "LDS", "STG.E", "STG.E.U16"} <= staged, sorted(staged)
     assert len(set(srcs.values())) == 3
     assert gconv_cuda.ENV_WGRAD_FINISH_ORDER == "TILEWISE_GCONV_WGRAD_FINISH_ORDER"
 

@@ -539,6 +539,7 @@ def source(
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
+        FIN_SMEM=wgrad_smem_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
         STAMPS=WGRAD_STAMPS,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )

@@ -5,8 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{STAMPS}``; literal braces
-doubled);
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{FIN_SMEM}``, ``{STAMPS}``;
+literal braces doubled);
 ``gconv_cuda.source`` fills it in.
 """
 
@@ -105,6 +105,8 @@ SOURCE = (
 
 // the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_ORDER``; see finish_wgrad)
 #define FIN_ORDER {FIN_ORDER}
+// the wgrad kernel's dynamic shared memory in bytes (the finish stages its dw_out in it)
+#define FIN_SMEM {FIN_SMEM}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
@@ -440,48 +442,69 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     // (H200, the 3x3 pick): the dw_out-order pass below took 3.2-3.7 us of the last CTA, its
     // loads ~0.5-0.75 us a round (three rounds) and the index arithmetic and branches of its
     // stores ~0.5 us a round; coalescing alone (the workspace order) 2.5 us.
-    constexpr int NP = CB * 8, NT = WARPS * 32, PPT = (NP + NT - 1) / NT;
-    constexpr int TB = TAPS * PPT <= 24 ? TAPS : (24 / PPT > 0 ? 24 / PPT : 1);
+    constexpr int FNP = CB * 8, FNT = WARPS * 32, FPPT = (FNP + FNT - 1) / FNT;
+    constexpr int FTB = TAPS * FPPT <= 24 ? TAPS : (24 / FPPT > 0 ? 24 / FPPT : 1);
+    // a contiguous dw_out takes a warp's 32 pairs' taps as one run of 32 x TAPS halves: staged
+    // in this warp's piece of shared memory (the main loop is done with it), they leave as
+    // coalesced words, where the pairs' own stores took 18 sectors a warp store (session 47's
+    // stamps, 3x3 pick at N = 128: 1.5 us of stores after 0.35 us of loads)
+    constexpr bool STAGE = !DW_CL && !ROWSPLIT && FTB == TAPS &&
+                           FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
     float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
     const long long tstride = (long long)C * 8;
-    for (int t0 = 0; t0 < TAPS; t0 += TB) {{
-        float v[PPT][TB];
+    for (int t0 = 0; t0 < TAPS; t0 += FTB) {{
+        float v[FPPT][FTB];
 #pragma unroll
-        for (int q = 0; q < PPT; ++q)
+        for (int q = 0; q < FPPT; ++q)
 #pragma unroll
-            for (int j = 0; j < TB; ++j) {{
-                const int p = tid + q * NT;
-                const bool ok = (NP % NT == 0 || p < NP) && (TAPS % TB == 0 || t0 + j < TAPS);
+            for (int j = 0; j < FTB; ++j) {{
+                const int p = tid + q * FNT;
+                const bool ok = (FNP % FNT == 0 || p < FNP) && (TAPS % FTB == 0 || t0 + j < TAPS);
                 v[q][j] = ok ? ld_cg(wsb + (t0 + j) * tstride + p) : 0.f;
             }}
 #if STAMPS
         if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{  // thread 0's loads are back
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < TB; ++j) sum += v[0][j];
-            ((unsigned long long*)STAMPS)[10 + t0 / TB] = tw_gtimer_after(sum);
+            for (int j = 0; j < FTB; ++j) sum += v[0][j];
+            ((unsigned long long*)STAMPS)[10 + t0 / FTB] = tw_gtimer_after(sum);
         }}
 #endif
         if (ablate & 64) {{  // the loads only, no stores: a sum that is stored only if 0x1p-149
             float sum = 0.f;
 #pragma unroll
-            for (int q = 0; q < PPT; ++q)
+            for (int q = 0; q < FPPT; ++q)
 #pragma unroll
-                for (int j = 0; j < TB; ++j) sum += v[q][j];
+                for (int j = 0; j < FTB; ++j) sum += v[q][j];
             if (sum == 1.401298464e-45f) dw_out[tid] = 0;
             continue;
         }}
 #pragma unroll
-        for (int q = 0; q < PPT; ++q)
+        for (int q = 0; q < FPPT; ++q) {{
+            const int p = tid + q * FNT;  // (co - c0) * 8 + ci
 #pragma unroll
-            for (int j = 0; j < TB; ++j) {{
-                const int p = tid + q * NT;  // (co - c0) * 8 + ci
-                if ((NP % NT == 0 || p < NP) && (TAPS % TB == 0 || t0 + j < TAPS)) {{
-                    dw_out[DW_OUT(c0 * 8 + p, tap0 + t0 + j)] = to_u16(v[q][j]);
+            for (int j = 0; j < FTB; ++j)
+                if ((FNP % FNT == 0 || p < FNP) && (TAPS % FTB == 0 || t0 + j < TAPS)) {{
+                    if (!STAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + t0 + j)] = to_u16(v[q][j]);
                     st_cg(wsb + (t0 + j) * tstride + p, 0.f);
                 }}
+            if (STAGE) {{
+                const int lane = tid & 31, w0 = q * FNT + (tid & ~31);  // the warp's first pair
+                u16* const stage = (u16*)((unsigned char*)flag + 16) + (tid >> 5) * 32 * TAPS;
+#pragma unroll
+                for (int j = 0; j < TAPS; ++j) stage[lane * TAPS + j] = to_u16(v[q][j]);
+                __syncwarp();
+                const int halves = (FNP % FNT == 0 ? 32 : min(32, FNP - w0)) * TAPS;
+                u16* const out = dw_out + (long long)(c0 * 8 + w0) * TAPS;  // R_FULL * S == TAPS
+                if (halves == 32 * TAPS && !((size_t)out & 3))  // whole words
+                    for (int e = lane; e < 16 * TAPS; e += 32)
+                        ((u32*)out)[e] = ((const u32*)stage)[e];
+                else
+                    for (int e = lane; e < halves; e += 32) out[e] = stage[e];
+                __syncwarp();
             }}
-        STAMP_LAST(2 + t0 / TB);
+        }}
+        STAMP_LAST(2 + t0 / FTB);
     }}
 #else
     // FIN_ORDER 1 (before session 47) runs element i over dw_out's order (FIN_OI, FIN_TAP): the
