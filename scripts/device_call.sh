@@ -610,6 +610,12 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    wgrad-study-s47)  # session 47 (prepared after its device time): issue 3's wgrad grid (3x3,
+      # C=64/128/256, N = 1-256, fp16 and bf16, against cuDNN) with the pairs' finish, beside
+      # the GPU tests the session left (run finish-stage-s47 with SKIP_TESTS unset first)
+      # shellcheck disable=SC2086
+      study gconv-s47-wgrad "${STUDY_LIMIT:-420}" --channels 64 128 256 --kernels 3 \
+        --passes wgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     finish-stage-s47)  # session 47, after call 4: the pairs' finish with a contiguous dw_out
       # staged in shared memory (its stores had taken 1.5 us of 1.9 at N = 128), the pick at C=64
       # N = 8, 32, 128 in both layouts; its stamps; every wgrad GPU test

@@ -580,3 +580,25 @@ def test_wgrad_stamps_compile_only_when_set(tmp_path, monkeypatch):
     count = {a: sum(o == "CS2R" for o in ops[a]) for a in ops}
     assert count[0x7F0000000000] > count[0]
     assert sum(o == "ST.E.64" for o in ops[0x7F0000000000]) > sum(o == "ST.E.64" for o in ops[0])
+
+
+def test_wgrad_finish_order_switch_rejects_unknown_orders():
+    """``TILEWISE_GCONV_WGRAD_FINISH_ORDER`` names one of ``FINISH_ORDERS``: another value stops
+    the import with a ValueError naming the variable, where a silent default would time or ship
+    a kernel nobody asked for. The default source carries FIN_ORDER 0 and the wgrad kernel's
+    dynamic shared memory as FIN_SMEM (0 in the fprop's module)."""
+    env = dict(os.environ, TILEWISE_GCONV_WGRAD_FINISH_ORDER="rows")
+    out = subprocess.run(
+        [sys.executable, "-c", "import tilewise.ops.gconv_cuda"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode != 0
+    assert "ValueError" in out.stderr and "TILEWISE_GCONV_WGRAD_FINISH_ORDER='rows'" in out.stderr
+    (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
+    default, _ = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_wgrad")
+    assert "#define FIN_ORDER 0\n" in default
+    assert f"#define FIN_SMEM {gconv_cuda.wgrad_smem_bytes(3, 3, tile)}\n" in default
+    fprop, _ = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_fprop")
+    assert "#define FIN_SMEM 0\n" in fprop  # no wgrad launch from the fprop's module

@@ -887,12 +887,14 @@ ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: the order of the wgrad finish's pass over the block's sums
 #: (``TILEWISE_GCONV_WGRAD_FINISH_ORDER``, read once): "pairs" (session 47, the default) each
-#: thread a channel pair's taps, every load and zeroing a warp's one line, no index division, up
-#: to 24 loads in flight; "dw_out" the element order of dw_out (before session 47); "workspace"
-#: the workspace's (session 46's switch). Why: session 47's clock stamps put 3.2-3.7 us of the
-#: 3x3 pick (C=64, H200) in the dw_out-order pass, in three rounds of loads (~0.5-0.75 us each)
-#: and their stores' index arithmetic (~0.5 us each); the workspace order took 0.2-0.4 us of it.
-#: Part of ``SOURCE_DIGEST`` when not the default
+#: thread a channel pair's taps, every load and zeroing a warp's one line, no index division, all
+#: loads in one batch, where a thread's share is at most 24 sums (else as "dw_out"); "dw_out"
+#: the element order of dw_out (before session 47); "workspace" the workspace's (session 46's
+#: switch). Why: session 47's clock stamps put 3.2 us of the 3x3 pick (C=64, H200) in the
+#: dw_out-order pass, in three rounds of loads (0.26-0.90 us each) and their stores' index
+#: arithmetic and branches (0.22-0.54 us each); the workspace order took 0.2-0.4 us of it, the
+#: pairs' order (with a contiguous dw_out staged in shared memory) 2.3. Part of
+#: ``SOURCE_DIGEST`` when not the default
 ENV_WGRAD_FINISH_ORDER = "TILEWISE_GCONV_WGRAD_FINISH_ORDER"
 FINISH_ORDERS = ("pairs", "dw_out", "workspace")
 WGRAD_FINISH_ORDER = os.environ.get(ENV_WGRAD_FINISH_ORDER) or FINISH_ORDERS[0]

@@ -434,40 +434,40 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     STAMP_LAST(1);
     // this CTA's taps start at tap0 of the R_FULL x S kernel (ROWSPLIT: R rows per blockIdx.z)
     const int tap0 = blockIdx.z * TAPS;
-#if FIN_ORDER == 0
-    // Thread t takes the (out, in) channel pairs p = t, t + NT, ... and every tap of each:
-    // a tap's CB * 8 sums are contiguous in the workspace, so a warp's loads and zeroing each
-    // take one 128-byte line, the addresses need no division, and up to 24 loads a thread are
-    // in flight at once (3x3, CB 64, 256 threads: all 18 of them). Session 47's clock stamps
-    // (H200, the 3x3 pick): the dw_out-order pass below took 3.2-3.7 us of the last CTA, its
-    // loads ~0.5-0.75 us a round (three rounds) and the index arithmetic and branches of its
-    // stores ~0.5 us a round; coalescing alone (the workspace order) 2.5 us.
+    // Where a thread's share is at most 24 sums (3x3: CB 64 on 256 threads, 18), the pairs'
+    // order (FIN_ORDER 0, the default): thread t takes the (out, in) channel pairs p = t,
+    // t + FNT, ... and every tap of each. A tap's CB * 8 sums are contiguous in the workspace,
+    // so a warp's loads and zeroing are one 128-byte line each, the addresses need no division,
+    // and all of the thread's loads are in flight at once. Session 47's clock stamps (H200, the
+    // 3x3 pick at N = 8 and 128): the dw_out-order pass below took 3.2 us of the last CTA, its
+    // loads 0.26-0.90 us a round (three rounds) and the index arithmetic and branches of its
+    // stores 0.22-0.54 us a round; the workspace order 2.5-3.0 us; this one 0.9. Larger shares
+    // (5x5 and up, or fewer threads) keep the loop below: batched, the pairs spilled more in
+    // the 6x6-7x7 tiles' 128 registers (ptxas).
     constexpr int FNP = CB * 8, FNT = WARPS * 32, FPPT = (FNP + FNT - 1) / FNT;
-    constexpr int FTB = TAPS * FPPT <= 24 ? TAPS : (24 / FPPT > 0 ? 24 / FPPT : 1);
+    constexpr bool PAIRS = FIN_ORDER == 0 && TAPS * FPPT <= 24;
     // a contiguous dw_out takes a warp's 32 pairs' taps as one run of 32 x TAPS halves: staged
     // in this warp's piece of shared memory (the main loop is done with it), they leave as
     // coalesced words, where the pairs' own stores took 18 sectors a warp store (session 47's
     // stamps, 3x3 pick at N = 128: 1.5 us of stores after 0.35 us of loads)
-    constexpr bool STAGE = !DW_CL && !ROWSPLIT && FTB == TAPS &&
-                           FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
-    float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
-    const long long tstride = (long long)C * 8;
-    for (int t0 = 0; t0 < TAPS; t0 += FTB) {{
-        float v[FPPT][FTB];
+    constexpr bool STAGE = PAIRS && !DW_CL && !ROWSPLIT && FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
+    if (PAIRS) {{
+        float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
+        const long long tstride = (long long)C * 8;
+        float v[FPPT][TAPS];
 #pragma unroll
         for (int q = 0; q < FPPT; ++q)
 #pragma unroll
-            for (int j = 0; j < FTB; ++j) {{
+            for (int j = 0; j < TAPS; ++j) {{
                 const int p = tid + q * FNT;
-                const bool ok = (FNP % FNT == 0 || p < FNP) && (TAPS % FTB == 0 || t0 + j < TAPS);
-                v[q][j] = ok ? ld_cg(wsb + (t0 + j) * tstride + p) : 0.f;
+                v[q][j] = FNP % FNT == 0 || p < FNP ? ld_cg(wsb + j * tstride + p) : 0.f;
             }}
 #if STAMPS
         if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{  // thread 0's loads are back
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < FTB; ++j) sum += v[0][j];
-            ((unsigned long long*)STAMPS)[10 + t0 / FTB] = tw_gtimer_after(sum);
+            for (int j = 0; j < TAPS; ++j) sum += v[0][j];
+            ((unsigned long long*)STAMPS)[10] = tw_gtimer_after(sum);
         }}
 #endif
         if (ablate & 64) {{  // the loads only, no stores: a sum that is stored only if 0x1p-149
@@ -475,43 +475,43 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
 #pragma unroll
             for (int q = 0; q < FPPT; ++q)
 #pragma unroll
-                for (int j = 0; j < FTB; ++j) sum += v[q][j];
+                for (int j = 0; j < TAPS; ++j) sum += v[q][j];
             if (sum == 1.401298464e-45f) dw_out[tid] = 0;
-            continue;
-        }}
+        }} else {{
 #pragma unroll
-        for (int q = 0; q < FPPT; ++q) {{
-            const int p = tid + q * FNT;  // (co - c0) * 8 + ci
+            for (int q = 0; q < FPPT; ++q) {{
+                const int p = tid + q * FNT;  // (co - c0) * 8 + ci
+                if (FNP % FNT == 0 || p < FNP)
 #pragma unroll
-            for (int j = 0; j < FTB; ++j)
-                if ((FNP % FNT == 0 || p < FNP) && (TAPS % FTB == 0 || t0 + j < TAPS)) {{
-                    if (!STAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + t0 + j)] = to_u16(v[q][j]);
-                    st_cg(wsb + (t0 + j) * tstride + p, 0.f);
+                    for (int j = 0; j < TAPS; ++j) {{
+                        if (!STAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + j)] = to_u16(v[q][j]);
+                        st_cg(wsb + j * tstride + p, 0.f);
+                    }}
+                if (STAGE) {{
+                    const int lane = tid & 31, w0 = q * FNT + (tid & ~31);  // the warp's 1st pair
+                    u16* const stage = (u16*)((unsigned char*)flag + 16) + (tid >> 5) * 32 * TAPS;
+#pragma unroll
+                    for (int j = 0; j < TAPS; ++j) stage[lane * TAPS + j] = to_u16(v[q][j]);
+                    __syncwarp();
+                    const int halves = (FNP % FNT == 0 ? 32 : min(32, FNP - w0)) * TAPS;
+                    u16* const out = dw_out + (long long)(c0 * 8 + w0) * TAPS;  // R_FULL*S == TAPS
+                    if (halves == 32 * TAPS && !((size_t)out & 3))  // whole words
+                        for (int e = lane; e < 16 * TAPS; e += 32)
+                            ((u32*)out)[e] = ((const u32*)stage)[e];
+                    else
+                        for (int e = lane; e < halves; e += 32) out[e] = stage[e];
+                    __syncwarp();
                 }}
-            if (STAGE) {{
-                const int lane = tid & 31, w0 = q * FNT + (tid & ~31);  // the warp's first pair
-                u16* const stage = (u16*)((unsigned char*)flag + 16) + (tid >> 5) * 32 * TAPS;
-#pragma unroll
-                for (int j = 0; j < TAPS; ++j) stage[lane * TAPS + j] = to_u16(v[q][j]);
-                __syncwarp();
-                const int halves = (FNP % FNT == 0 ? 32 : min(32, FNP - w0)) * TAPS;
-                u16* const out = dw_out + (long long)(c0 * 8 + w0) * TAPS;  // R_FULL * S == TAPS
-                if (halves == 32 * TAPS && !((size_t)out & 3))  // whole words
-                    for (int e = lane; e < 16 * TAPS; e += 32)
-                        ((u32*)out)[e] = ((const u32*)stage)[e];
-                else
-                    for (int e = lane; e < halves; e += 32) out[e] = stage[e];
-                __syncwarp();
             }}
+            STAMP_LAST(2);
         }}
-        STAMP_LAST(2 + t0 / FTB);
-    }}
-#else
-    // FIN_ORDER 1 (before session 47) runs element i over dw_out's order (FIN_OI, FIN_TAP): the
-    // u16 stores coalesce, the fp32 loads and the zeroing take 9-18 sectors a warp; 2 (session
-    // 46's switch) over the workspace's order: the loads and the zeroing coalesce. FB loads in
-    // flight per thread before their stores (session 7: a serial load-store loop left an L2
-    // round trip per element on the kernel's tail, +5-7 us per call).
+    }} else {{
+    // FIN_ORDER 1 (the order before session 47, and every larger share) runs element i over
+    // dw_out's order (FIN_OI, FIN_TAP): the u16 stores coalesce, the fp32 loads and the zeroing
+    // take 9-18 sectors a warp; 2 (session 46's switch) over the workspace's order: the loads
+    // and the zeroing coalesce. FB loads in flight per thread before their stores (session 7: a
+    // serial load-store loop left an L2 round trip per element on the kernel's tail, +5-7 us
+    // per call).
 #if FIN_ORDER == 2
 #define FIN_EL_OI(i) ((i) % (CB * 8))
 #define FIN_EL_TAP(i) ((i) / (CB * 8))
@@ -556,7 +556,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     }}
 #undef FIN_EL_OI
 #undef FIN_EL_TAP
-#endif
+    }}
 #if HAS_BIAS
     if (blockIdx.z == 0)
     for (int i = tid; i < CB; i += WARPS * 32) {{
