@@ -79,6 +79,9 @@ def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor
         return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl)[0]
 
     dy, x = sets[0]
+    grid = gconv_cuda.bind_wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl).grid
+    if grid[0] * grid[1] * grid[2] > MAX_CTAS:  # the kernel would write past the buffer
+        raise ValueError(f"argument '--n': {n} launches {grid} CTAs, more than {MAX_CTAS}")
     ref = torch.nn.grad.conv2d_weight(
         x.float(), (c, 8, k, k), dy.float(), padding=pad, groups=c // 8
     )
@@ -120,6 +123,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     tile = _tile(args.tile)
+    if tile.rowpair or tile.wgmma:  # only the tap kernel stamps its CTAs' starts
+        raise ValueError(f"argument '--tile': {tile.name} is no tap wgrad tile")
+    if gconv_cuda.WGRAD_ABLATE & (2 | 16):  # no finish, or no pass: nothing to stamp
+        raise ValueError("TILEWISE_GCONV_WGRAD_ABLATE bits 2 and 16 leave no pass to stamp")
     buf = torch.zeros(64 + 4 * MAX_CTAS, dtype=torch.int64, device="cuda")
     gconv_cuda.WGRAD_STAMPS = buf.data_ptr()
     rows = []

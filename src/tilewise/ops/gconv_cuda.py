@@ -468,6 +468,15 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     return loop
 
 
+def finish_staging_bytes(r: int, s: int, tile: CudaTile) -> int:
+    """The bytes at the start of a wgrad kernel's dynamic shared memory that its finish may
+    stage dw_out in (``FIN_SMEM``): all of it but the tail, where the TMA tiles' alignment slack,
+    the zero pixel and the mbarriers sit (at most a swizzle period and 512 bytes), so the
+    staging never overwrites an mbarrier."""
+    tail = 512 + (_tma_period(tile.cb) if tile.tma else 0)
+    return max(0, wgrad_smem_bytes(r, s, tile) - tail)
+
+
 _WG_WGRAD = "tw_gconv_wgrad_wg"
 
 
@@ -539,8 +548,8 @@ def source(
         RED4=int(WGRAD_RED4),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
-        FIN_SMEM=wgrad_smem_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
-        STAMPS=WGRAD_STAMPS,
+        FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
+        STAMPS=WGRAD_STAMPS if entry.startswith("tw_gconv_wgrad") else 0,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
     return src, entry
@@ -891,8 +900,8 @@ WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: loads in one batch, where a thread's share is at most 24 sums (else as "dw_out"); "dw_out"
 #: the element order of dw_out (before session 47); "workspace" the workspace's (session 46's
 #: switch). Why: session 47's clock stamps put 3.2 us of the 3x3 pick (C=64, H200) in the
-#: dw_out-order pass, in three rounds of loads (0.26-0.90 us each) and their stores' index
-#: arithmetic and branches (0.22-0.54 us each); the workspace order took 0.2-0.4 us of it, the
+#: dw_out-order pass, in three rounds of loads (0.42-0.90 us each) and their stores' index
+#: arithmetic and branches (0.22-0.64 us each); the workspace order took 0.2-0.4 us of it, the
 #: pairs' order (with a contiguous dw_out staged in shared memory) 2.3. Part of
 #: ``SOURCE_DIGEST`` when not the default
 ENV_WGRAD_FINISH_ORDER = "TILEWISE_GCONV_WGRAD_FINISH_ORDER"

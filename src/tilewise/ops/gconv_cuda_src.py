@@ -105,13 +105,15 @@ SOURCE = (
 
 // the wgrad finish's element order (``TILEWISE_GCONV_WGRAD_FINISH_ORDER``; see finish_wgrad)
 #define FIN_ORDER {FIN_ORDER}
-// the wgrad kernel's dynamic shared memory in bytes (the finish stages its dw_out in it)
+// the bytes at the start of the wgrad kernel's dynamic shared memory its finish may stage dw_out
+// in (``gconv_cuda.finish_staging_bytes``: the tail with the mbarriers left out)
 #define FIN_SMEM {FIN_SMEM}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
 // writes its pass's phases in words 0-31 (%globaltimer) and 32-63 (clock64): 0 count seen, 1
-// after the fence, 2 + r round r's stores issued, 10 + r round r's loads back, 30 done
+// after the fence, 2 + r round r's stores issued, 10 + r round r's loads back (rounds 0-7), 30
+// done
 #define STAMPS {STAMPS}ULL
 #if STAMPS
 __device__ __forceinline__ unsigned long long tw_gtimer() {{
@@ -440,18 +442,18 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     // so a warp's loads and zeroing are one 128-byte line each, the addresses need no division,
     // and all of the thread's loads are in flight at once. Session 47's clock stamps (H200, the
     // 3x3 pick at N = 8 and 128): the dw_out-order pass below took 3.2 us of the last CTA, its
-    // loads 0.26-0.90 us a round (three rounds) and the index arithmetic and branches of its
-    // stores 0.22-0.54 us a round; the workspace order 2.5-3.0 us; this one 0.9. Larger shares
+    // loads 0.42-0.90 us a round (three rounds) and the index arithmetic and branches of its
+    // stores 0.22-0.64 us a round; the workspace order 2.5-3.0 us; this one 0.9. Larger shares
     // (5x5 and up, or fewer threads) keep the loop below: batched, the pairs spilled more in
     // the 6x6-7x7 tiles' 128 registers (ptxas).
     constexpr int FNP = CB * 8, FNT = WARPS * 32, FPPT = (FNP + FNT - 1) / FNT;
-    constexpr bool PAIRS = FIN_ORDER == 0 && TAPS * FPPT <= 24;
+    constexpr bool FPAIRS = FIN_ORDER == 0 && TAPS * FPPT <= 24;
     // a contiguous dw_out takes a warp's 32 pairs' taps as one run of 32 x TAPS halves: staged
     // in this warp's piece of shared memory (the main loop is done with it), they leave as
     // coalesced words, where the pairs' own stores took 18 sectors a warp store (session 47's
     // stamps, 3x3 pick at N = 128: 1.5 us of stores after 0.35 us of loads)
-    constexpr bool STAGE = PAIRS && !DW_CL && !ROWSPLIT && FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
-    if (PAIRS) {{
+    constexpr bool FSTAGE = FPAIRS && !DW_CL && !ROWSPLIT && FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
+    if (FPAIRS) {{
         float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
         const long long tstride = (long long)C * 8;
         float v[FPPT][TAPS];
@@ -484,17 +486,18 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                 if (FNP % FNT == 0 || p < FNP)
 #pragma unroll
                     for (int j = 0; j < TAPS; ++j) {{
-                        if (!STAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + j)] = to_u16(v[q][j]);
+                        if (!FSTAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + j)] = to_u16(v[q][j]);
                         st_cg(wsb + j * tstride + p, 0.f);
                     }}
-                if (STAGE) {{
+                if (FSTAGE) {{
                     const int lane = tid & 31, w0 = q * FNT + (tid & ~31);  // the warp's 1st pair
                     u16* const stage = (u16*)((unsigned char*)flag + 16) + (tid >> 5) * 32 * TAPS;
 #pragma unroll
                     for (int j = 0; j < TAPS; ++j) stage[lane * TAPS + j] = to_u16(v[q][j]);
                     __syncwarp();
                     const int halves = (FNP % FNT == 0 ? 32 : min(32, FNP - w0)) * TAPS;
-                    u16* const out = dw_out + (long long)(c0 * 8 + w0) * TAPS;  // R_FULL*S == TAPS
+                    // no row split: one row block (tap0 0) and R_FULL * S == TAPS
+                    u16* const out = dw_out + (long long)(c0 * 8 + w0) * TAPS;
                     if (halves == 32 * TAPS && !((size_t)out & 3))  // whole words
                         for (int e = lane; e < 16 * TAPS; e += 32)
                             ((u32*)out)[e] = ((const u32*)stage)[e];
@@ -534,7 +537,8 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < FB; ++j) sum += v[j];
-            ((unsigned long long*)STAMPS)[10 + base / (FB * WARPS * 32)] = tw_gtimer_after(sum);
+            const int rnd = base / (FB * WARPS * 32);  // words 2-9 and 10-17: 8 rounds at most
+            if (rnd < 8) ((unsigned long long*)STAMPS)[10 + rnd] = tw_gtimer_after(sum);
         }}
 #endif
         if (ablate & 64) {{  // the loads only, no stores: a sum that is stored only if 0x1p-149
@@ -552,7 +556,7 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
                 st_cg(dw + (long long)(tap0 + FIN_EL_TAP(i)) * C * 8 + c0 * 8 + FIN_EL_OI(i), 0.f);
             }}
         }}
-        STAMP_LAST(2 + base / (FB * WARPS * 32));
+        if (base / (FB * WARPS * 32) < 8) STAMP_LAST(2 + base / (FB * WARPS * 32));
     }}
 #undef FIN_EL_OI
 #undef FIN_EL_TAP
