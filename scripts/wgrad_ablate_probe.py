@@ -38,25 +38,36 @@ def _tile(name: str) -> gconv_cuda.CudaTile:
     return tiles[name]
 
 
+def input_sets(n: int, c: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Three (dy, x) sets of the issue's shape for C, fp16 channels_last, rotated by the timer:
+    at N = 128 each set is 134 MB, past the L2."""
+    hw = SIDES[c]
+    return [
+        tuple(
+            channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
+            for _ in range(2)
+        )
+        for _ in range(3)
+    ]
+
+
+def relative_error(fn, dy: torch.Tensor, x: torch.Tensor, k: int) -> float:
+    """``fn(dy, x)``'s weight gradient against PyTorch's in fp32, as a relative norm."""
+    c = x.shape[1]
+    ref = torch.nn.grad.conv2d_weight(
+        x.float(), (c, 8, k, k), dy.float(), padding=k // 2, groups=c // 8
+    )
+    return float((fn(dy, x).float() - ref).norm() / ref.norm())
+
+
 def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> dict:
-    hw, pad = SIDES[c], k // 2
-    sets = []
-    for _ in range(3):  # rotated: at N = 128 each set (x + dy) is 134 MB, past the L2
-        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
-        dy = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
-        sets.append((dy, x))
+    pad = k // 2
+    sets = input_sets(n, c)
 
     def fn(dy, x):
         return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl)[0]
 
-    err = None
-    if not gconv_cuda.WGRAD_ABLATE:
-        dy, x = sets[0]
-        ref = torch.nn.grad.conv2d_weight(
-            x.float(), (c, 8, k, k), dy.float(), padding=pad, groups=c // 8
-        )
-        got = fn(dy, x).float()
-        err = float((got - ref).norm() / ref.norm())
+    err = None if gconv_cuda.WGRAD_ABLATE else relative_error(fn, *sets[0], k)
     s = time_calls(fn, sets).median_s
     nbytes = 2 * sets[0][0].nbytes + c * 8 * k * k * 2
     return {

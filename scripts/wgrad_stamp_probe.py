@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wgrad_ablate_probe import DEFAULT_TILE, SIDES, _tile  # noqa: E402
+from wgrad_ablate_probe import DEFAULT_TILE, SIDES, _tile, input_sets, relative_error  # noqa: E402
 
 from tilewise.bench.results import environment  # noqa: E402
 from tilewise.bench.timing import time_calls  # noqa: E402
 from tilewise.ops import gconv_cuda  # noqa: E402
-from tilewise.ops.gconv_config import channels_last_copy  # noqa: E402
 
 MAX_CTAS = 4096
 #: the last CTA's stamp words (as the kernel's STAMP_LAST) and what ends at each
@@ -68,12 +67,8 @@ def _launch_phases(buf: torch.Tensor, rounds: int) -> dict:
 
 
 def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor) -> dict:
-    hw, pad = SIDES[c], k // 2
-    sets = []
-    for _ in range(3):
-        x = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
-        dy = channels_last_copy(torch.randn(n, c, hw, hw, device="cuda", dtype=torch.float16))
-        sets.append((dy, x))
+    pad = k // 2
+    sets = input_sets(n, c)
 
     def fn(dy, x):
         return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl)[0]
@@ -82,10 +77,7 @@ def _row(n: int, c: int, k: int, tile, reps: int, dw_cl: bool, buf: torch.Tensor
     grid = gconv_cuda.bind_wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl).grid
     if grid[0] * grid[1] * grid[2] > MAX_CTAS:  # the kernel would write past the buffer
         raise ValueError(f"argument '--n': {n} launches {grid} CTAs, more than {MAX_CTAS}")
-    ref = torch.nn.grad.conv2d_weight(
-        x.float(), (c, 8, k, k), dy.float(), padding=pad, groups=c // 8
-    )
-    err = float((fn(dy, x).float() - ref).norm() / ref.norm())
+    err = relative_error(fn, dy, x, k)
     rounds = -(-(tile.cb * 8 * k * k) // (8 * tile.warps * 32))  # the pass's load rounds (FB 8)
     launches = []
     for i in range(reps + 3):
