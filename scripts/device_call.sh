@@ -610,6 +610,24 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    sumk-s48)  # session 48: the 3x3 TMA wgrad pick against the same tile with its CTAs' sums
+      # added up in clusters of 2 and 4 before the atomics (sumk), at the issue's shapes where it
+      # is picked (C=64 N = 8, 32, 128; C=128 N = 32, 128; C=256 N = 32, 256), one process a C;
+      # then every wgrad tile's GPU tests (the sumk tiles are candidates) and test_gconv's wgrad
+      base=cuda_t16x16c64w8m1s2_tma1
+      for spec in "64:${SUMK_N64:-8 32 128}" "128:${SUMK_N128:-32 128}" "256:${SUMK_N256:-32 256}"; do
+        c=${spec%%:*}
+        # shellcheck disable=SC2086
+        timeout "${PROBE_LIMIT:-120}" python scripts/wgrad_ablate_probe.py --channels "$c" \
+          --n ${spec#*:} --tile $base ${base}_sum2 ${base}_sum4 \
+          --json "$R/sumk-c$c.json" >"$R/sumk-c$c.log" 2>&1
+        echo "rc $?: sumk C=$c"
+        grep -E "^ablate|Error" "$R/sumk-c$c.log"
+      done
+      pack
+      [ -n "${SKIP_TESTS:-}" ] || TEST_LIMIT=${TEST_LIMIT:-300} par_tests sumk-tests \
+        "${WGRAD_ALL_TESTS[@]:0:4}" tests/test_gconv.py "(wgrad or backward) and not compile" \
+        tests/test_gconv_cuda.py "workspace_is_left_zero" ;;
     wgrad-study-s47)  # session 47 (prepared after its device time): issue 3's wgrad grid (3x3,
       # C=64/128/256, N = 1-256, fp16 and bf16, against cuDNN) with the pairs' finish, beside
       # the GPU tests the session left (run finish-stage-s47 with SKIP_TESTS unset first)

@@ -8,7 +8,7 @@ leaves the stream's workspace unclean for any later wgrad in the process (timing
 graph replay as the study: each captured wgrad gets its own zeroed workspace (a fill before it).
 
     TILEWISE_GCONV_WGRAD_ABLATE=4 python scripts/wgrad_ablate_probe.py [--n 8 32 128]
-        [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1] [--dw-cl]
+        [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1 ...] [--dw-cl]
         [--json out.json]
 """
 
@@ -68,6 +68,8 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
         return gconv_cuda.wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl)[0]
 
     err = None if gconv_cuda.WGRAD_ABLATE else relative_error(fn, *sets[0], k)
+    dy, x = sets[0]  # the launch's grid (a sumk tile's: whole clusters, all resident)
+    grid = gconv_cuda.bind_wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl).grid
     s = time_calls(fn, sets).median_s
     nbytes = 2 * sets[0][0].nbytes + c * 8 * k * k * 2
     return {
@@ -75,6 +77,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
         "c": c,
         "k": k,
         "tile": tile.name,
+        "grid": list(grid),
         "ablate": gconv_cuda.WGRAD_ABLATE,
         "dw_cl": dw_cl,
         "finish_order": gconv_cuda.WGRAD_FINISH_ORDER,
@@ -89,15 +92,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--channels", type=int, default=64, choices=sorted(SIDES))
     ap.add_argument("--kernel", type=int, default=3)
-    ap.add_argument("--tile", default=DEFAULT_TILE)
+    ap.add_argument("--tile", nargs="+", default=[DEFAULT_TILE], help="one row per tile and N")
     ap.add_argument("--dw-cl", action="store_true", help="dw in a channels_last weight's layout")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    tile = _tile(args.tile)
-    if gconv_cuda.WGRAD_ABLATE & 8 and not tile.tma:
-        raise ValueError(
-            f"argument '--tile': {tile.name} has no tensor copies to leave out (bit 8)"
-        )
+    tiles = [_tile(name) for name in args.tile]
+    for tile in tiles:
+        if gconv_cuda.WGRAD_ABLATE & 8 and not tile.tma:
+            raise ValueError(
+                f"argument '--tile': {tile.name} has no tensor copies to leave out (bit 8)"
+            )
     copy_bw = measure_copy_bandwidth()
     print(
         f"copy {copy_bw / 1e12:.3f} TB/s; ablate {gconv_cuda.WGRAD_ABLATE}; "
@@ -105,15 +109,16 @@ def main() -> None:
     )
     rows = []
     for n in args.n:
-        row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl)
-        rows.append(row)
-        err = "-" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
-        layout = " cl" if args.dw_cl else ""
-        print(
-            f"ablate {row['ablate']:2d}{layout} C={row['c']} {row['k']}x{row['k']} "
-            f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
-            f"err {err}"
-        )
+        for tile in tiles:
+            row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl)
+            rows.append(row)
+            err = "-" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
+            layout = " cl" if args.dw_cl else ""
+            print(
+                f"ablate {row['ablate']:2d}{layout} C={row['c']} {row['k']}x{row['k']} "
+                f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
+                f"err {err}  grid {row['grid']}"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)

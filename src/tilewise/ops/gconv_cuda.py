@@ -334,7 +334,7 @@ def non_tma_twin(tile: CudaTile, c: int, r: int, s: int, legal=None) -> CudaTile
     the per-chunk loads' addresses leave its weights too few registers. ``legal``: the legality
     check (``tile_ok``; the wgrad's ``wgrad_tile_ok``)."""
     legal = legal or tile_ok
-    twin = dataclasses.replace(tile, tma=0)
+    twin = dataclasses.replace(tile, tma=0, sumk=0)  # sumk: the sums sit in the TMA stages
     wide = tile.rowpair and rowpair_fragments(r, s) > ROWPAIR_MAX_FRAGMENTS
     while wide and twin.min_ctas > 1 and not rowpair_registers_fit(r, s, twin):
         twin = dataclasses.replace(twin, min_ctas=twin.min_ctas - 1)
@@ -542,6 +542,7 @@ def source(
         DB_HALF=int(bias == 2),
         DGRAD=int(dgrad),
         CLUSTER=tile.cluster,
+        SUMK=tile.sumk,
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad", _WG_WGRAD) else 0,
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
@@ -1022,7 +1023,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
-        plain = not (tile.rowpair or tile.cluster or tile.tap_rows)
+        plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk)
         # tma 1: the rows by tensor copies from one producer warp's lane 0; 2: by producer warps
         # into a staging ring that the warpgroups re-lay out
         producers = tile.warps - 4 * groups
@@ -1065,10 +1066,25 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         or max(tile.th + r - 1, tile.tw + s - 1) > 256
     ):
         return False
+    if tile.sumk and not sum_clusters_fit(r, s, tile):
+        return False
     if not tile.rowpair:
         return True
     fragments = 2 * (r // 2 + 1) * s
     return tile.th % 2 == 0 and tile.tw % 16 == 0 and fragments <= ROWPAIR_WGRAD_MAX_FRAGMENTS
+
+
+def sum_clusters_fit(r: int, s: int, tile: CudaTile) -> bool:
+    """Whether a ``sumk`` tile is legal: clusters of 2 or 4 persistent TMA CTAs (no cluster
+    grid, no row split), whose sums (a thread's (R S + 1) / 2 x 4, past a 128-byte head) fit the
+    stages they wait in (the kernel's static_assert)."""
+    if tile.sumk not in (2, 4) or tile.tma != 1 or tile.cluster or tile.tap_rows or tile.rowpair:
+        return False
+    stages = tile.stages * (
+        _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
+        + _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb)
+    )
+    return 128 + (r * s + 1) // 2 * 4 * tile.warps * 32 * 4 <= stages
 
 
 def wgrad_candidates(
@@ -1134,6 +1150,21 @@ def wgrad(
     return bind_wgrad(dy, x, r, s, pad_h, pad_w, need_db, tile, db_dtype, dw_cl)(dy, x)
 
 
+def _sum_grid(kernel, grid_x: int, ctas: int, blocks: int, tile: CudaTile, smem: int) -> int:
+    """A ``sumk`` tile's CTAs per channel block: ``grid_x`` rounded up to whole clusters where
+    that stays within ``ctas`` (else down), then cut to the clusters the GPU holds at once, so
+    that none waits for another to leave (``blocks``: channel blocks x row blocks)."""
+    k = tile.sumk
+    up = cdiv(grid_x, k) * k
+    grid_x = up if up <= ctas else max(k, grid_x // k * k)
+    most = cuda_launch.max_active_clusters(kernel, (grid_x, blocks, 1), (tile.warps * 32, 1, 1), smem)
+    if most is None:
+        _log_once(f"tilewise gconv_cuda: {tile.name}: the driver gives no cluster occupancy")
+    elif most >= blocks:
+        grid_x = min(grid_x, most // blocks * k)
+    return grid_x
+
+
 class BoundWgrad(BoundLaunch):
     """``wgrad`` bound to one problem: ``(dy, x) -> (dw, db or None)``."""
 
@@ -1195,6 +1226,10 @@ def bind_wgrad(
     else:
         ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
         grid_x = max(1, min(n_tiles, ctas))
+        if tile.sumk:  # whole clusters, all resident at once (a CTA without tiles adds zeros)
+            grid_x = _sum_grid(
+                kernel, grid_x, ctas, cblocks * rblocks, tile, wgrad_smem_bytes(r, s, tile)
+            )
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     maps = []
     if maps_in and tile.wgmma:  # a group's input row and dy row

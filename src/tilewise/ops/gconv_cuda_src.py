@@ -71,6 +71,7 @@ SOURCE = (
 #define DGRAD {DGRAD}
 #define DB_HALF {DB_HALF}
 #define CLUSTER {CLUSTER}
+#define SUMK {SUMK}
 #define TMA {TMA}
 #define DW_CL {DW_CL}
 #define NG (CB / 8)
@@ -206,6 +207,29 @@ __device__ __forceinline__ u32 cluster_rank() {{
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
     return r;
+}}
+
+// the halves of cluster_sync apart: arrive (after this thread's reads of other CTAs' shared
+// memory) and wait (before leaving, so no CTA leaves while another still reads its memory)
+__device__ __forceinline__ void cluster_arrive() {{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}}
+
+__device__ __forceinline__ void cluster_wait() {{
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}}
+
+// this CTA's shared address ``local`` in the CTA of cluster rank ``rank``, and a float there
+__device__ __forceinline__ u32 dsmem_addr(u32 local, u32 rank) {{
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+}}
+
+__device__ __forceinline__ float ld_cluster(u32 remote) {{
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+    return v;
 }}
 
 __device__ __forceinline__ float ld_dsmem(u32 local, u32 rank) {{
@@ -708,8 +732,12 @@ tw_gconv_fprop(FPROP_PARAMS)
 // CLUSTER > 0 (small batches): the grid is one cluster of CLUSTER CTAs per channel block, which
 // sum their partials through distributed shared memory and write dw_out / db_out themselves: no
 // atomics, workspace or last-CTA pass (each an L2 round trip on a kernel of a few microseconds).
+// SUMK > 0 (TMA tiles, persistent CTAs; session 48): clusters of SUMK CTAs add up their sums
+// through distributed shared memory before the atomics (see the end of tw_gconv_wgrad)
 #if CLUSTER
 #define WGRAD_CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)
+#elif SUMK
+#define WGRAD_CLUSTER_DIMS __cluster_dims__(SUMK, 1, 1)
 #else
 #define WGRAD_CLUSTER_DIMS
 #endif
@@ -754,6 +782,9 @@ __device__ __forceinline__ void transpose_quad(float (&v)[4], int lane) {{
 #endif
 #if TMA && CLUSTER
 #error "TMA wgrad tiles take no clusters (the cluster epilogue reuses the stage buffers)"
+#endif
+#if SUMK && (CLUSTER || !TMA)
+#error "SUMK is for the TMA tiles' persistent CTAs (the sums sit in their dead stages)"
 #endif
 #if TMA
 // TMA wgrad (experimental, session 9): per stage the input halo and the dy tile arrive as two
@@ -965,6 +996,41 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             for (int k = 0; k < 4; ++k) dw[tp * 4 + k] = acc[tp][k];
         dw[4 * TP] = dbs;
     }}
+#elif SUMK
+    // The SUMK CTAs of a cluster add up their sums through distributed shared memory first, and
+    // each sends every SUMK-th of them (element j = rank + SUMK m of a thread's TP x 4): the L2
+    // takes 1 / SUMK of the reductions. Session 47's stamps (H200, the 3x3 pick at N = 8, 128
+    // CTAs' 4,608 reductions each into the same 144 lines): the count completed 2.9 us after
+    // the last CTA arrived, 0.8 without atomics. Every CTA holds a thread's sums at the same
+    // place (same tid, same tap and channels); they wait in the dead stages, past word 0 (the
+    // finish's flag, which a CTA may write while another still reads its sums).
+    {{
+        constexpr int NV = TP * 4, NT = WARPS * 32, NM = NV / SUMK;
+        static_assert(NV % SUMK == 0 && 128 + NV * NT * 4 <= WZT, "the sums overrun the stages");
+        float* const part = (float*)(sm + 128);
+#pragma unroll
+        for (int j = 0; j < NV; ++j) part[j * NT + tid] = acc[j / 4][j % 4];
+        cluster_sync();
+        const int rank = (int)cluster_rank();
+        const u32 mine = sbase + 128 + (rank * NT + tid) * 4;  // element j = rank, m = 0
+        float got[NM][SUMK];  // every load in flight before the first add
+#pragma unroll
+        for (int k = 0; k < SUMK; ++k) {{
+            const u32 peer = dsmem_addr(mine, k);
+#pragma unroll
+            for (int m = 0; m < NM; ++m) got[m][k] = ld_cluster(peer + m * SUMK * NT * 4);
+        }}
+        cluster_arrive();  // this CTA is done with the others' memory (cluster_wait at the end)
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {{
+            float v = got[m][0];
+#pragma unroll
+            for (int k = 1; k < SUMK; ++k) v += got[m][k];
+            const int j = rank + SUMK * m, q = j & 3, tap = 2 * (j >> 2) + (q >> 1);
+            if (tap < TAPS)
+                red_add(dw + ((long long)(blockIdx.z * TAPS + tap) * C + co + (q & 1)) * 8 + ci, v);
+        }}
+    }}
 #elif RED4
     (void)ci;  // the transposed sums' in channels are the lane's quad's (lane >> 4) * 4 + 0..3
 #pragma unroll
@@ -995,6 +1061,9 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
 #if !(WABLATE & 2)
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem, WABLATE);
+#endif
+#if SUMK && !(WABLATE & 1)
+    cluster_wait();  // no CTA leaves while another still reads its sums
 #endif
 #endif
 }}

@@ -16,6 +16,8 @@ class CudaTile:
     the row-pair fprop/dgrad kernel instead (weights as A in registers; warps = groups x column
     splits). ``cluster`` (wgrad, tap kernel only): one thread-block cluster of that many CTAs per
     channel block, summing through distributed shared memory (0: persistent CTAs and fp32 atomics).
+    ``sumk`` (TMA tap wgrad, persistent CTAs): clusters of that many CTAs (2 or 4) add up their
+    sums through distributed shared memory before the atomics, each sending a 1 / sumk share.
     ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad: and the dy tiles)
     arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense
     buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output tiles leave by it too.
@@ -56,6 +58,7 @@ class CudaTile:
     roll: bool = False
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
+    sumk: int = 0  # TMA tap wgrad: clusters of sumk CTAs add their sums up before the atomics
 
     @property
     def name(self) -> str:
@@ -67,7 +70,8 @@ class CudaTile:
         ws = "_ws" if self.wsmem else ""
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
-        return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{f'_tma{self.tma}' if self.tma else ''}"
+        tma = f"_tma{self.tma}" if self.tma else ""
+        return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{tma}{f'_sum{self.sumk}' if self.sumk else ''}"
 
 
 #: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
@@ -287,6 +291,11 @@ WGRAD_TILES = (
 TMA_WGRAD_TILES = (
     CudaTile(16, 16, 64, 8, 1, 2, tma=1),
     CudaTile(8, 16, 32, 4, 4, 2, tma=1),
+    # session 48: the same with their sums added up in clusters of 2 or 4 CTAs before the
+    # atomics (``sumk``; the L2 takes half or a quarter of the reductions)
+    CudaTile(16, 16, 64, 8, 1, 2, tma=1, sumk=2),
+    CudaTile(16, 16, 64, 8, 1, 2, tma=1, sumk=4),
+    CudaTile(8, 16, 32, 4, 4, 2, tma=1, sumk=2),
 )
 
 #: cluster wgrad tiles, candidates for small problems only (``CLUSTER_MAX_PIXELS``): one cluster

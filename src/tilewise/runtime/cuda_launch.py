@@ -48,6 +48,27 @@ class _LaunchConfig(ctypes.Structure):
     ]
 
 
+def max_active_clusters(
+    kernel: Any, grid: Sequence[int], block: Sequence[int], shared_mem: int, lib: Any = None
+) -> int | None:
+    """How many thread-block clusters of ``kernel`` (its compiled cluster shape) the GPU holds
+    at once for this launch shape (``cuOccupancyMaxActiveClusters``), or None where the driver
+    does not say."""
+    lib = lib if lib is not None else torch.cuda._utils._get_gpu_runtime_library()
+    cfg = _LaunchConfig(num_attrs=0)
+    cfg.grid[:] = tuple(grid)[:3]
+    cfg.block[:] = tuple(block)[:3]
+    cfg.shared_mem = shared_mem
+    most = ctypes.c_int()
+    try:
+        result = lib.cuOccupancyMaxActiveClusters(
+            ctypes.byref(most), kernel.func, ctypes.byref(cfg)
+        )
+    except AttributeError:  # a driver without the call
+        return None
+    return most.value if result == 0 else None
+
+
 class Launcher:
     """``cuLaunchKernel`` for one compiled kernel with a fixed argument signature.
 
