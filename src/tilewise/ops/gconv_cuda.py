@@ -1157,7 +1157,8 @@ def _sum_grid(kernel, grid_x: int, ctas: int, blocks: int, tile: CudaTile, smem:
     k = tile.sumk
     up = cdiv(grid_x, k) * k
     grid_x = up if up <= ctas else max(k, grid_x // k * k)
-    most = cuda_launch.max_active_clusters(kernel, (grid_x, blocks, 1), (tile.warps * 32, 1, 1), smem)
+    block = (tile.warps * 32, 1, 1)
+    most = cuda_launch.max_active_clusters(kernel, (grid_x, blocks, 1), block, smem)
     if most is None:
         _log_once(f"tilewise gconv_cuda: {tile.name}: the driver gives no cluster occupancy")
     elif most >= blocks:

@@ -71,7 +71,8 @@ class CudaTile:
         sets = f"a{self.asets}" if self.asets != 2 else ""
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
         tma = f"_tma{self.tma}" if self.tma else ""
-        return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{tma}{f'_sum{self.sumk}' if self.sumk else ''}"
+        tma += f"_sum{self.sumk}" if self.sumk else ""
+        return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{tma}"
 
 
 #: Tiles the autotuner times beside the Triton configs (channel block shrunk to divide C), best
