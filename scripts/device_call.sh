@@ -610,6 +610,28 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    stamps-s48)  # session 48: where the N = 8 count's wait goes. Stamps (now with each CTA's
+      # main-loop end) of the 3x3 pick with its reductions, with plain stores in their place
+      # (ablation bit 128), and of the sum2 tile; then graph-replay times of the pick with bits
+      # 128 and 1 (no atomics). STAMP48_SETS: TILE:ABLATE tokens (TILE a suffix of the pick's name)
+      base=cuda_t16x16c64w8m1s2_tma1
+      for set in ${STAMP48_SETS:-:0 :128 _sum2:0}; do
+        IFS=: read -r suffix ab <<<"$set"
+        tag=${suffix#_}${suffix:+-}ab$ab
+        TILEWISE_GCONV_WGRAD_ABLATE=$ab timeout "${PROBE_LIMIT:-90}" \
+          python scripts/wgrad_stamp_probe.py --n 8 128 --tile "$base$suffix" \
+          --json "$R/stamps-$tag.json" >"$R/stamps-$tag.log" 2>&1
+        echo "rc $?: stamps $tag"
+        grep -E "^stamps|Error" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at"
+      done
+      for ab in 128 1; do
+        TILEWISE_GCONV_WGRAD_ABLATE=$ab timeout "${PROBE_LIMIT:-90}" python \
+          scripts/wgrad_ablate_probe.py --n 8 32 128 --json "$R/ablate-$ab.json" \
+          >"$R/ablate-$ab.log" 2>&1
+        echo "rc $?: ablate $ab"
+        grep -E "^ablate|Error" "$R/ablate-$ab.log"
+      done
+      pack ;;
     sumk-s48)  # session 48: the 3x3 TMA wgrad pick against the same tile with its CTAs' sums
       # added up in clusters of 2 and 4 before the atomics (sumk), at the issue's shapes where it
       # is picked (C=64 N = 8, 32, 128; C=128 N = 32, 128; C=256 N = 32, 256), one process a C;

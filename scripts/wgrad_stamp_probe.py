@@ -9,7 +9,8 @@ its pass's phases (``%globaltimer`` and ``clock64``). Each launch runs eagerly a
 stamps zeroed before it; the table takes each phase's median over the launches, in ns from the
 first CTA's start. The same process also times the stamped kernel by graph replay, to show what
 the stamps cost against the ablation probe's figure. With ``TILEWISE_GCONV_WGRAD_ABLATE`` set the
-results are wrong (its error printed, not checked): bit 1 no atomics, 64 the pass's loads alone.
+results are wrong (its error printed, not checked): bit 1 no atomics, 64 the pass's loads alone,
+128 plain stores for the reductions. Since session 48 each CTA also stamps its main loop's end.
 
     python scripts/wgrad_stamp_probe.py [--n 8 128] [--reps 30] [--dw-cl] [--json out.json]
 """
@@ -45,9 +46,12 @@ def _launch_phases(buf: torch.Tensor, rounds: int) -> dict:
     starts = sorted(w[0] - t0 for w in cta)
     at_finish = sorted(w[1] - t0 for w in cta)
     counted = sorted(w[2] - t0 for w in cta)
+    looped = sorted(w[3] - t0 for w in cta)  # session 48: the main loop's end
     out = {
         "ctas": len(cta),
         "last start": starts[-1],
+        "median loop done": looped[len(looped) // 2],
+        "last loop done": looped[-1],
         "first at finish": at_finish[0],
         "median at finish": at_finish[len(at_finish) // 2],
         "last at finish": at_finish[-1],

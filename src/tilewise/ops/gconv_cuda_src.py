@@ -111,7 +111,8 @@ SOURCE = (
 #define FIN_SMEM {FIN_SMEM}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
-// before its finish and after its count (from word 64, 4 a CTA); the last CTA of channel block 0
+// before its finish, after its count and (session 48) at its main loop's end (from word 64, 4 a
+// CTA: 0, 1, 2, 3); the last CTA of channel block 0
 // writes its pass's phases in words 0-31 (%globaltimer) and 32-63 (clock64): 0 count seen, 1
 // after the fence, 2 + r round r's stores issued, 10 + r round r's loads back (rounds 0-7), 30
 // done
@@ -757,6 +758,13 @@ tw_gconv_fprop(FPROP_PARAMS)
 // (a late atomic may then land after the zeroing: the workspace left unclean, as with 2 or 16);
 // session 47: 64 the pass's loads without its stores
 #define WABLATE {WABLATE}
+// session 48: 128 the sums leave by plain stores to the same words instead of reductions (the
+// L2's read-modify-write taken out, the traffic and the fence kept; wrong results)
+#if WABLATE & 128
+#define WRED st_cg
+#else
+#define WRED red_add
+#endif
 #if RED4
 __device__ __forceinline__ void red_add_v4(float* p, const float (&v)[4]) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
@@ -928,6 +936,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #if !TMA
     asm volatile("cp.async.wait_group 0;\n" ::);
 #endif
+    STAMP_CTA(3);  // the main loop done
     // D rows: lane/4 = in-channel (tap 2tp), +8 = same in-channel (tap 2tp+1); cols = out-channels
     const int ci = lane >> 2, co = c0 + g * 8 + (lane & 3) * 2;
 #if CLUSTER
@@ -1028,7 +1037,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             for (int k = 1; k < SUMK; ++k) v += got[m][k];
             const int j = rank + SUMK * m, q = j & 3, tap = 2 * (j >> 2) + (q >> 1);
             if (tap < TAPS)
-                red_add(dw + ((long long)(blockIdx.z * TAPS + tap) * C + co + (q & 1)) * 8 + ci, v);
+                WRED(dw + ((long long)(blockIdx.z * TAPS + tap) * C + co + (q & 1)) * 8 + ci, v);
         }}
     }}
 #elif RED4
@@ -1051,8 +1060,8 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             const int tap = 2 * tp + half;
             if (tap < TAPS) {{
                 const long long tg = blockIdx.z * TAPS + tap;  // the tap in the R_FULL x S kernel
-                red_add(dw + (tg * C + co) * 8 + ci, acc[tp][half * 2]);
-                red_add(dw + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+                WRED(dw + (tg * C + co) * 8 + ci, acc[tp][half * 2]);
+                WRED(dw + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
             }}
         }}
 #endif
