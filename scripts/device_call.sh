@@ -610,6 +610,28 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    copies-s48)  # session 48: the 3x3 pick with its reductions spread over 1, 2, 4 or 8 copies
+      # of the workspace (TILEWISE_GCONV_WGRAD_COPIES; C=64 all four, C=128 and 256 1 and 4), one
+      # process a setting; the stamps at 4; then every wgrad tile's GPU tests at the default (4)
+      for spec in 64:1 64:2 64:4 64:8 128:1 128:4 256:1 256:4; do
+        c=${spec%%:*} cp=${spec#*:}
+        case $c in 64) ns="8 32 128" ;; 128) ns="32 128" ;; *) ns="32 256" ;; esac
+        # shellcheck disable=SC2086
+        TILEWISE_GCONV_WGRAD_COPIES=$cp timeout "${PROBE_LIMIT:-60}" python \
+          scripts/wgrad_ablate_probe.py --channels "$c" --n $ns \
+          --json "$R/copies-c$c-$cp.json" >"$R/copies-c$c-$cp.log" 2>&1
+        echo "rc $?: copies $cp C=$c"
+        grep -E "^ablate|Error" "$R/copies-c$c-$cp.log"
+      done
+      TILEWISE_GCONV_WGRAD_COPIES=4 timeout "${PROBE_LIMIT:-60}" python \
+        scripts/wgrad_stamp_probe.py --n 8 128 --json "$R/stamps-copies4.json" \
+        >"$R/stamps-copies4.log" 2>&1
+      echo "rc $?: stamps copies 4"
+      grep -E "^stamps|Error" "$R/stamps-copies4.log" | grep -vE "ctas|last start|first at"
+      pack
+      [ -n "${SKIP_TESTS:-}" ] || TEST_LIMIT=${TEST_LIMIT:-300} par_tests copies-tests \
+        "${WGRAD_ALL_TESTS[@]:0:6}" tests/test_gconv.py "(wgrad or backward) and not compile" \
+        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" ;;
     stamps-s48)  # session 48: where the N = 8 count's wait goes. Stamps (now with each CTA's
       # main-loop end) of the 3x3 pick with its reductions, with plain stores in their place
       # (ablation bit 128), and of the sum2 tile; then graph-replay times of the pick with bits

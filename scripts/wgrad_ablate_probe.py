@@ -33,6 +33,7 @@ DEFAULT_TILE = "cuda_t16x16c64w8m1s2_tma1"  # the 3x3 wgrad pick in every cell s
 def _tile(name: str) -> gconv_cuda.CudaTile:
     tiles = {t.name: t for t in gconv_cuda.wgrad_candidates(64, 3, 3, tma=True, wgmma=False)}
     tiles |= {t.name: t for t in gconv_cuda.WGRAD_TILES + gconv_cuda.TMA_WGRAD_TILES}
+    tiles |= {t.name: t for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES}
     if name not in tiles:
         raise ValueError(f"argument '--tile': {name!r} is none of {sorted(tiles)}")
     return tiles[name]
@@ -81,6 +82,7 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
         "ablate": gconv_cuda.WGRAD_ABLATE,
         "dw_cl": dw_cl,
         "finish_order": gconv_cuda.WGRAD_FINISH_ORDER,
+        "copies": gconv_cuda.wgrad_copies(k, k, tile),
         "us": s * 1e6,
         "frac_copy": nbytes / s / copy_bw,
         "rel_err": err,
@@ -117,7 +119,7 @@ def main() -> None:
             print(
                 f"ablate {row['ablate']:2d}{layout} C={row['c']} {row['k']}x{row['k']} "
                 f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
-                f"err {err}  grid {row['grid']}"
+                f"err {err}  grid {row['grid']}  copies {row['copies']}"
             )
     if args.json:
         with open(args.json, "w") as f:

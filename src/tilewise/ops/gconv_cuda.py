@@ -468,6 +468,17 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     return loop
 
 
+def wgrad_copies(r: int, s: int, tile: CudaTile) -> int:
+    """The copies of the workspace's sums a wgrad kernel spreads its reductions over
+    (``WGRAD_COPIES``): the persistent tap kernel's, where its finish runs over channel pairs
+    (a thread's share at most 24 sums: ``FPAIRS`` in the source), else 1 (the row-pair and
+    warpgroup kernels, the cluster tiles, larger shares)."""
+    if tile.rowpair or tile.wgmma or tile.cluster or WGRAD_FINISH_ORDER != FINISH_ORDERS[0]:
+        return 1
+    share = (tile.tap_rows or r) * s * cdiv(tile.cb * 8, tile.warps * 32)
+    return WGRAD_COPIES if share <= 24 else 1
+
+
 def finish_staging_bytes(r: int, s: int, tile: CudaTile) -> int:
     """The bytes at the start of a wgrad kernel's dynamic shared memory that its finish may
     stage dw_out in (``FIN_SMEM``): all of it but the tail, where the TMA tiles' alignment slack,
@@ -550,6 +561,7 @@ def source(
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
+        WCOPIES=wgrad_copies(r, s, tile) if entry == "tw_gconv_wgrad" else 1,
         STAMPS=WGRAD_STAMPS if entry.startswith("tw_gconv_wgrad") else 0,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
@@ -912,6 +924,19 @@ if WGRAD_FINISH_ORDER not in FINISH_ORDERS:
     raise ValueError(
         f"{ENV_WGRAD_FINISH_ORDER}={WGRAD_FINISH_ORDER!r} is none of {', '.join(FINISH_ORDERS)}"
     )
+#: the copies of the workspace's sums the tap wgrad's CTAs spread their reductions over
+#: (``TILEWISE_GCONV_WGRAD_COPIES``, read once; session 48): CTA b adds into copy b % copies and
+#: the last CTA's pass adds the copies up (only where the pass runs over channel pairs, 3x3 and
+#: smaller at the usual tiles; elsewhere one copy). Why: session 48's clock stamps (H200, the
+#: 3x3 pick at C=64 N = 8) had the count complete 3.1 us after the last CTA's sums left, with
+#: plain stores in their place too (so not the reductions' arithmetic), and 1.9 us with half the
+#: CTAs writing (clusters of two adding up first): 128 CTAs writing the same 144 lines queue at
+#: them. Part of ``SOURCE_DIGEST`` when not the default
+ENV_WGRAD_COPIES = "TILEWISE_GCONV_WGRAD_COPIES"
+WGRAD_COPIES_DEFAULT = 4
+WGRAD_COPIES = int(os.environ.get(ENV_WGRAD_COPIES) or WGRAD_COPIES_DEFAULT)
+if WGRAD_COPIES not in (1, 2, 4, 8):
+    raise ValueError(f"{ENV_WGRAD_COPIES}={WGRAD_COPIES} is none of 1, 2, 4, 8")
 #: the tap wgrad's phase stamps (session 47, diagnosis only): the address of a u64 buffer of at
 #: least 64 + 4 x CTAs words that ``scripts/wgrad_stamp_probe.py`` allocates and sets here before
 #: the first compile (0: off; the source then has no stamps). Not part of ``SOURCE_DIGEST``: the
@@ -975,6 +1000,7 @@ SOURCE_DIGEST = hashlib.sha1(
         + ("wgrad-red4" if WGRAD_RED4 else "")
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
         + (f"wgrad-finish {WGRAD_FINISH_ORDER}" if WGRAD_FINISH_ORDER != FINISH_ORDERS[0] else "")
+        + (f"wgrad-copies {WGRAD_COPIES}" if WGRAD_COPIES != WGRAD_COPIES_DEFAULT else "")
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1243,5 +1269,7 @@ def bind_wgrad(
     bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
     bound.db_dtype = db_dtype if need_db else None
-    bound.sums, bound.cluster = (r * s * c * 8, c, cblocks * rblocks), bool(tile.cluster)
+    copies = wgrad_copies(r, s, tile)
+    bound.sums = (copies * r * s * c * 8, copies * c, cblocks * rblocks)
+    bound.cluster = bool(tile.cluster)
     return bound

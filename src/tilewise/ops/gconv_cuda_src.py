@@ -109,6 +109,10 @@ SOURCE = (
 // the bytes at the start of the wgrad kernel's dynamic shared memory its finish may stage dw_out
 // in (``gconv_cuda.finish_staging_bytes``: the tail with the mbarriers left out)
 #define FIN_SMEM {FIN_SMEM}
+// the copies of the wgrad workspace's sums the tap kernel's CTAs spread their reductions over
+// (``TILEWISE_GCONV_WGRAD_COPIES``; session 48): CTA b adds into copy b % WCOPIES, the finish's
+// pass adds the copies up
+#define WCOPIES {WCOPIES}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish, after its count and (session 48) at its main loop's end (from word 64, 4 a
@@ -437,6 +441,7 @@ __device__ __forceinline__ void add_dbias_tile(float& sum, const u16* dys, int t
 // block's fp32 sums into dw_out and db_out and zeroes them and the counter again, so one launch
 // does what a memset, the kernel and a cast kernel did. ``flag``: a word of shared memory the
 // main loop is done with.
+template <int COPIES = 1>
 __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __restrict__ db,
                                              u16* __restrict__ dw_out, void* __restrict__ db_out,
                                              unsigned* __restrict__ counters, int C, int c0,
@@ -478,17 +483,35 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     // coalesced words, where the pairs' own stores took 18 sectors a warp store (session 47's
     // stamps, 3x3 pick at N = 128: 1.5 us of stores after 0.35 us of loads)
     constexpr bool FSTAGE = FPAIRS && !DW_CL && !ROWSPLIT && FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
+    // COPIES (session 48): the sums in that many copies of the workspace, COPIES x apart
+    static_assert(COPIES == 1 || FPAIRS, "copies of the sums need the pairs' pass");
+    const long long cstride = (long long)R_FULL * S * C * 8;
     if (FPAIRS) {{
         float* const wsb = dw + (long long)tap0 * C * 8 + c0 * 8;
         const long long tstride = (long long)C * 8;
         float v[FPPT][TAPS];
+        {{
+            float vc[COPIES][FPPT][TAPS];  // every load in flight before the first add
 #pragma unroll
-        for (int q = 0; q < FPPT; ++q)
+            for (int m = 0; m < COPIES; ++m)
 #pragma unroll
-            for (int j = 0; j < TAPS; ++j) {{
-                const int p = tid + q * FNT;
-                v[q][j] = FNP % FNT == 0 || p < FNP ? ld_cg(wsb + j * tstride + p) : 0.f;
-            }}
+                for (int q = 0; q < FPPT; ++q)
+#pragma unroll
+                    for (int j = 0; j < TAPS; ++j) {{
+                        const int p = tid + q * FNT;
+                        vc[m][q][j] = FNP % FNT == 0 || p < FNP
+                                          ? ld_cg(wsb + m * cstride + j * tstride + p)
+                                          : 0.f;
+                    }}
+#pragma unroll
+            for (int q = 0; q < FPPT; ++q)
+#pragma unroll
+                for (int j = 0; j < TAPS; ++j) {{
+                    v[q][j] = vc[0][q][j];
+#pragma unroll
+                    for (int m = 1; m < COPIES; ++m) v[q][j] += vc[m][q][j];
+                }}
+        }}
 #if STAMPS
         if (tid == 0 && blockIdx.y == 0 && blockIdx.z == 0) {{  // thread 0's loads are back
             float sum = 0.f;
@@ -512,7 +535,9 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
 #pragma unroll
                     for (int j = 0; j < TAPS; ++j) {{
                         if (!FSTAGE) dw_out[DW_OUT(c0 * 8 + p, tap0 + j)] = to_u16(v[q][j]);
-                        st_cg(wsb + j * tstride + p, 0.f);
+#pragma unroll
+                        for (int m = 0; m < COPIES; ++m)
+                            st_cg(wsb + m * cstride + j * tstride + p, 0.f);
                     }}
                 if (FSTAGE) {{
                     const int lane = tid & 31, w0 = q * FNT + (tid & ~31);  // the warp's 1st pair
@@ -589,13 +614,16 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
 #if HAS_BIAS
     if (blockIdx.z == 0)
     for (int i = tid; i < CB; i += WARPS * 32) {{
-        const float v = ld_cg(db + c0 + i);
+        float v = ld_cg(db + c0 + i);
+#pragma unroll
+        for (int m = 1; m < COPIES; ++m) v += ld_cg(db + m * C + c0 + i);
 #if DB_HALF
         ((u16*)db_out)[c0 + i] = to_u16(v);
 #else
         ((float*)db_out)[c0 + i] = v;
 #endif
-        st_cg(db + c0 + i, 0.f);
+#pragma unroll
+        for (int m = 0; m < COPIES; ++m) st_cg(db + m * C + c0 + i, 0.f);
     }}
 #endif
     if (tid == 0) *counter = 0u;
@@ -996,6 +1024,10 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
 #endif
     cluster_sync();  // no CTA leaves while another still reads its shared memory
 #else
+    // this CTA's copy of the workspace's sums (WCOPIES copies, R_FULL x S x C x 8 apart)
+    float* const dwc = dw + (long long)(blockIdx.x % WCOPIES) * (R_FULL * S) * C * 8;
+    float* const dbc = db + (blockIdx.x % WCOPIES) * C;
+    (void)dwc, (void)dbc;
 #if WABLATE & 1
     (void)ci, (void)co;
     if (C < 0) {{  // never true; the sums stay live, so the MMAs that make them stay too
@@ -1037,7 +1069,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             for (int k = 1; k < SUMK; ++k) v += got[m][k];
             const int j = rank + SUMK * m, q = j & 3, tap = 2 * (j >> 2) + (q >> 1);
             if (tap < TAPS)
-                WRED(dw + ((long long)(blockIdx.z * TAPS + tap) * C + co + (q & 1)) * 8 + ci, v);
+                WRED(dwc + ((long long)(blockIdx.z * TAPS + tap) * C + co + (q & 1)) * 8 + ci, v);
         }}
     }}
 #elif RED4
@@ -1049,7 +1081,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
         const int m = (lane >> 2) & 3, tap = 2 * tp + (m >> 1);
         if (tap < TAPS) {{
             const long long tg = blockIdx.z * TAPS + tap;  // the tap in the R_FULL x S kernel
-            red_add_v4(dw + (tg * C + co + (m & 1)) * 8 + (lane >> 4) * 4, v);
+            red_add_v4(dwc + (tg * C + co + (m & 1)) * 8 + (lane >> 4) * 4, v);
         }}
     }}
 #else
@@ -1060,16 +1092,17 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             const int tap = 2 * tp + half;
             if (tap < TAPS) {{
                 const long long tg = blockIdx.z * TAPS + tap;  // the tap in the R_FULL x S kernel
-                WRED(dw + (tg * C + co) * 8 + ci, acc[tp][half * 2]);
-                WRED(dw + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
+                WRED(dwc + (tg * C + co) * 8 + ci, acc[tp][half * 2]);
+                WRED(dwc + (tg * C + co + 1) * 8 + ci, acc[tp][half * 2 + 1]);
             }}
         }}
 #endif
 #if HAS_BIAS && !(WABLATE & 1)
-    if (blockIdx.z == 0) red_add(db + c0 + tid % CB, dbs);
+    if (blockIdx.z == 0) red_add(dbc + c0 + tid % CB, dbs);
 #endif
 #if !(WABLATE & 2)
-    finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem, WABLATE);
+    finish_wgrad<WCOPIES>(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem,
+                          WABLATE);
 #endif
 #if SUMK && !(WABLATE & 1)
     cluster_wait();  // no CTA leaves while another still reads its sums
