@@ -135,7 +135,7 @@ GEMV_TESTS=(tests/test_gemv_cuda.py "row_chunks or every_candidate")
 WGRAD_ALL_TESTS=(
   tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16"
   tests/test_gconv_cuda.py "every_wgrad_tile and bfloat16"
-  tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles"
+  tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles or sumk_wgrad_tiles"
   tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16"
   tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16"
   tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta"
@@ -610,6 +610,14 @@ PY
         grep -E "^stamps" "$R/stamps-$tag.log" | grep -vE "ctas|last start|first at|median at"
       done
       pack ;;
+    final-s48)  # session 48's final code: the sumk tiles (now their own list and test), the
+      # experimental tiles and workspace test (cut at 300 s in call 5, the sumk tiles among
+      # them then), every wgrad candidate in fp16 (default: one copy of the workspace)
+      TEST_LIMIT=${TEST_LIMIT:-270} par_tests final-tests \
+        tests/test_gconv_cuda.py "sumk_wgrad_tiles and not bfloat16" \
+        tests/test_gconv_cuda.py "sumk_wgrad_tiles and bfloat16" \
+        tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero" \
+        tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" ;;
     copies-s48)  # session 48: the 3x3 pick with its reductions spread over 1, 2, 4 or 8 copies
       # of the workspace (TILEWISE_GCONV_WGRAD_COPIES; C=64 all four, C=128 and 256 1 and 4), one
       # process a setting; the stamps at 4; then every wgrad tile's GPU tests at the default (4)

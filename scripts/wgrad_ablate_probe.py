@@ -33,7 +33,7 @@ DEFAULT_TILE = "cuda_t16x16c64w8m1s2_tma1"  # the 3x3 wgrad pick in every cell s
 def _tile(name: str) -> gconv_cuda.CudaTile:
     tiles = {t.name: t for t in gconv_cuda.wgrad_candidates(64, 3, 3, tma=True, wgmma=False)}
     tiles |= {t.name: t for t in gconv_cuda.WGRAD_TILES + gconv_cuda.TMA_WGRAD_TILES}
-    tiles |= {t.name: t for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES}
+    tiles |= {t.name: t for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES + gconv_cuda.SUMK_WGRAD_TILES}
     if name not in tiles:
         raise ValueError(f"argument '--tile': {name!r} is none of {sorted(tiles)}")
     return tiles[name]

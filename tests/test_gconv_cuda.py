@@ -1294,6 +1294,21 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
         assert launch["shared_mem"] == gconv_cuda.smem_bytes(3, 3, plain)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_sumk_wgrad_tiles(dtype, rng_seed):
+    """``SUMK_WGRAD_TILES`` (session 48; not candidates): clusters of 2 or 4 TMA CTAs that add
+    up their sums through distributed shared memory before the atomics, on the odd shapes."""
+    if not gconv_cuda._tma.supported(torch.cuda.current_device()):
+        pytest.skip("needs TMA (compute capability 9.0)")
+
+    def tiles_for(c, r, s):
+        fitted = (gconv_cuda._fitted(t, c, True) for t in gconv_cuda.SUMK_WGRAD_TILES)
+        return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+
+    assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+
+
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

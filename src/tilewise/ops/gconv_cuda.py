@@ -47,6 +47,7 @@ from tilewise.ops.gconv_tiles import (
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_WGRAD_TILES as EXPERIMENTAL_WGRAD_TILES
 from tilewise.ops.gconv_tiles import ROLL_TILES as ROLL_TILES
 from tilewise.ops.gconv_tiles import ROW_WGRAD_TILES as ROW_WGRAD_TILES
+from tilewise.ops.gconv_tiles import SUMK_WGRAD_TILES as SUMK_WGRAD_TILES
 from tilewise.ops.gconv_tiles import TALL_TILES as TALL_TILES
 from tilewise.ops.gconv_tiles import TILES as TILES
 from tilewise.ops.gconv_tiles import TMA_TILES as TMA_TILES
@@ -927,13 +928,16 @@ if WGRAD_FINISH_ORDER not in FINISH_ORDERS:
 #: the copies of the workspace's sums the tap wgrad's CTAs spread their reductions over
 #: (``TILEWISE_GCONV_WGRAD_COPIES``, read once; session 48): CTA b adds into copy b % copies and
 #: the last CTA's pass adds the copies up (only where the pass runs over channel pairs, 3x3 and
-#: smaller at the usual tiles; elsewhere one copy). Why: session 48's clock stamps (H200, the
-#: 3x3 pick at C=64 N = 8) had the count complete 3.1 us after the last CTA's sums left, with
-#: plain stores in their place too (so not the reductions' arithmetic), and 1.9 us with half the
-#: CTAs writing (clusters of two adding up first): 128 CTAs writing the same 144 lines queue at
-#: them. Part of ``SOURCE_DIGEST`` when not the default
+#: smaller at the usual tiles; elsewhere one copy). Why it was tried: session 48's clock stamps
+#: (H200, the 3x3 pick at C=64 N = 8) had the count complete 3.1 us after the last CTA's sums
+#: left, with plain stores in their place too (so not the reductions' arithmetic), and 1.9 us
+#: with half the CTAs writing (clusters of two adding up first): 128 CTAs writing the same 144
+#: lines queue at them. What it did (graph replay, C=64 N = 8 / 32 / 128): 1 copy 10.2 / 16.7 /
+#: 39.1 us, 2 10.4 / 17.5 / 40.0, 4 10.5 / 17.9 / 40.7, 8 12.3 / 19.9 / 42.6; with 4 the count
+#: came 1.4 us sooner but the last CTA's pass over four times the sums took 1.2 us longer. Off
+#: (1). Part of ``SOURCE_DIGEST`` when not the default
 ENV_WGRAD_COPIES = "TILEWISE_GCONV_WGRAD_COPIES"
-WGRAD_COPIES_DEFAULT = 4
+WGRAD_COPIES_DEFAULT = 1
 WGRAD_COPIES = int(os.environ.get(ENV_WGRAD_COPIES) or WGRAD_COPIES_DEFAULT)
 if WGRAD_COPIES not in (1, 2, 4, 8):
     raise ValueError(f"{ENV_WGRAD_COPIES}={WGRAD_COPIES} is none of 1, 2, 4, 8")
@@ -987,6 +991,7 @@ SOURCE_DIGEST = hashlib.sha1(
                 CLUSTER_WGRAD_TILES,
                 ROW_WGRAD_TILES,
                 EXPERIMENTAL_WGRAD_TILES,
+                SUMK_WGRAD_TILES,
                 WIDE_KERNEL_TILES,
                 TALL_TILES,
                 EXPERIMENTAL_FPROP_TILES,

@@ -343,12 +343,15 @@ EXPERIMENTAL_WGRAD_TILES = (
     # clusters, 8x16 with two warps per group, 16x16 in 4-CTA clusters (C=128 5x5 6.9 us against
     # 6.0-6.2 for the candidates), the 2-CTA 8x16 (C=256 7x7 within 1% of the 4-CTA 8x8)
     CudaTile(8, 8, 8, 1, 8, 2, cluster=16, tap_rows=1),
-    # the TMA tiles with their sums added up in clusters of 2 or 4 CTAs before the atomics
-    # (``sumk``; session 48, H200, 3x3 C=64 64x64, graph replay): N = 8 10.1 / 10.8 us against
-    # the 16x16 pick's 10.2, N = 32 17.4 / 18.8 against 16.7, N = 128 40.1 / 42.7 against 38.9
-    # (C=128 and 256 alike). Half the writes into the workspace's lines took the count 1.2 us
-    # sooner, but adding up through the cluster's shared memory took 1.5 us; clusters of 4 fit
-    # 120 CTAs, not 132, at once
+)
+#: the TMA wgrad tiles with their sums added up in clusters of 2 or 4 CTAs before the atomics
+#: (``sumk``), neither candidates nor among the experimental tiles (their compiles would double
+#: that test's time). Session 48, H200, 3x3, graph replay: C=64 N = 8 10.1 / 10.8 us against the
+#: 16x16 pick's 10.2, N = 32 17.4 / 18.8 against 16.7, N = 128 40.1 / 42.7 against 38.9; C=128
+#: and 256 alike. Clock stamps at C=64 N = 8: half the writers to the workspace's lines brought
+#: the count 1.2 us sooner after the sums left, but adding up through the cluster's shared
+#: memory took 1.5 us; clusters of 4 fit 120 CTAs at once, not 132
+SUMK_WGRAD_TILES = (
     CudaTile(16, 16, 64, 8, 1, 2, tma=1, sumk=2),
     CudaTile(16, 16, 64, 8, 1, 2, tma=1, sumk=4),
     CudaTile(8, 16, 32, 4, 4, 2, tma=1, sumk=2),
