@@ -620,7 +620,8 @@ PY
         tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16" ;;
     copies-s48)  # session 48: the 3x3 pick with its reductions spread over 1, 2, 4 or 8 copies
       # of the workspace (TILEWISE_GCONV_WGRAD_COPIES; C=64 all four, C=128 and 256 1 and 4), one
-      # process a setting; the stamps at 4; then every wgrad tile's GPU tests at the default (4)
+      # process a setting; the stamps at 4; then every wgrad tile's GPU tests (at 4 copies in
+      # session 48's call 5, when 4 was the default; the default is 1 since)
       for spec in 64:1 64:2 64:4 64:8 128:1 128:4 256:1 256:4; do
         c=${spec%%:*} cp=${spec#*:}
         case $c in 64) ns="8 32 128" ;; 128) ns="32 128" ;; *) ns="32 256" ;; esac
@@ -665,7 +666,8 @@ PY
     sumk-s48)  # session 48: the 3x3 TMA wgrad pick against the same tile with its CTAs' sums
       # added up in clusters of 2 and 4 before the atomics (sumk), at the issue's shapes where it
       # is picked (C=64 N = 8, 32, 128; C=128 N = 32, 128; C=256 N = 32, 256), one process a C;
-      # then every wgrad tile's GPU tests (the sumk tiles are candidates) and test_gconv's wgrad
+      # then every wgrad tile's GPU tests (the sumk tiles were candidates at cecd950; since
+      # 61ebcb8 they are SUMK_WGRAD_TILES, tested by test_sumk_wgrad_tiles) and test_gconv's wgrad
       base=cuda_t16x16c64w8m1s2_tma1
       for spec in "64:${SUMK_N64:-8 32 128}" "128:${SUMK_N128:-32 128}" "256:${SUMK_N256:-32 256}"; do
         c=${spec%%:*}

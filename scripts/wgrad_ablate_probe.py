@@ -2,7 +2,8 @@
 (session 45, H200: the 3x3 pick takes 13.5 us at C=64 N=8, one tile a CTA, against 6.1 for the
 fprop). One process per setting: ``TILEWISE_GCONV_WGRAD_ABLATE`` (bits: 1 no atomics, 2 no
 finish, 4 no MMAs, 8 no loads: TMA tiles only; session 46, inside the finish: 16 the count
-alone, 32 no fence before the count) is read once, at import. Ablated results are
+alone, 32 no fence before the count; 64 the pass's loads alone; 128 plain stores in place of the
+dw reductions) is read once, at import. Ablated results are
 wrong, so only setting 0 is checked (against PyTorch's, a relative error); bit 2 or 16 without bit 1
 leaves the stream's workspace unclean for any later wgrad in the process (timing only). Timed by
 graph replay as the study: each captured wgrad gets its own zeroed workspace (a fill before it).

@@ -1307,6 +1307,21 @@ def test_sumk_wgrad_tiles(dtype, rng_seed):
         return [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+    # the odd shapes give each CTA one tile at most: here every CTA loops over several (at
+    # C=64 512 tiles of 16 x 16, 896 of 8 x 16; at C=32 256 and 448), with the bias, and the
+    # whole grid comes in clusters; the workspace is left zero
+    for n, c, h, w in ((32, 64, 56, 56), (16, 32, 56, 56)):
+        x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, 3, 3, 1, 1, dtype)
+        for tile in tiles_for(c, 3, 3):
+            tag = f"wgrad n{n} c{c} {h}x{w} {tile.name} {dtype}"
+            grid = gconv_cuda.bind_wgrad(dy, x, 3, 3, 1, 1, True, tile).grid
+            assert grid[0] % tile.sumk == 0 and grid[0] < n * -(-h // tile.th) * -(-w // tile.tw)
+            dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, True, tile)
+            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
+            db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
+            assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
+            assert workspace.all_zero(), tag
 
 
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error

@@ -67,7 +67,7 @@ def test_sum_tiles_legal_for_c64_and_never_offered():
     for c in (8, 16, 32, 96, 128):  # fitted as the GPU test fits them
         tiles = [gconv_cuda._fitted(t, c, True) for t in gconv_cuda.SUMK_WGRAD_TILES]
         legal = [t for t in tiles if gconv_cuda.wgrad_tile_ok(c, 3, 3, t)]
-        assert legal and all(t.sumk for t in legal), c
+        assert legal and all(c % t.cb == 0 and t.sumk for t in legal), c
 
 
 @pytest.mark.parametrize(
@@ -237,7 +237,7 @@ def test_sum_grid_capped_by_the_clusters_the_gpu_holds(monkeypatch, logged):
     """With the driver's answer the grid keeps to the clusters that are resident at once: at
     most ``most // blocks`` clusters a channel block; a large answer changes nothing."""
     assert _grid(monkeypatch, 10_000, 65, 66, 2)[0] == 66
-    assert _grid(monkeypatch, 66, 66, 66, 1)[0] == 66  # exactly resident
+    assert _grid(monkeypatch, 66, 66, 66, 1)[0] == 66  # 33 clusters of 2, 66 resident
     assert _grid(monkeypatch, 20, 65, 66, 2)[0] == 20  # 10 clusters of 2 a block
     assert _grid(monkeypatch, 21, 65, 66, 2)[0] == 20  # whole clusters a block
     assert _grid(monkeypatch, 33, 132, 132, 1, SUM4)[0] == 132  # 132 SMs, clusters of 4

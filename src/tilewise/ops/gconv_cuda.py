@@ -472,8 +472,9 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
 def wgrad_copies(r: int, s: int, tile: CudaTile) -> int:
     """The copies of the workspace's sums a wgrad kernel spreads its reductions over
     (``WGRAD_COPIES``): the persistent tap kernel's, where its finish runs over channel pairs
-    (a thread's share at most 24 sums: ``FPAIRS`` in the source), else 1 (the row-pair and
-    warpgroup kernels, the cluster tiles, larger shares)."""
+    (the "pairs" finish order and a thread's share at most 24 sums: ``FPAIRS`` in the source),
+    else 1 (the row-pair and warpgroup kernels, the cluster tiles, larger shares, the other
+    finish orders)."""
     if tile.rowpair or tile.wgmma or tile.cluster or WGRAD_FINISH_ORDER != FINISH_ORDERS[0]:
         return 1
     share = (tile.tap_rows or r) * s * cdiv(tile.cb * 8, tile.warps * 32)
@@ -493,12 +494,21 @@ _WG_WGRAD = "tw_gconv_wgrad_wg"
 
 
 def source(
-    r: int, s: int, tile: CudaTile, bf16: bool, bias: int, dgrad: bool, entry: str, dw_cl=False
+    r: int,
+    s: int,
+    tile: CudaTile,
+    bf16: bool,
+    bias: int,
+    dgrad: bool,
+    entry: str,
+    dw_cl=False,
+    copies: int | None = None,
 ) -> tuple[str, str]:
     """(CUDA source, entry point) of a kernel variant. ``entry``: "tw_gconv_fprop" (the tile
     picks the tap or row-pair kernel) or "tw_gconv_wgrad". ``bias``: fprop, whether there is one
     (bool); wgrad, 0 no bias gradient, 1 an fp32 one, 2 one in the input dtype. ``dw_cl`` (bool):
-    wgrad writes dw in a channels_last weight's layout."""
+    wgrad writes dw in a channels_last weight's layout. ``copies``: the tap wgrad's workspace
+    copies (None: ``wgrad_copies``, from the switches now)."""
     template = _SOURCE
     if entry == "tw_gconv_fprop" and tile.roll:
         src = _SOURCE_ROLL.format(
@@ -562,7 +572,7 @@ def source(
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
-        WCOPIES=wgrad_copies(r, s, tile) if entry == "tw_gconv_wgrad" else 1,
+        WCOPIES=(copies or wgrad_copies(r, s, tile)) if entry == "tw_gconv_wgrad" else 1,
         STAMPS=WGRAD_STAMPS if entry.startswith("tw_gconv_wgrad") else 0,
         DYN=int(entry == "tw_gconv_fprop_rp" and dynamic_tiles(tile)),
     )
@@ -582,9 +592,11 @@ def _kernel(
     device: int,
     entry: str = "tw_gconv_fprop",
     dw_cl: bool = False,
+    copies: int = 1,
 ):
-    """The compiled kernel (arguments as ``source``)."""
-    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl)
+    """The compiled kernel (arguments as ``source``; ``copies`` a wgrad's workspace copies, part
+    of the cache key so that a kernel never meets a workspace sized for another count)."""
+    src, entry = source(r, s, tile, bf16, bias, dgrad, entry, dw_cl, copies)
     with torch.cuda.device(device):
         arch = "90a" if tile.wgmma else None  # wgmma: sm_90a only
         kernel = nvrtc_cache.compile_kernel(src, entry, compute_capability=arch)
@@ -903,9 +915,11 @@ WGRAD_RED4 = os.environ.get(ENV_WGRAD_RED4, "0") == "1"
 #: the tap wgrad's diagnosis switch (``TILEWISE_GCONV_WGRAD_ABLATE``, read once: wrong results,
 #: for timing only; session 45): bits 1 no atomics, 2 no finish, 4 no MMAs, 8 no loads (TMA
 #: tiles); session 46, inside the finish: 16 the count alone (no last-CTA pass), 32 no fence
-#: before the count. Part of ``SOURCE_DIGEST`` when set, as ``WG_ABLATE``. What it is for: the
-#: 3x3 wgrad pick takes ~11.5 us more than its bytes at any N (session 45, H200: 13.5 us at C=64
-#: N=8, one tile a CTA, where the fprop takes 6.1)
+#: before the count; session 47: 64 the pass's loads without its stores; session 48: 128 plain
+#: stores in place of the scalar dw reductions (the bias's and RED4's stay). Part of
+#: ``SOURCE_DIGEST`` when set, as ``WG_ABLATE``. What it is for: the 3x3 wgrad pick takes
+#: ~11.5 us more than its bytes at any N (session 45, H200: 13.5 us at C=64 N=8, one tile a CTA,
+#: where the fprop takes 6.1)
 ENV_WGRAD_ABLATE = "TILEWISE_GCONV_WGRAD_ABLATE"
 WGRAD_ABLATE = int(os.environ.get(ENV_WGRAD_ABLATE) or 0)
 #: the order of the wgrad finish's pass over the block's sums
@@ -1242,13 +1256,14 @@ def bind_wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
-    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
+    wg = "tw_gconv_wgrad"
+    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, wgrad_copies(r, s, tile))
     maps_in = tile.tma and not (tile.wgmma and tile.tma in (2, 3))  # tensor maps as arguments
     if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile, maps_in = wgrad_twin(tile, c, r, s), False
-        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, "tw_gconv_wgrad", dw_cl)
+        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, wgrad_copies(r, s, tile))
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     # wgmma: units of whole images' rows, (image, column chunk)
     tiles_h, tiles_w = 1 if tile.wgmma else cdiv(ho, tile.th), cdiv(wo, tile.tw)
@@ -1259,9 +1274,9 @@ def bind_wgrad(
         ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
         grid_x = max(1, min(n_tiles, ctas))
         if tile.sumk:  # whole clusters, all resident at once (a CTA without tiles adds zeros)
-            grid_x = _sum_grid(
-                kernel, grid_x, ctas, cblocks * rblocks, tile, wgrad_smem_bytes(r, s, tile)
-            )
+            smem = wgrad_smem_bytes(r, s, tile)
+            with cuda_launch.on_device(dev):  # the kernel's context
+                grid_x = _sum_grid(kernel, grid_x, ctas, cblocks * rblocks, tile, smem)
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     maps = []
     if maps_in and tile.wgmma:  # a group's input row and dy row
@@ -1274,7 +1289,7 @@ def bind_wgrad(
     bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
     bound.db_dtype = db_dtype if need_db else None
-    copies = wgrad_copies(r, s, tile)
+    copies = wgrad_copies(r, s, tile)  # as the kernel was compiled with (its cache key)
     bound.sums = (copies * r * s * c * 8, copies * c, cblocks * rblocks)
     bound.cluster = bool(tile.cluster)
     return bound

@@ -5,7 +5,8 @@
 the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row-pair wgrad kernel
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
-``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{FIN_SMEM}``, ``{STAMPS}``;
+``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{FIN_SMEM}``, ``{STAMPS}``,
+``{SUMK}``, ``{WCOPIES}``;
 literal braces doubled);
 ``gconv_cuda.source`` fills it in.
 """
@@ -483,7 +484,8 @@ __device__ __forceinline__ void finish_wgrad(float* __restrict__ dw, float* __re
     // coalesced words, where the pairs' own stores took 18 sectors a warp store (session 47's
     // stamps, 3x3 pick at N = 128: 1.5 us of stores after 0.35 us of loads)
     constexpr bool FSTAGE = FPAIRS && !DW_CL && !ROWSPLIT && FIN_SMEM >= 16 + WARPS * 32 * TAPS * 2;
-    // COPIES (session 48): the sums in that many copies of the workspace, COPIES x apart
+    // COPIES (session 48): the sums in that many copies of the workspace, R_FULL x S x C x 8
+    // floats apart
     static_assert(COPIES == 1 || FPAIRS, "copies of the sums need the pairs' pass");
     const long long cstride = (long long)R_FULL * S * C * 8;
     if (FPAIRS) {{
@@ -786,8 +788,9 @@ tw_gconv_fprop(FPROP_PARAMS)
 // (a late atomic may then land after the zeroing: the workspace left unclean, as with 2 or 16);
 // session 47: 64 the pass's loads without its stores
 #define WABLATE {WABLATE}
-// session 48: 128 the sums leave by plain stores to the same words instead of reductions (the
-// L2's read-modify-write taken out, the traffic and the fence kept; wrong results)
+// session 48: 128 the dw sums leave by plain stores to the same words instead of reductions (the
+// L2's read-modify-write taken out, the traffic and the fence kept; wrong results); the bias
+// sums and RED4's four-wide reductions stay reductions
 #if WABLATE & 128
 #define WRED st_cg
 #else
@@ -1043,8 +1046,11 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     // takes 1 / SUMK of the reductions. Session 47's stamps (H200, the 3x3 pick at N = 8, 128
     // CTAs' 4,608 reductions each into the same 144 lines): the count completed 2.9 us after
     // the last CTA arrived, 0.8 without atomics. Every CTA holds a thread's sums at the same
-    // place (same tid, same tap and channels); they wait in the dead stages, past word 0 (the
-    // finish's flag, which a CTA may write while another still reads its sums).
+    // place (same tid, same tap and channels); they wait in the dead stages 128 bytes past sm,
+    // clear of the finish's flag (word 0 of smem, at or below sm), which a CTA may write while
+    // another still reads its sums. The last CTA's staging (FSTAGE) does overwrite them: by
+    // then every CTA has counted, so every peer's loads of them are done (they precede its
+    // reductions, its fence and its count). RED4 is not used with SUMK.
     {{
         constexpr int NV = TP * 4, NT = WARPS * 32, NM = NV / SUMK;
         static_assert(NV % SUMK == 0 && 128 + NV * NT * 4 <= WZT, "the sums overrun the stages");
