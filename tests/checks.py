@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -90,3 +93,16 @@ def allow_tf32(value: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def failed_import(module: str, **env: str) -> str:
+    """The stderr of importing ``module`` in a fresh interpreter with ``env`` added to the
+    environment, asserting the import failed (a switch read at import that rejects a value)."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+    )
+    assert out.returncode != 0, out.stdout[-500:]
+    return out.stderr

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checks import failed_import
 
 from tilewise.bench import sass
 from tilewise.ops import gconv_cuda
@@ -595,15 +596,8 @@ def test_wgrad_finish_order_switch_rejects_unknown_orders(monkeypatch):
     the import with a ValueError naming the variable, where a silent default would time or ship
     a kernel nobody asked for. The default source carries FIN_ORDER 0 and, as FIN_SMEM, the
     wgrad kernel's dynamic shared memory but its tail (0 in the fprop's module)."""
-    env = dict(os.environ, TILEWISE_GCONV_WGRAD_FINISH_ORDER="rows")
-    out = subprocess.run(
-        [sys.executable, "-c", "import tilewise.ops.gconv_cuda"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert out.returncode != 0
-    assert "ValueError" in out.stderr and "TILEWISE_GCONV_WGRAD_FINISH_ORDER='rows'" in out.stderr
+    err = failed_import("tilewise.ops.gconv_cuda", TILEWISE_GCONV_WGRAD_FINISH_ORDER="rows")
+    assert "ValueError" in err and "TILEWISE_GCONV_WGRAD_FINISH_ORDER='rows'" in err
     (tile,) = [t for t in gconv_cuda.TMA_WGRAD_TILES if t.name == "cuda_t16x16c64w8m1s2_tma1"]
     monkeypatch.setattr(gconv_cuda, "WGRAD_FINISH_ORDER", gconv_cuda.FINISH_ORDERS[0])
     default, _ = gconv_cuda.source(3, 3, tile, False, 0, False, "tw_gconv_wgrad")

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
+from checks import failed_import
 
 from tilewise.bench import sass
 from tilewise.ops import gconv_cuda
@@ -358,15 +357,8 @@ def test_wgrad_copies_switch_and_where_it_applies(monkeypatch):
     """``TILEWISE_GCONV_WGRAD_COPIES`` is 1, 2, 4 or 8 (another value stops the import with a
     ValueError naming it); off (1) by default. It applies to the persistent tap kernel where
     the finish runs over channel pairs (a thread's share at most 24 sums), nowhere else."""
-    env = dict(os.environ, TILEWISE_GCONV_WGRAD_COPIES="3")
-    out = subprocess.run(
-        [sys.executable, "-c", "import tilewise.ops.gconv_cuda"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert out.returncode != 0
-    assert "ValueError" in out.stderr and "TILEWISE_GCONV_WGRAD_COPIES=3" in out.stderr
+    err = failed_import("tilewise.ops.gconv_cuda", TILEWISE_GCONV_WGRAD_COPIES="3")
+    assert "ValueError" in err and "TILEWISE_GCONV_WGRAD_COPIES=3" in err
     assert gconv_cuda.WGRAD_COPIES_DEFAULT == 1
     monkeypatch.setattr(gconv_cuda, "WGRAD_COPIES", 4)
     assert gconv_cuda.wgrad_copies(3, 3, PLAIN) == 4  # 2 pairs x 9 taps = 18 sums a thread
