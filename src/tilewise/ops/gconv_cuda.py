@@ -446,6 +446,13 @@ _CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _NON_PORTABLE_CLUSTER_ATTRIBUTE = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 
 
+def _tma_wgrad_stages(r: int, s: int, tile: CudaTile) -> int:
+    """The TMA tap wgrad's stages (input halo + dy tile, each dense on the swizzle period) for
+    an R x S kernel: the start of its dynamic shared memory (the kernel's WZT)."""
+    halo = _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
+    return tile.stages * (halo + _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb))
+
+
 def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     """``stages`` x (input halo + dy tile) and one zero pixel (row-pair: halo rows of whole
     pairs, no zero pixel; TMA: dense stages on the swizzle period, the alignment slack and the
@@ -456,9 +463,8 @@ def wgrad_smem_bytes(r: int, s: int, tile: CudaTile) -> int:
     r = tile.tap_rows or r
     pix = tile.cb * 2 + 16
     if tile.tma:
-        halo = _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
-        dy = _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb)
-        return _tma_period(tile.cb) + tile.stages * (halo + dy) + tile.cb * 2 + 8 * tile.stages
+        stages = _tma_wgrad_stages(r, s, tile)
+        return _tma_period(tile.cb) + stages + tile.cb * 2 + 8 * tile.stages
     if tile.rowpair:
         rows = tile.th + 2 * (r // 2 + 1) - 2
         return tile.stages * (rows * (tile.tw + s - 1) * pix + tile.th * tile.tw * pix)
@@ -1125,11 +1131,7 @@ def sum_clusters_fit(r: int, s: int, tile: CudaTile) -> bool:
     stages they wait in (the kernel's static_assert)."""
     if tile.sumk not in (2, 4) or tile.tma != 1 or tile.cluster or tile.tap_rows or tile.rowpair:
         return False
-    stages = tile.stages * (
-        _tma_stage((tile.th + r - 1) * (tile.tw + s - 1) * tile.cb * 2, tile.cb)
-        + _tma_stage(tile.th * tile.tw * tile.cb * 2, tile.cb)
-    )
-    return 128 + (r * s + 1) // 2 * 4 * tile.warps * 32 * 4 <= stages
+    return 128 + (r * s + 1) // 2 * 4 * tile.warps * 32 * 4 <= _tma_wgrad_stages(r, s, tile)
 
 
 def wgrad_candidates(
@@ -1256,14 +1258,16 @@ def bind_wgrad(
     db_mode = (1 if db_dtype == torch.float32 else 2) if need_db else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     bf16 = x.dtype == torch.bfloat16
-    wg = "tw_gconv_wgrad"
-    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, wgrad_copies(r, s, tile))
+    wg, copies = "tw_gconv_wgrad", wgrad_copies(r, s, tile)  # copies: part of the cache key
+    kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, copies)
     maps_in = tile.tma and not (tile.wgmma and tile.tma in (2, 3))  # tensor maps as arguments
     if maps_in and _launcher(kernel, _WGRAD_SIGNATURE + "tt") is None:
         # PyTorch's own launcher cannot pass a tensor map: the same tile without TMA
         _log_once(f"tilewise gconv_cuda: {tile.name} runs without TMA (no lean launcher)")
         tile, maps_in = wgrad_twin(tile, c, r, s), False
-        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, wgrad_copies(r, s, tile))
+        copies = wgrad_copies(r, s, tile)
+        kernel = _kernel(r, s, tile, bf16, db_mode, False, dev, wg, dw_cl, copies)
+    smem = wgrad_smem_bytes(r, s, tile)
     cblocks, rblocks = c // tile.cb, r // (tile.tap_rows or r)
     # wgmma: units of whole images' rows, (image, column chunk)
     tiles_h, tiles_w = 1 if tile.wgmma else cdiv(ho, tile.th), cdiv(wo, tile.tw)
@@ -1274,7 +1278,6 @@ def bind_wgrad(
         ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
         grid_x = max(1, min(n_tiles, ctas))
         if tile.sumk:  # whole clusters, all resident at once (a CTA without tiles adds zeros)
-            smem = wgrad_smem_bytes(r, s, tile)
             with cuda_launch.on_device(dev):  # the kernel's context
                 grid_x = _sum_grid(kernel, grid_x, ctas, cblocks * rblocks, tile, smem)
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
@@ -1285,11 +1288,9 @@ def bind_wgrad(
         maps = [(0, tile.cb, tile.tw + s - 1, tile.th + r - 1), (1, tile.cb, tile.tw, tile.th)]
     grid, block = (grid_x, cblocks, rblocks), (tile.warps * 32, 1, 1)
     signature = _WGRAD_SIGNATURE + ("tt" if maps_in else "")
-    smem = wgrad_smem_bytes(r, s, tile)
     bound = BoundWgrad(kernel, signature, grid, block, smem, dev, scalars, 7, maps, False, planned)
     bound.dw_shape, bound.dw_format = (c, 8, r, s), dw_format(dw_cl)
     bound.db_dtype = db_dtype if need_db else None
-    copies = wgrad_copies(r, s, tile)  # as the kernel was compiled with (its cache key)
     bound.sums = (copies * r * s * c * 8, copies * c, cblocks * rblocks)
     bound.cluster = bool(tile.cluster)
     return bound
