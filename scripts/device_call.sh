@@ -138,7 +138,7 @@ WGRAD_ALL_TESTS=(
   tests/test_gconv_cuda.py "multi_row_blocks or row_split_wgrad_tiles or sumk_wgrad_tiles"
   tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and not bfloat16"
   tests/test_gconv_cuda.py "wgmma_wgrad_tiles_on_odd_shapes and bfloat16"
-  tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta"
+  tests/test_gconv_cuda.py "wgmma_wgrad_over_many_units_per_cta or slot_wgrad_tiles"
   tests/test_gconv_cuda.py "experimental_wgrad or workspace_is_left_zero"
   tests/test_gconv.py "(wgrad or backward) and not compile"
 )
@@ -663,6 +663,29 @@ PY
         grep -E "^ablate|Error" "$R/ablate-$ab.log"
       done
       pack ;;
+    slots-s49)  # session 49: the slot tiles (a slot of sums per CTA, then a dependent slot-sum
+      # kernel; the deterministic wgrad's CUDA tiles): their GPU tests first, then their graph-
+      # replay times beside the 3x3 pick at the issue's shapes where it is picked, one process a C
+      TEST_LIMIT=${TEST_LIMIT:-240} par_tests slot-tests \
+        tests/test_gconv_cuda.py "slot_wgrad_tiles and not bfloat16" \
+        tests/test_gconv_cuda.py "slot_wgrad_tiles and bfloat16" \
+        tests/test_gconv.py "wgrad or backward or determinis"
+      base=cuda_t16x16c64w8m1s2_tma1
+      for spec in "64:${SLOT_N64:-8 32 128}" "128:${SLOT_N128:-32 128}" "256:${SLOT_N256:-32 256}"; do
+        c=${spec%%:*}
+        # shellcheck disable=SC2086
+        timeout "${PROBE_LIMIT:-120}" python scripts/wgrad_ablate_probe.py --channels "$c" \
+          --n ${spec#*:} --tile $base ${base}_slot cuda_t8x16c32w4m4s2_tma1_slot \
+          --json "$R/slots-c$c.json" >"$R/slots-c$c.log" 2>&1
+        echo "rc $?: slots C=$c"
+        grep -E "^ablate|Error" "$R/slots-c$c.log"
+      done
+      pack ;;
+    det-study-s49)  # session 49: issue 3's 3x3 wgrad grid with tilewise's deterministic wgrad
+      # (its choice among the slot tiles and the Triton configs) beside cuDNN
+      # shellcheck disable=SC2086
+      study gconv-s49-det "${STUDY_LIMIT:-300}" --channels 64 128 256 --kernels 3 \
+        --passes wgrad --dtypes ${DTYPES:-fp16} --deterministic ;;
     sumk-s48)  # session 48: the 3x3 TMA wgrad pick against the same tile with its CTAs' sums
       # added up in clusters of 2 and 4 before the atomics (sumk), at the issue's shapes where it
       # is picked (C=64 N = 8, 32, 128; C=128 N = 32, 128; C=256 N = 32, 256), one process a C;

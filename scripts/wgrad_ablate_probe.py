@@ -35,6 +35,8 @@ def _tile(name: str) -> gconv_cuda.CudaTile:
     tiles = {t.name: t for t in gconv_cuda.wgrad_candidates(64, 3, 3, tma=True, wgmma=False)}
     tiles |= {t.name: t for t in gconv_cuda.WGRAD_TILES + gconv_cuda.TMA_WGRAD_TILES}
     tiles |= {t.name: t for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES + gconv_cuda.SUMK_WGRAD_TILES}
+    for c in SIDES:  # the slot forms (session 49) as fitted to each of the C
+        tiles |= {t.name: t for t in gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma=True)}
     if name not in tiles:
         raise ValueError(f"argument '--tile': {name!r} is none of {sorted(tiles)}")
     return tiles[name]

@@ -106,3 +106,34 @@ def failed_import(module: str, **env: str) -> str:
     )
     assert out.returncode != 0, out.stdout[-500:]
     return out.stderr
+
+
+def fake_nvrtc(monkeypatch) -> tuple[list, list]:
+    """The grouped conv's NVRTC compiles and launches faked on the CPU, the disk cache off and
+    the in-process kernels forgotten: returns (compiles as (entry, source, target), launches'
+    keyword args)."""
+    from tilewise.ops import gconv_cuda, gconv_slots
+
+    compiles, launches = [], []
+
+    class FakeKernel:
+        func = None
+
+        def set_shared_memory_config(self, nbytes):
+            pass
+
+        def __call__(self, **launch):
+            launches.append(launch)
+
+    def fake_compile(src, name, compute_capability=None):
+        compiles.append((name, src, compute_capability))
+        return FakeKernel()
+
+    gconv_cuda._kernel.cache_clear()
+    gconv_slots.kernel.cache_clear()
+    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")  # compiles are counted (no disk cache)
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
+    return compiles, launches

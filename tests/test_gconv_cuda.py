@@ -4,7 +4,6 @@ source template and the tile rules are checked on the CPU too."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -12,7 +11,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from checks import ATOL, assert_three_way
+from checks import ATOL, assert_three_way, fake_nvrtc
 
 from tilewise.bench.checks import GCONV_ODD_SHAPES
 from tilewise.ops import gconv_cuda, gconv_wgrad
@@ -1211,37 +1210,10 @@ def test_rowpair_wgrad_loop_algebra(n, c, h, w, r, s, ph, pw, th, tw):
     torch.testing.assert_close(got, want)
 
 
-def _fake_nvrtc(monkeypatch) -> tuple[list, list]:
-    """NVRTC compiles and launches faked on the CPU, the disk cache off and the in-process
-    kernels forgotten: returns (compiles as (entry, source, target), launches' keyword args)."""
-    compiles, launches = [], []
-
-    class FakeKernel:
-        func = None
-
-        def set_shared_memory_config(self, nbytes):
-            pass
-
-        def __call__(self, **launch):
-            launches.append(launch)
-
-    def fake_compile(src, name, compute_capability=None):
-        compiles.append((name, src, compute_capability))
-        return FakeKernel()
-
-    gconv_cuda._kernel.cache_clear()
-    monkeypatch.setenv("TILEWISE_NVRTC_CACHE", "0")  # compiles are counted (no disk cache)
-    monkeypatch.setattr(torch.cuda, "_compile_kernel", fake_compile, raising=False)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(gconv_cuda, "num_sms", lambda device: 132)
-    return compiles, launches
-
-
 def test_compiled_kernels_are_cached(monkeypatch):
     """One NVRTC compile per variant: an uncached compile cost ~19 ms per launch on the H100
     host (a decorator left on the wrong function once made every launch recompile)."""
-    compiles, _ = _fake_nvrtc(monkeypatch)
+    compiles, _ = fake_nvrtc(monkeypatch)
     x = _cl(torch.randn(2, 64, 8, 8))
     w = torch.randn(64, 8, 3, 3)
     rowpair = CudaTile(rowpair=True)
@@ -1268,7 +1240,7 @@ def test_a_wgmma_tile_without_the_lean_launcher_runs_a_plain_candidate(monkeypat
     """A wgmma tile needs tensor maps, which only the lean launcher passes, and has no non-TMA
     twin: without the launcher (a choice cached by a process that had it) the first candidate
     without TMA runs instead, said once, rather than the call raising. CPU: compiles faked."""
-    compiles, launches = _fake_nvrtc(monkeypatch)
+    compiles, launches = fake_nvrtc(monkeypatch)
     gconv_cuda._log_once.cache_clear()
     monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     x = _cl(torch.randn(2, 64, 8, 8))
@@ -1321,6 +1293,44 @@ def test_sumk_wgrad_tiles(dtype, rng_seed):
             db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
             db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
             assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
+            assert workspace.all_zero(), tag
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_slot_wgrad_tiles(dtype, rng_seed):
+    """The deterministic wgrad's tiles (``CudaTile.slots``, session 49): a slot of sums per CTA
+    and the dependent slot-sum kernel, on the odd shapes (dw in both layouts, db in both
+    dtypes); then where every CTA loops over several tiles, with the bias: bit for bit the same
+    in two runs and in a CUDA graph's replays, and the workspace untouched."""
+    tma = gconv_cuda._tma.supported(torch.cuda.current_device())
+
+    def tiles_for(c, r, s):
+        return gconv_cuda.slot_wgrad_candidates(c, r, s, tma)
+
+    assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+    for n, c, h, w in ((32, 64, 56, 56), (16, 32, 56, 56)):
+        x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, 3, 3, 1, 1, dtype)
+        db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
+        db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
+        for tile in tiles_for(c, 3, 3):
+            tag = f"wgrad n{n} c{c} {h}x{w} {tile.name} {dtype}"
+            bound = gconv_cuda.bind_wgrad(dy, x, 3, 3, 1, 1, True, tile, planned=True)
+            assert 1 < bound.grid[0] < n * -(-h // tile.th) * -(-w // tile.tw), tag
+            dw, db = bound(dy, x)
+            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
+            dw2, db2 = bound(dy, x)
+            assert torch.equal(dw, dw2) and torch.equal(db, db2), f"run to run, {tag}"
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                dw3, db3 = bound(dy, x)
+            for _ in range(2):
+                dw3.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(dw, dw3) and torch.equal(db, db3), f"graph replay, {tag}"
             assert workspace.all_zero(), tag
 
 

@@ -232,6 +232,12 @@ def add_gconv_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the weight layout tilewise gets (default channels_last, as cuDNN and a "
         "channels_last model; contiguous: sessions 1-20)",
     )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=None,
+        help="tilewise's deterministic backward (wgrad without atomics; cuDNN as it is)",
+    )
     _common_study_args(p, "gconv")
     return p
 
@@ -261,6 +267,7 @@ def gconv_config(args: argparse.Namespace) -> GConvStudyConfig:
         "warmup": args.warmup,
         "reps": args.reps,
         "tilewise_weight": args.tilewise_weight,
+        "deterministic": args.deterministic,
     }
     config = _with_overrides(base, overrides)
     if not config.problems():

@@ -31,6 +31,7 @@ import os
 
 import torch
 
+from tilewise.ops import gconv_slots
 from tilewise.ops import gconv_wgrad_wg_src as _wgrad_wg_module
 from tilewise.ops._common import _smem_optin, cdiv, num_sms
 from tilewise.ops.gconv_config import dw_format
@@ -38,6 +39,7 @@ from tilewise.ops.gconv_cuda_src import SOURCE as _SOURCE
 from tilewise.ops.gconv_cuda_src import SOURCE_RP as _SOURCE_RP
 from tilewise.ops.gconv_cuda_src import SOURCE_WRP as _SOURCE_WRP
 from tilewise.ops.gconv_roll_src import SOURCE_ROLL as _SOURCE_ROLL
+from tilewise.ops.gconv_slots_src import SOURCE as _SLOT_SUM_SOURCE
 from tilewise.ops.gconv_tiles import CLUSTER_WGRAD_TILES as CLUSTER_WGRAD_TILES
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_FPROP_TILES as EXPERIMENTAL_FPROP_TILES
 from tilewise.ops.gconv_tiles import EXPERIMENTAL_WGMMA_TILES as EXPERIMENTAL_WGMMA_TILES
@@ -481,7 +483,9 @@ def wgrad_copies(r: int, s: int, tile: CudaTile) -> int:
     (the "pairs" finish order and a thread's share at most 24 sums: ``FPAIRS`` in the source),
     else 1 (the row-pair and warpgroup kernels, the cluster tiles, larger shares, the other
     finish orders)."""
-    if tile.rowpair or tile.wgmma or tile.cluster or WGRAD_FINISH_ORDER != FINISH_ORDERS[0]:
+    if tile.rowpair or tile.wgmma or tile.cluster or tile.slots:
+        return 1
+    if WGRAD_FINISH_ORDER != FINISH_ORDERS[0]:
         return 1
     share = (tile.tap_rows or r) * s * cdiv(tile.cb * 8, tile.warps * 32)
     return WGRAD_COPIES if share <= 24 else 1
@@ -574,7 +578,8 @@ def source(
         TMA=tile.tma if entry in ("tw_gconv_fprop_rp", "tw_gconv_wgrad", _WG_WGRAD) else 0,
         DW_CL=int(dw_cl),
         WSMEM=int(tile.wsmem),
-        RED4=int(WGRAD_RED4),
+        RED4=int(WGRAD_RED4 and not tile.slots),
+        WSLOTS=int(tile.slots),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
@@ -998,6 +1003,7 @@ SOURCE_DIGEST = hashlib.sha1(
         _SOURCE
         + _SOURCE_RP
         + _SOURCE_WRP
+        + _SLOT_SUM_SOURCE
         + _SOURCE_WG
         + _wgmma_asm(False)
         + _wgmma_asm(True)
@@ -1119,6 +1125,8 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
         return False
     if tile.sumk and not sum_clusters_fit(r, s, tile):
         return False
+    if tile.slots and (tile.rowpair or tile.cluster or tile.sumk or split != 1):
+        return False  # slots: persistent tap CTAs whose warps hold disjoint sums
     if not tile.rowpair:
         return True
     fragments = 2 * (r // 2 + 1) * s
@@ -1168,6 +1176,22 @@ def _wgrad_candidates(
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
+def slot_wgrad_candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...]:
+    """The deterministic wgrad's tiles for C channels and an R x S kernel: the slot forms
+    (``CudaTile.slots``) of the offered ``TMA_WGRAD_TILES`` (with ``tma``) and of the tap tiles of
+    ``WGRAD_TILES``, fitted to C and legal. Each CTA's sums and the slot-sum kernel's additions
+    run in an order fixed by the launch shapes (``gconv_slots``)."""
+    return _slot_wgrad_candidates(c, r, s, bool(tma))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_wgrad_candidates(c: int, r: int, s: int, tma: bool) -> tuple[CudaTile, ...]:
+    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+    tiles += tuple(t for t in WGRAD_TILES if not (t.rowpair or t.cluster))
+    fitted = (_fitted(dataclasses.replace(t, slots=True), c, warp_per_group=True) for t in tiles)
+    return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
+
+
 def wgrad_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:
     """A TMA wgrad ``tile`` without TMA (``non_tma_twin`` by the wgrad's legality check)."""
     return non_tma_twin(tile, c, r, s, wgrad_tile_ok)
@@ -1214,15 +1238,23 @@ def _sum_grid(kernel, grid_x: int, ctas: int, blocks: int, tile: CudaTile, smem:
 
 
 class BoundWgrad(BoundLaunch):
-    """``wgrad`` bound to one problem: ``(dy, x) -> (dw, db or None)``."""
+    """``wgrad`` bound to one problem: ``(dy, x) -> (dw, db or None)``. ``slot_sum``: a slots
+    tile's slot-sum launch (``gconv_slots``), after the tap kernel's."""
 
-    __slots__ = ("dw_shape", "dw_format", "db_dtype", "sums", "cluster")
+    __slots__ = ("dw_shape", "dw_format", "db_dtype", "sums", "cluster", "slot_sum")
 
     def __call__(self, dy, x) -> tuple[torch.Tensor, torch.Tensor | None]:
         dw = alloc.empty(*self.dw_shape, device=x.device, dtype=x.dtype,
                          memory_format=self.dw_format)  # fmt: skip
         c = self.dw_shape[0]
         db = alloc.empty(c, device=x.device, dtype=self.db_dtype) if self.db_dtype else None
+        if self.slot_sum is not None:  # no workspace: every slot word is stored, then summed
+            _, _, r, s = self.dw_shape
+            slots = gconv_slots.slot_buffer(self.grid[0], c, r, s, x.device)
+            out_b = db if db is not None else dw
+            self.launch([x, dy, slots, slots, dw, out_b, slots])
+            self.slot_sum.launch([slots, dw, out_b])
+            return dw, db
         if self.cluster:  # one cluster per channel block; it writes dw and db itself
             dw_sums = db_sums = counters = dw
         else:
@@ -1293,4 +1325,12 @@ def bind_wgrad(
     bound.db_dtype = db_dtype if need_db else None
     bound.sums = (copies * r * s * c * 8, copies * c, cblocks * rblocks)
     bound.cluster = bool(tile.cluster)
+    bound.slot_sum = None
+    if tile.slots:  # the slot-sum kernel, a programmatic dependent of the tap kernel
+        sum_kernel = gconv_slots.kernel(r, s, bf16, db_mode, dw_cl, dev)
+        sum_grid, sum_block = gconv_slots.sum_grid(c, r, s, need_db)
+        bound.slot_sum = BoundLaunch(
+            sum_kernel, gconv_slots.SIGNATURE, sum_grid, sum_block, 0, dev, [c, grid_x], 3, [],
+            dependent_launch(x.device), planned,
+        )  # fmt: skip
     return bound

@@ -6,7 +6,7 @@ the prefix plus the row-pair fprop/dgrad kernel ``tw_gconv_fprop_rp`` or the row
 ``tw_gconv_wgrad_rp``. Each is a ``str.format`` template (``{R}``, ``{S}``, ``{TH}``, ``{TW}``,
 ``{CB}``, ``{WARPS}``, ``{MIN_CTAS}``, ``{STAGES}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}``,
 ``{DGRAD}``, ``{DW_CL}``, ``{RED4}``, ``{WABLATE}``, ``{FIN_ORDER}``, ``{FIN_SMEM}``, ``{STAMPS}``,
-``{SUMK}``, ``{WCOPIES}``;
+``{SUMK}``, ``{WCOPIES}``, ``{WSLOTS}``;
 literal braces doubled);
 ``gconv_cuda.source`` fills it in.
 """
@@ -114,6 +114,11 @@ SOURCE = (
 // (``TILEWISE_GCONV_WGRAD_COPIES``; session 48): CTA b adds into copy b % WCOPIES, the finish's
 // pass adds the copies up
 #define WCOPIES {WCOPIES}
+// the tap wgrad's slots (``CudaTile.slots``; session 49): each CTA stores its sums with plain
+// stores into its own slot of a buffer (dw: gridDim.x slots of R_FULL x S x C x 8 + C floats;
+// no atomics, no count, no finish) and lets the dependent slot-sum kernel (``gconv_slots_src``)
+// start; that kernel adds the slots up in a fixed order (a deterministic wgrad)
+#define WSLOTS {WSLOTS}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish, after its count and (session 48) at its main loop's end (from word 64, 4 a
@@ -822,6 +827,9 @@ __device__ __forceinline__ void transpose_quad(float (&v)[4], int lane) {{
 #if TMA && CLUSTER
 #error "TMA wgrad tiles take no clusters (the cluster epilogue reuses the stage buffers)"
 #endif
+#if WSLOTS && (CLUSTER || SUMK || RED4)
+#error "slots are for the persistent tap CTAs' plain stores (no clusters, no SUMK, no RED4)"
+#endif
 #if SUMK && (CLUSTER || !TMA)
 #error "SUMK is for the TMA tiles' persistent CTAs (the sums sit in their dead stages)"
 #endif
@@ -861,6 +869,10 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
     STAMP_CTA(0);
+#if WSLOTS && __CUDA_ARCH__ >= 900
+    // the slot-sum kernel's CTAs may be scheduled now; they wait for this grid's end
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 #if ROWSPLIT
     // kernel rows [r0, r0 + R) of R_FULL: the wgrad of an R-row kernel whose input starts r0
     // rows lower, i.e. with r0 less padding on top (negative padding reads inside the image)
@@ -1040,6 +1052,40 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             for (int k = 0; k < 4; ++k) dw[tp * 4 + k] = acc[tp][k];
         dw[4 * TP] = dbs;
     }}
+#elif WSLOTS
+    // this CTA's slot: every (tap, out channel, in channel) of its channel block and row block,
+    // written exactly once by a plain store (a CTA without tiles stores zeros)
+    {{
+        static_assert(WSPLIT == 1, "slots take one warp a group (no two warps share a sum)");
+        const long long dw_words = (long long)(R_FULL * S) * C * 8;
+        float* const slot = dw + (long long)blockIdx.x * (dw_words + C);
+#pragma unroll
+        for (int tp = 0; tp < TP; ++tp)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {{
+                const int tap = 2 * tp + half;
+                if (tap < TAPS) {{
+                    const long long tg = blockIdx.z * TAPS + tap;
+                    slot[(tg * C + co) * 8 + ci] = acc[tp][half * 2];
+                    slot[(tg * C + co + 1) * 8 + ci] = acc[tp][half * 2 + 1];
+                }}
+            }}
+#if HAS_BIAS
+        // the bias sums of channel c0 + tid % CB, added up over the CTA in a fixed order
+        constexpr int PER = WARPS * 32 / CB;
+        static_assert(PER * CB == WARPS * 32, "threads a whole multiple of the channel block");
+        float* const red = (float*)smem;  // the stages are done with (no copy in flight)
+        __syncthreads();
+        red[tid] = dbs;
+        __syncthreads();
+        if (tid < CB && blockIdx.z == 0) {{
+            float v = red[tid];
+#pragma unroll
+            for (int k = 1; k < PER; ++k) v += red[tid + k * CB];
+            slot[dw_words + c0 + tid] = v;
+        }}
+#endif
+    }}
 #elif SUMK
     // The SUMK CTAs of a cluster add up their sums through distributed shared memory first, and
     // each sends every SUMK-th of them (element j = rank + SUMK m of a thread's TP x 4): the L2
@@ -1103,10 +1149,10 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             }}
         }}
 #endif
-#if HAS_BIAS && !(WABLATE & 1)
+#if HAS_BIAS && !(WABLATE & 1) && !WSLOTS
     if (blockIdx.z == 0) red_add(dbc + c0 + tid % CB, dbs);
 #endif
-#if !(WABLATE & 2)
+#if !(WABLATE & 2) && !WSLOTS
     finish_wgrad<WCOPIES>(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem,
                           WABLATE);
 #endif

@@ -18,6 +18,9 @@ class CudaTile:
     channel block, summing through distributed shared memory (0: persistent CTAs and fp32 atomics).
     ``sumk`` (TMA tap wgrad, persistent CTAs): clusters of that many CTAs (2 or 4) add up their
     sums through distributed shared memory before the atomics, each sending a 1 / sumk share.
+    ``slots`` (tap wgrad, persistent CTAs, one warp a group): each CTA stores its sums into its
+    own slot (plain stores; no atomics, count or finish) and a dependent slot-sum kernel adds the
+    slots up in a fixed order (``gconv_slots``): a deterministic wgrad.
     ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad: and the dy tiles)
     arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense
     buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output tiles leave by it too.
@@ -59,6 +62,7 @@ class CudaTile:
     asets: int = 2  # wgmma fprop/dgrad: sets of A fragments in registers (2 or 3)
     band_rows: int = 4  # wgmma fprop/dgrad: output rows an MMA's N covers (4, or 2: N = 16)
     sumk: int = 0  # TMA tap wgrad: clusters of sumk CTAs add their sums up before the atomics
+    slots: bool = False  # tap wgrad: a slot of sums per CTA and a slot-sum kernel, no atomics
 
     @property
     def name(self) -> str:
@@ -72,6 +76,7 @@ class CudaTile:
         sets += f"b{self.band_rows}" if self.band_rows != 4 else ""
         tma = f"_tma{self.tma}" if self.tma else ""
         tma += f"_sum{self.sumk}" if self.sumk else ""
+        tma += "_slot" if self.slots else ""
         return f"{kind}_{shape}{cluster}{rows}{ws}{sets}{tma}"
 
 

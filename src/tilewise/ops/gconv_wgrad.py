@@ -277,11 +277,13 @@ def choose(
 ):
     """``wgrad``'s config for this problem (timed on first use, then cached)."""
     sms = num_sms(x.device)
-    with_cuda = not deterministic and gconv_cuda.usable(x, grad)
+    cuda = gconv_cuda.usable(x, grad)
+    with_cuda = not deterministic and cuda
     library = gconv_library.offered(x, deterministic)
-    tma = with_cuda and gconv_cuda.tma_usable(x)
-    wgmma = tma and gconv_cuda.wgmma_usable(x)
-    candidates = _candidates(problem, sms, with_cuda, tma, library, wgmma)
+    tma = cuda and gconv_cuda.tma_usable(x)
+    wgmma = with_cuda and tma and gconv_cuda.wgmma_usable(x)
+    slots = deterministic and cuda  # the NVRTC tiles whose sums run in a fixed order
+    candidates = _candidates(problem, sms, with_cuda, tma, library, wgmma, slots)
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
     mode = "det" if deterministic else "one-launch"
     tag = gconv_library.cache_tag(None, library) + (".dwcl" if dw_cl else "")
@@ -329,8 +331,11 @@ def _candidates(
     tma: bool = False,
     library: bool = False,
     wgmma: bool = False,
+    slots: bool = False,
 ) -> tuple:
     base = wgrad_candidates(problem, sms)
+    if slots:  # deterministic: the slot tiles (gconv_slots) before the Triton configs
+        base = gconv_cuda.slot_wgrad_candidates(problem.c, problem.r, problem.s, tma) + base
     if with_cuda:
         small = problem.n * problem.p * problem.q <= gconv_cuda.CLUSTER_MAX_PIXELS
         c, r, s = problem.c, problem.r, problem.s

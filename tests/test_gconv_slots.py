@@ -1,0 +1,180 @@
+"""The wgrad's slots (``CudaTile.slots``, ``ops.gconv_slots``; session 49), checked on the CPU:
+which tiles are legal, the deterministic wgrad's candidates, the source switches, the two
+launches (faked) and their buffers, and, where nvcc is installed, the SASS: no reductions, no
+atomics, no fence; one plain store per sum; the slot-sum kernel's wait before its first load.
+The kernels' results are checked on the GPU (``test_gconv_cuda.py::test_slot_wgrad_tiles``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from checks import fake_nvrtc
+
+from tilewise.bench import sass
+from tilewise.ops import gconv_cuda, gconv_slots, gconv_slots_src, gconv_wgrad
+from tilewise.ops.gconv_config import GConvProblem
+from tilewise.ops.gconv_cuda import CudaTile
+
+PICK = CudaTile(16, 16, 64, 8, 1, 2, tma=1)
+SLOT = dataclasses.replace(PICK, slots=True)
+PLAIN_SLOT = CudaTile(8, 16, 32, 4, 4, 2, slots=True)
+NEEDS_SASS = pytest.mark.skipif(
+    sass.NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing"
+)
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def test_slot_tiles_names_and_legality():
+    assert SLOT.name == "cuda_t16x16c64w8m1s2_tma1_slot"
+    assert PLAIN_SLOT.name == "cuda_t8x16c32w4m4s2_slot"
+    for tile in (SLOT, PLAIN_SLOT, dataclasses.replace(PLAIN_SLOT, tap_rows=1)):
+        assert gconv_cuda.wgrad_tile_ok(64, 3, 3, tile), tile.name
+    # two warps a group would store the same words; the other epilogues are not slots
+    illegal = (
+        CudaTile(16, 16, 32, 8, 2, 2, slots=True),
+        dataclasses.replace(PLAIN_SLOT, rowpair=True),
+        CudaTile(8, 16, 16, 2, 4, 2, cluster=8, slots=True),
+        dataclasses.replace(SLOT, sumk=2),
+    )
+    for tile in illegal:
+        assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, tile), tile.name
+
+
+@pytest.mark.parametrize("c", [8, 64, 256])
+@pytest.mark.parametrize("tma", [False, True])
+def test_slot_candidates_are_legal_slot_tiles(c, tma):
+    for r, s in ((1, 1), (3, 3), (5, 5), (7, 7)):
+        tiles = gconv_cuda.slot_wgrad_candidates(c, r, s, tma)
+        assert tiles, (c, r, s, tma)
+        assert all(t.slots and gconv_cuda.wgrad_tile_ok(c, r, s, t) for t in tiles)
+        assert all(not (t.rowpair or t.cluster or t.sumk or t.wgmma) for t in tiles)
+        if not tma:
+            assert not any(t.tma for t in tiles), (c, r, tiles)
+        assert len(set(tiles)) == len(tiles)
+    # the 3x3 pick's slot form first, where TMA is there and C takes 64-channel blocks
+    if tma and c % 64 == 0:
+        assert gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma)[0] == SLOT
+
+
+def test_deterministic_choice_offers_slot_tiles_only_there():
+    problem = GConvProblem(n=2, c=64, h=8, w=8, r=3, s=3, pad_h=1, pad_w=1)
+    det = gconv_wgrad._candidates(problem, 132, False, True, False, False, True)
+    fast = gconv_wgrad._candidates(problem, 132, True, True, False, False, False)
+    det_tiles = [t for t in det if isinstance(t, CudaTile)]
+    fast_tiles = [t for t in fast if isinstance(t, CudaTile)]
+    assert det_tiles and all(t.slots for t in det_tiles)
+    assert det[: len(det_tiles)] == tuple(det_tiles)  # before the Triton configs
+    assert fast_tiles and not any(t.slots for t in fast_tiles)
+    none = gconv_wgrad._candidates(problem, 132, False, False, False, False, False)
+    assert not any(isinstance(t, CudaTile) for t in none)
+
+
+def test_source_switches_for_slots(monkeypatch):
+    monkeypatch.setattr(gconv_cuda, "WGRAD_RED4", True)
+    monkeypatch.setattr(gconv_cuda, "WGRAD_COPIES", 4)
+    src, entry = gconv_cuda.source(3, 3, SLOT, False, 1, False, "tw_gconv_wgrad")
+    assert entry == "tw_gconv_wgrad"
+    assert "#define WSLOTS 1\n" in src and "#define RED4 (0 && " in src
+    assert gconv_cuda.wgrad_copies(3, 3, SLOT) == 1
+    assert "#define WSLOTS 0\n" in gconv_cuda.source(3, 3, PICK, False, 1, False, entry)[0]
+
+
+def test_slot_sum_grid_and_words():
+    assert gconv_slots.slot_words(64, 3, 3) == 9 * 64 * 8 + 64
+    assert gconv_slots.sum_grid(64, 3, 3, False) == ((144, 1, 1), (256, 1, 1))
+    assert gconv_slots.sum_grid(64, 3, 3, True) == ((146, 1, 1), (256, 1, 1))
+    assert gconv_slots.sum_grid(8, 1, 1, True)[0] == (3, 1, 1)  # 64 + 8 elements
+    for dw_cl in (False, True):
+        for db_mode in (0, 1, 2):
+            src = gconv_slots.source(5, 7, True, db_mode, dw_cl)
+            assert f"#define DW_CL {int(dw_cl)}\n" in src and "#define S 7\n" in src
+            assert f"#define HAS_BIAS {int(db_mode > 0)}\n" in src
+            assert f"#define DB_HALF {int(db_mode == 2)}\n" in src
+
+
+@pytest.mark.parametrize("need_db", [False, True])
+def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_db):
+    """Faked compiles and launches (PyTorch's launcher): the tap kernel gets one slot buffer
+    (as sums, bias sums and counters: none of them is touched otherwise) of a slot per CTA
+    column, then the slot-sum kernel adds those slots into dw and db."""
+    compiles, launches = fake_nvrtc(monkeypatch)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
+    x = _cl(torch.randn(2, 64, 8, 8))
+    dy = _cl(torch.randn(2, 64, 8, 8))
+    try:
+        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, need_db, PLAIN_SLOT)
+    finally:
+        gconv_cuda._kernel.cache_clear()
+        gconv_slots.kernel.cache_clear()
+    assert [name for name, _, _ in compiles] == ["tw_gconv_wgrad", "tw_gconv_wgrad_slot_sum"]
+    assert "#define WSLOTS 1\n" in compiles[0][1]
+    tap, total = launches
+    grid_x = tap["grid"][0]
+    assert tap["grid"] == (grid_x, 2, 1) and grid_x == 2 * 1 * 1  # 2 images x one 8x16 tile
+    slots = tap["args"][2]
+    assert slots.dtype == torch.float32 and slots.numel() == grid_x * (9 * 64 * 8 + 64)
+    assert tap["args"][3] is slots and tap["args"][6] is slots
+    assert tap["args"][4] is dw and dw.shape == (64, 8, 3, 3)
+    want = gconv_slots.sum_grid(64, 3, 3, need_db)
+    assert (tuple(total["grid"]), tuple(total["block"])) == want
+    assert total["shared_mem"] == 0
+    assert total["args"][:2] == [slots, dw] and total["args"][3:] == [64, grid_x]
+    assert total["args"][2] is (db if need_db else dw)
+    assert (db is None) is (not need_db)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """SASS opcodes of the 3x3 C=64 wgrad of the TMA pick and its slot form, with and without
+    the bias, and of the slot-sum kernel; and ptxas's logs."""
+    if sass.NVCC is None or sass.cuobjdump() is None:
+        pytest.skip("nvcc or cuobjdump missing")
+    out = {}
+    for tile in (PICK, SLOT):
+        for bias in (0, 1):
+            src, entry = gconv_cuda.source(3, 3, tile, False, bias, False, "tw_gconv_wgrad")
+            cubin, log = sass.compile_cubin(src, tmp_path_factory.mktemp(tile.name), "sm_90a")
+            out[tile.slots, bias] = sass.opcodes(cubin, entry), log
+    src = gconv_slots.source(3, 3, False, 1, False)
+    cubin, log = sass.compile_cubin(src, tmp_path_factory.mktemp("sum"), "sm_90a")
+    out["sum"] = sass.opcodes(cubin, gconv_slots.ENTRY), log
+    return out
+
+
+def _count(ops: list[str], prefix: str) -> int:
+    return sum(o.startswith(prefix) for o in ops)
+
+
+@NEEDS_SASS
+def test_slot_tile_stores_each_sum_once_without_atomics(compiled):
+    """3x3: a thread's 9 taps x 2 channels = 18 sums, 18 plain stores (the bias: one more, by
+    the CTA's first CB threads); no reduction, atomic or GPU-scope fence (no count, no finish),
+    the same MMAs and tensor copies as the pick, and the early trigger of the dependent launch."""
+    for bias in (0, 1):
+        ops, log = compiled[True, bias]
+        pick = compiled[False, bias][0]
+        assert "0 bytes spill stores" in log
+        assert _count(ops, "RED") == _count(ops, "ATOM") == 0
+        assert _count(ops, "MEMBAR.SC.GPU") == 0 and _count(pick, "MEMBAR.SC.GPU") > 0
+        assert _count(ops, "STG") == 18 + bias, bias
+        for prefix in ("HMMA", "UTMALDG", "LDSM"):
+            assert _count(ops, prefix) == _count(pick, prefix) > 0, prefix
+        trigger = ops.index("PREEXIT")
+        assert trigger < ops.index(next(o for o in ops if o.startswith("HMMA")))
+
+
+@NEEDS_SASS
+def test_slot_sum_waits_then_loads_in_batches(compiled):
+    """The slot-sum kernel waits for the tap kernel (``griddepcontrol.wait``: ACQBULK) before
+    its first load, and has a batch of BATCH slot loads in flight before its first add."""
+    ops, log = compiled["sum"]
+    assert "0 bytes spill stores" in log
+    loads = [i for i, o in enumerate(ops) if o.startswith("LDG")]
+    assert loads and ops.index("ACQBULK") < loads[0]
+    first_add = next(i for i, o in enumerate(ops) if o.startswith("FADD") and i > loads[0])
+    assert sum(i < first_add for i in loads) >= gconv_slots_src.BATCH  # a batch, then adds
