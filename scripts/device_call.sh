@@ -681,6 +681,14 @@ PY
         grep -E "^ablate|Error" "$R/slots-c$c.log"
       done
       pack ;;
+    slot-tests-s49)  # session 49: every wgrad GPU test (eight groups) with the slot forms among
+      # the candidates (group 3 has the cluster-sum tiles' test, its C=32 shape fixed to loop)
+      TEST_LIMIT=${TEST_LIMIT:-300} par_tests all-wgrad-tests "${WGRAD_ALL_TESTS[@]}" ;;
+    wgrad-study-s49)  # session 49: issue 3's wgrad grid (3x3 C=64/128/256 and C=64 5x5/7x7,
+      # N = 1-256, fp16 and bf16) against cuDNN, the slot forms among the candidates
+      # shellcheck disable=SC2086
+      study gconv-s49-wgrad "${STUDY_LIMIT:-420}" --channels 64 128 256 --kernels 3 \
+        --passes wgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     det-study-s49)  # session 49: issue 3's 3x3 wgrad grid with tilewise's deterministic wgrad
       # (its choice among the slot tiles and the Triton configs) beside cuDNN
       # shellcheck disable=SC2086

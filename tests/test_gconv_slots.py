@@ -69,7 +69,10 @@ def test_deterministic_choice_offers_slot_tiles_only_there():
     fast_tiles = [t for t in fast if isinstance(t, CudaTile)]
     assert det_tiles and all(t.slots for t in det_tiles)
     assert det[: len(det_tiles)] == tuple(det_tiles)  # before the Triton configs
-    assert fast_tiles and not any(t.slots for t in fast_tiles)
+    # the fast mode offers the slot forms of the TMA tiles too (and, without TMA, none)
+    assert {t for t in fast_tiles if t.slots} == {t for t in det_tiles if t.tma}
+    no_tma = gconv_wgrad._candidates(problem, 132, True, False, False, False, False)
+    assert not any(isinstance(t, CudaTile) and t.slots for t in no_tma)
     none = gconv_wgrad._candidates(problem, 132, False, False, False, False, False)
     assert not any(isinstance(t, CudaTile) for t in none)
 
