@@ -669,7 +669,8 @@ PY
       TEST_LIMIT=${TEST_LIMIT:-240} par_tests slot-tests \
         tests/test_gconv_cuda.py "slot_wgrad_tiles and not bfloat16" \
         tests/test_gconv_cuda.py "slot_wgrad_tiles and bfloat16" \
-        tests/test_gconv.py "wgrad or backward or determinis"
+        tests/test_gconv.py "wgrad or backward or determinis" \
+        tests/test_gconv_cuda.py "sumk_wgrad_tiles"
       base=cuda_t16x16c64w8m1s2_tma1
       for spec in "64:${SLOT_N64:-8 32 128}" "128:${SLOT_N128:-32 128}" "256:${SLOT_N256:-32 256}"; do
         c=${spec%%:*}
@@ -681,6 +682,23 @@ PY
         grep -E "^ablate|Error" "$R/slots-c$c.log"
       done
       pack ;;
+    trigger-s49)  # session 49, last call: the slot tiles' GPU test (the trigger moved after the
+      # slot's stores; a row-split slot tile; the slots poisoned), then the slot pick with the
+      # trigger late (default) and early: graph replay and the profiler's kernel times
+      TEST_LIMIT=${TEST_LIMIT:-100} par_tests slot-only tests/test_gconv_cuda.py \
+        "slot_wgrad_tiles and not bfloat16" tests/test_gconv_cuda.py "slot_wgrad_tiles and bfloat16"
+      for trig in late early; do
+        TILEWISE_GCONV_SLOT_TRIGGER=$trig timeout "${PROBE_LIMIT:-45}" python \
+          scripts/wgrad_ablate_probe.py --channels 64 --n 8 128 --profile \
+          --tile cuda_t16x16c64w8m1s2_tma1_slot cuda_t16x16c64w8m1s2_tma1 \
+          --json "$R/trigger-$trig.json" >"$R/trigger-$trig.log" 2>&1
+        echo "rc $?: trigger $trig"
+        grep -E "^ablate|profiler|Error" "$R/trigger-$trig.log"
+      done
+      pack ;;
+    slot-only-s49)  # session 49 (call 3): the slot tiles' GPU test alone (fp16, bf16)
+      TEST_LIMIT=${TEST_LIMIT:-150} par_tests slot-only tests/test_gconv_cuda.py \
+        "slot_wgrad_tiles and not bfloat16" tests/test_gconv_cuda.py "slot_wgrad_tiles and bfloat16" ;;
     slot-tests-s49)  # session 49: every wgrad GPU test (eight groups) with the slot forms among
       # the candidates (group 3 has the cluster-sum tiles' test, its C=32 shape fixed to loop)
       TEST_LIMIT=${TEST_LIMIT:-300} par_tests all-wgrad-tests "${WGRAD_ALL_TESTS[@]}" ;;

@@ -10,7 +10,7 @@ graph replay as the study: each captured wgrad gets its own zeroed workspace (a 
 
     TILEWISE_GCONV_WGRAD_ABLATE=4 python scripts/wgrad_ablate_probe.py [--n 8 32 128]
         [--channels 64] [--kernel 3] [--tile cuda_t16x16c64w8m1s2_tma1 ...] [--dw-cl]
-        [--json out.json]
+        [--profile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from tilewise.bench.ceilings import measure_copy_bandwidth
 from tilewise.bench.gconv import SHAPES
 from tilewise.bench.results import environment
-from tilewise.bench.timing import time_calls
+from tilewise.bench.timing import profile_kernels, time_calls
 from tilewise.ops import gconv_cuda
 from tilewise.ops.gconv_config import channels_last_copy
 
@@ -64,7 +64,9 @@ def relative_error(fn, dy: torch.Tensor, x: torch.Tensor, k: int) -> float:
     return float((fn(dy, x).float() - ref).norm() / ref.norm())
 
 
-def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> dict:
+def _row(
+    n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False, profile: bool = False
+) -> dict:
     pad = k // 2
     sets = input_sets(n, c)
 
@@ -76,7 +78,14 @@ def _row(n: int, c: int, k: int, tile, copy_bw: float, dw_cl: bool = False) -> d
     grid = gconv_cuda.bind_wgrad(dy, x, k, k, pad, pad, False, tile, dw_cl=dw_cl).grid
     s = time_calls(fn, sets).median_s
     nbytes = 2 * sets[0][0].nbytes + c * 8 * k * k * 2
+    # torch.profiler's device time per launch of each kernel (a dependent kernel's span includes
+    # its wait for the kernel before it; session 49)
+    kernels = {}
+    if profile:
+        for stat in profile_kernels(fn, sets, iters=20).kernels:
+            kernels[stat.name] = stat.avg_s * 1e6
     return {
+        "kernels_us": kernels,
         "n": n,
         "c": c,
         "k": k,
@@ -99,6 +108,7 @@ def main() -> None:
     ap.add_argument("--kernel", type=int, default=3)
     ap.add_argument("--tile", nargs="+", default=[DEFAULT_TILE], help="one row per tile and N")
     ap.add_argument("--dw-cl", action="store_true", help="dw in a channels_last weight's layout")
+    ap.add_argument("--profile", action="store_true", help="also the profiler's kernel times")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     tiles = [_tile(name) for name in args.tile]
@@ -115,7 +125,7 @@ def main() -> None:
     rows = []
     for n in args.n:
         for tile in tiles:
-            row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl)
+            row = _row(n, args.channels, args.kernel, tile, copy_bw, args.dw_cl, args.profile)
             rows.append(row)
             err = "-" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
             layout = " cl" if args.dw_cl else ""
@@ -124,6 +134,8 @@ def main() -> None:
                 f"N={n:4d} {row['tile']}: {row['us']:7.1f} us  {row['frac_copy']:.3f} of copy  "
                 f"err {err}  grid {row['grid']}  copies {row['copies']}"
             )
+            for name, us in row["kernels_us"].items():
+                print(f"  profiler {name[:40]}: {us:.1f} us a launch")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f, indent=1)

@@ -1305,16 +1305,23 @@ def test_slot_wgrad_tiles(dtype, rng_seed):
     dtypes); then where every CTA loops over several tiles, with the bias: bit for bit the same
     in two runs and in a CUDA graph's replays, and the workspace untouched."""
     tma = gconv_cuda._tma.supported(torch.cuda.current_device())
+    # and the slot form of the row-split tap tile (one row of taps a CTA: row blocks z > 0
+    # store their taps' sums and no bias), legal though no candidate list offers it
+    rows = [dataclasses.replace(t, slots=True) for t in gconv_cuda.ROW_WGRAD_TILES]
+    rows = [t for t in rows if not t.cluster]
+    assert rows
 
     def tiles_for(c, r, s):
-        return gconv_cuda.slot_wgrad_candidates(c, r, s, tma)
+        fitted = (gconv_cuda._fitted(t, c, True) for t in rows)
+        split = [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+        return [*gconv_cuda.slot_wgrad_candidates(c, r, s, tma), *split]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
     for n, c, h, w in ((32, 64, 56, 56), (32, 32, 56, 56)):  # 512 / 896 tiles: CTAs loop
         x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, 3, 3, 1, 1, dtype)
         db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
         db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
-        for tile in tiles_for(c, 3, 3):
+        for tile in gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma):
             tag = f"wgrad n{n} c{c} {h}x{w} {tile.name} {dtype}"
             bound = gconv_cuda.bind_wgrad(dy, x, 3, 3, 1, 1, True, tile, planned=True)
             assert 1 < bound.grid[0] < n * -(-h // tile.th) * -(-w // tile.tw), tag

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from checks import fake_nvrtc
+from checks import failed_import, fake_nvrtc
 
 from tilewise.bench import sass
 from tilewise.ops import gconv_cuda, gconv_slots, gconv_slots_src, gconv_wgrad
@@ -40,6 +40,7 @@ def test_slot_tiles_names_and_legality():
         dataclasses.replace(PLAIN_SLOT, rowpair=True),
         CudaTile(8, 16, 16, 2, 4, 2, cluster=8, slots=True),
         dataclasses.replace(SLOT, sumk=2),
+        dataclasses.replace(gconv_cuda.WGMMA_WGRAD_TILES[0], slots=True),  # no slots path
     )
     for tile in illegal:
         assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, tile), tile.name
@@ -85,6 +86,17 @@ def test_source_switches_for_slots(monkeypatch):
     assert "#define WSLOTS 1\n" in src and "#define RED4 (0 && " in src
     assert gconv_cuda.wgrad_copies(3, 3, SLOT) == 1
     assert "#define WSLOTS 0\n" in gconv_cuda.source(3, 3, PICK, False, 1, False, entry)[0]
+    assert "#define SLOT_EARLY 0\n" in src  # the trigger once the slot is stored, by default
+    monkeypatch.setattr(gconv_cuda, "SLOT_TRIGGER", "early")
+    assert "#define SLOT_EARLY 1\n" in gconv_cuda.source(3, 3, SLOT, False, 1, False, entry)[0]
+
+
+def test_slot_trigger_switch():
+    assert gconv_cuda.SLOT_TRIGGER == "late"
+    for bad in ("soon", "0"):
+        assert "TILEWISE_GCONV_SLOT_TRIGGER" in failed_import(
+            "tilewise.ops.gconv_cuda", TILEWISE_GCONV_SLOT_TRIGGER=bad
+        )
 
 
 def test_slot_sum_grid_and_words():
@@ -157,7 +169,8 @@ def _count(ops: list[str], prefix: str) -> int:
 def test_slot_tile_stores_each_sum_once_without_atomics(compiled):
     """3x3: a thread's 9 taps x 2 channels = 18 sums, 18 plain stores (the bias: one more, by
     the CTA's first CB threads); no reduction, atomic or GPU-scope fence (no count, no finish),
-    the same MMAs and tensor copies as the pick, and the early trigger of the dependent launch."""
+    the same MMAs and tensor copies as the pick, and the dependent launch's trigger after the
+    stores (``SLOT_TRIGGER`` "late")."""
     for bias in (0, 1):
         ops, log = compiled[True, bias]
         pick = compiled[False, bias][0]
@@ -167,8 +180,9 @@ def test_slot_tile_stores_each_sum_once_without_atomics(compiled):
         assert _count(ops, "STG") == 18 + bias, bias
         for prefix in ("HMMA", "UTMALDG", "LDSM"):
             assert _count(ops, prefix) == _count(pick, prefix) > 0, prefix
-        trigger = ops.index("PREEXIT")
-        assert trigger < ops.index(next(o for o in ops if o.startswith("HMMA")))
+        # the dependent launch's trigger once the slot is stored: after every store
+        stores = [i for i, o in enumerate(ops) if o.startswith("STG")]
+        assert ops.count("PREEXIT") == 1 and ops.index("PREEXIT") > max(stores)
 
 
 @NEEDS_SASS

@@ -580,6 +580,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4 and not tile.slots),
         WSLOTS=int(tile.slots),
+        SLOT_EARLY=int(SLOT_TRIGGER == "early"),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
@@ -649,7 +650,7 @@ def _launch(
     cuda_launch.launch(kernel, grid, block, args, shared_mem, device, launcher)
 
 
-#: switches the row-pair kernel's programmatic dependent launches off ("0")
+#: switches the row-pair kernel's and the slot sum's programmatic dependent launches off ("0")
 ENV_PDL = "TILEWISE_GCONV_PDL"
 #: "0" lets a programmatic dependent launch ask for only the shared memory its kernel uses
 #: (``launch_smem``; the form before session 41)
@@ -723,8 +724,9 @@ def _device_smem(device: int) -> tuple[int, int]:
 
 def dependent_launch(device: torch.device) -> bool:
     """Whether the row-pair kernel starts while the kernel before it drains (its prologue and
-    launch overlap that kernel's tail; it waits for that kernel's writes before reading): on
-    Hopper and later (``griddepcontrol``), unless ``TILEWISE_GCONV_PDL=0``."""
+    launch overlap that kernel's tail; it waits for that kernel's writes before reading), and
+    the wgrad's slot-sum kernel likewise after its tap kernel: on Hopper and later
+    (``griddepcontrol``), unless ``TILEWISE_GCONV_PDL=0``."""
     return os.environ.get(ENV_PDL, "1") != "0" and _capability(device) >= (9, 0)
 
 
@@ -966,6 +968,18 @@ WGRAD_COPIES_DEFAULT = 1
 WGRAD_COPIES = int(os.environ.get(ENV_WGRAD_COPIES) or WGRAD_COPIES_DEFAULT)
 if WGRAD_COPIES not in (1, 2, 4, 8):
     raise ValueError(f"{ENV_WGRAD_COPIES}={WGRAD_COPIES} is none of 1, 2, 4, 8")
+#: where the slot tiles' CTAs (``CudaTile.slots``) let the dependent slot-sum kernel be launched
+#: (``TILEWISE_GCONV_SLOT_TRIGGER``, read once; session 49): "late" (default), once a CTA's
+#: slot is stored; "early", at its start (``griddepcontrol.launch_dependents``). Early, the
+#: slot-sum kernel's CTAs start at once and wait (``griddepcontrol.wait``) for the tap kernel's
+#: end: a profiler then books the wait to it as well, and session 49's in-situ study read the
+#: 3x3 wgrad at about twice its time at batch 128-256 (ConvFirst 86.7 us a layer at 128, where
+#: graph replay of the wgrad alone read 38.9). Part of ``SOURCE_DIGEST`` when not the default
+ENV_SLOT_TRIGGER = "TILEWISE_GCONV_SLOT_TRIGGER"
+SLOT_TRIGGERS = ("late", "early")
+SLOT_TRIGGER = os.environ.get(ENV_SLOT_TRIGGER) or SLOT_TRIGGERS[0]
+if SLOT_TRIGGER not in SLOT_TRIGGERS:
+    raise ValueError(f"{ENV_SLOT_TRIGGER}={SLOT_TRIGGER!r} is none of {', '.join(SLOT_TRIGGERS)}")
 #: the tap wgrad's phase stamps (session 47, diagnosis only): the address of a u64 buffer of at
 #: least 64 + 4 x CTAs words that ``scripts/wgrad_stamp_probe.py`` allocates and sets here before
 #: the first compile (0: off; the source then has no stamps). Not part of ``SOURCE_DIGEST``: the
@@ -1032,6 +1046,9 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"wgrad-ablate {WGRAD_ABLATE}" if WGRAD_ABLATE else "")
         + (f"wgrad-finish {WGRAD_FINISH_ORDER}" if WGRAD_FINISH_ORDER != FINISH_ORDERS[0] else "")
         + (f"wgrad-copies {WGRAD_COPIES}" if WGRAD_COPIES != WGRAD_COPIES_DEFAULT else "")
+        + (f"slot-trigger {SLOT_TRIGGER}" if SLOT_TRIGGER != SLOT_TRIGGERS[0] else "")
+        # the slot forms among the fast mode's candidates (session 49; derived, not a table)
+        + "wgrad candidates: the TMA tiles' slot forms first"
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1080,7 +1097,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
-        plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk)
+        plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk or tile.slots)
         # tma 1: the rows by tensor copies from one producer warp's lane 0; 2: by producer warps
         # into a staging ring that the warpgroups re-lay out
         producers = tile.warps - 4 * groups
@@ -1221,7 +1238,9 @@ def wgrad(
     bias gradient [C] in ``db_dtype`` (fp32 or x's dtype) or None) of the grouped conv
     ``y = conv2d(x, w, padding)`` given ``dy``, both channels_last fp16/bf16. One launch: the
     CTAs add fp32 sums with atomics (run-to-run rounding differences: the non-deterministic mode)
-    into a workspace whose last CTA per channel block writes the results and zeroes it again."""
+    into a workspace whose last CTA per channel block writes the results and zeroes it again. A
+    ``slots`` tile instead stores each CTA's sums in its own slot and a second, dependent kernel
+    adds them up in a fixed order (``gconv_slots``; the same bits from run to run)."""
     return bind_wgrad(dy, x, r, s, pad_h, pad_w, need_db, tile, db_dtype, dw_cl)(dy, x)
 
 

@@ -119,6 +119,9 @@ SOURCE = (
 // no atomics, no count, no finish) and lets the dependent slot-sum kernel (``gconv_slots_src``)
 // start; that kernel adds the slots up in a fixed order (a deterministic wgrad)
 #define WSLOTS {WSLOTS}
+// where a slots CTA lets the slot-sum kernel be launched: 1 at its start, 0 once its slot is
+// stored (``gconv_cuda.SLOT_TRIGGER``)
+#define SLOT_EARLY {SLOT_EARLY}
 // the wgrad's phase stamps (session 47, diagnosis only: ``gconv_cuda.WGRAD_STAMPS``, the address
 // of a u64 buffer the probe owns, 0 off): thread 0 of each CTA writes %globaltimer at its start,
 // before its finish, after its count and (session 48) at its main loop's end (from word 64, 4 a
@@ -869,7 +872,7 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
     const int split = WSPLIT > 1 ? (tid >> 5) / NG : 0;
     const int c0 = blockIdx.y * CB;
     STAMP_CTA(0);
-#if WSLOTS && __CUDA_ARCH__ >= 900
+#if WSLOTS && SLOT_EARLY && __CUDA_ARCH__ >= 900
     // the slot-sum kernel's CTAs may be scheduled now; they wait for this grid's end
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
@@ -1084,6 +1087,11 @@ tw_gconv_wgrad(WGRAD_KPARAMS)
             for (int k = 1; k < PER; ++k) v += red[tid + k * CB];
             slot[dw_words + c0 + tid] = v;
         }}
+#endif
+#if !SLOT_EARLY && __CUDA_ARCH__ >= 900
+        // this CTA's slot is stored: the slot-sum kernel may be launched once every CTA is here
+        // (it still waits for this grid's end and its writes before reading)
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     }}
 #elif SUMK

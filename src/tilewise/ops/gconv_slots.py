@@ -6,7 +6,9 @@ their sums into the same 144 lines of the workspace, and the count that finds th
 completed 3.1 us after the last CTA's sums left, its pass over the sums 0.9 us more. With slots
 no two CTAs write one word, nothing is counted, and the sum runs on every SM as a second,
 programmatic dependent launch (it is scheduled while the first drains and waits for its end).
-The order of every addition is fixed by the two launch shapes: a deterministic wgrad.
+The order of every addition is fixed by the two launch shapes: a deterministic wgrad. (The bits
+stay the same from run to run of one choice; the autotuner may choose another tile, with
+another order, in a process without the same cache, as it may among the Triton configs.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from tilewise.ops._common import cdiv
 from tilewise.ops.gconv_slots_src import ENTRY, SUM_WARPS
 from tilewise.ops.gconv_slots_src import SOURCE as _SOURCE
-from tilewise.runtime import nvrtc_cache
+from tilewise.runtime import alloc, nvrtc_cache
 
 #: the slot-sum kernel's arguments: slots, dw_out, db_out; C, the slot count
 SIGNATURE = "ppp" + "ii"
@@ -30,9 +32,10 @@ def slot_words(c: int, r: int, s: int) -> int:
 
 
 def slot_buffer(nslots: int, c: int, r: int, s: int, device: torch.device) -> torch.Tensor:
-    """The slots of one launch (uninitialised: every word is stored before it is read; from
-    PyTorch's caching allocator, so a CUDA graph keeps its own)."""
-    return torch.empty(nslots * slot_words(c, r, s), device=device, dtype=torch.float32)
+    """The slots of one launch (uninitialised: every word is stored before it is read; NaN
+    under ``alloc.poison_outputs``, so a test sees a word left unstored; from PyTorch's caching
+    allocator, so a CUDA graph keeps its own)."""
+    return alloc.empty(nslots * slot_words(c, r, s), device=device, dtype=torch.float32)
 
 
 Dim3 = tuple[int, int, int]
