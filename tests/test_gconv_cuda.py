@@ -1309,14 +1309,16 @@ def test_slot_wgrad_tiles(dtype, rng_seed):
     # store their taps' sums and no bias), legal though no candidate list offers it
     rows = [dataclasses.replace(t, slots=True) for t in gconv_cuda.ROW_WGRAD_TILES]
     rows = [t for t in rows if not t.cluster]
-    assert rows
+    split_ran = []
 
     def tiles_for(c, r, s):
         fitted = (gconv_cuda._fitted(t, c, True) for t in rows)
         split = [t for t in fitted if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+        split_ran.extend(split)
         return [*gconv_cuda.slot_wgrad_candidates(c, r, s, tma), *split]
 
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
+    assert split_ran, "no row-split slot tile ran"
     for n, c, h, w in ((32, 64, 56, 56), (32, 32, 56, 56)):  # 512 / 896 tiles: CTAs loop
         x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, 3, 3, 1, 1, dtype)
         db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
@@ -1324,6 +1326,7 @@ def test_slot_wgrad_tiles(dtype, rng_seed):
         for tile in gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma):
             tag = f"wgrad n{n} c{c} {h}x{w} {tile.name} {dtype}"
             bound = gconv_cuda.bind_wgrad(dy, x, 3, 3, 1, 1, True, tile, planned=True)
+            assert bound.slot_sum is not None, tag  # the slot path, not the workspace's
             assert 1 < bound.grid[0] < n * -(-h // tile.th) * -(-w // tile.tw), tag
             dw, db = bound(dy, x)
             assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)

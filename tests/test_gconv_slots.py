@@ -7,6 +7,7 @@ The kernels' results are checked on the GPU (``test_gconv_cuda.py::test_slot_wgr
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -86,13 +87,18 @@ def test_source_switches_for_slots(monkeypatch):
     assert "#define WSLOTS 1\n" in src and "#define RED4 (0 && " in src
     assert gconv_cuda.wgrad_copies(3, 3, SLOT) == 1
     assert "#define WSLOTS 0\n" in gconv_cuda.source(3, 3, PICK, False, 1, False, entry)[0]
+    monkeypatch.setattr(gconv_cuda, "SLOT_TRIGGER", "late")
+    src = gconv_cuda.source(3, 3, SLOT, False, 1, False, entry)[0]
     assert "#define SLOT_EARLY 0\n" in src  # the trigger once the slot is stored, by default
     monkeypatch.setattr(gconv_cuda, "SLOT_TRIGGER", "early")
     assert "#define SLOT_EARLY 1\n" in gconv_cuda.source(3, 3, SLOT, False, 1, False, entry)[0]
+    # only slot kernels change with the switch (the others keep their source and their cache)
+    assert "#define SLOT_EARLY 0\n" in gconv_cuda.source(3, 3, PICK, False, 1, False, entry)[0]
 
 
 def test_slot_trigger_switch():
-    assert gconv_cuda.SLOT_TRIGGER == "late"
+    if "TILEWISE_GCONV_SLOT_TRIGGER" not in os.environ:
+        assert gconv_cuda.SLOT_TRIGGER == "late"
     for bad in ("soon", "0"):
         assert "TILEWISE_GCONV_SLOT_TRIGGER" in failed_import(
             "tilewise.ops.gconv_cuda", TILEWISE_GCONV_SLOT_TRIGGER=bad
@@ -141,6 +147,27 @@ def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_d
     assert total["args"][:2] == [slots, dw] and total["args"][3:] == [64, grid_x]
     assert total["args"][2] is (db if need_db else dw)
     assert (db is None) is (not need_db)
+
+
+def test_tma_slot_tile_without_the_lean_launcher_runs_its_twin_with_slots(monkeypatch):
+    """Without the lean launcher (no tensor maps) the TMA slot pick runs as its non-TMA twin,
+    which keeps its slots, and the slot sum still follows it."""
+    compiles, launches = fake_nvrtc(monkeypatch)
+    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
+    x = _cl(torch.randn(2, 64, 8, 8))
+    dy = _cl(torch.randn(2, 64, 8, 8))
+    try:
+        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, True, SLOT)
+    finally:
+        gconv_cuda._kernel.cache_clear()
+        gconv_slots.kernel.cache_clear()
+    names = [name for name, _, _ in compiles]
+    assert names == ["tw_gconv_wgrad", "tw_gconv_wgrad", "tw_gconv_wgrad_slot_sum"]
+    twin = compiles[1][1]
+    assert "#define TMA 0\n" in twin and "#define WSLOTS 1\n" in twin
+    tap, total = launches
+    assert tap["args"][2] is total["args"][0]
+    assert total["args"][1] is dw and total["args"][2] is db
 
 
 @pytest.fixture(scope="module")

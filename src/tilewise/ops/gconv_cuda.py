@@ -580,7 +580,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4 and not tile.slots),
         WSLOTS=int(tile.slots),
-        SLOT_EARLY=int(SLOT_TRIGGER == "early"),
+        SLOT_EARLY=int(tile.slots and SLOT_TRIGGER == "early"),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,

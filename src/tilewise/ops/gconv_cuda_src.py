@@ -833,6 +833,9 @@ __device__ __forceinline__ void transpose_quad(float (&v)[4], int lane) {{
 #if WSLOTS && (CLUSTER || SUMK || RED4)
 #error "slots are for the persistent tap CTAs' plain stores (no clusters, no SUMK, no RED4)"
 #endif
+#if WSLOTS && (WABLATE & (1 | 128))
+#error "ablation bits 1 and 128 change reductions that slots do not make (slots left unstored)"
+#endif
 #if SUMK && (CLUSTER || !TMA)
 #error "SUMK is for the TMA tiles' persistent CTAs (the sums sit in their dead stages)"
 #endif
