@@ -118,20 +118,27 @@ def test_slot_sum_grid_and_words():
             assert f"#define DB_HALF {int(db_mode == 2)}\n" in src
 
 
-@pytest.mark.parametrize("need_db", [False, True])
-def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_db):
-    """Faked compiles and launches (PyTorch's launcher): the tap kernel gets one slot buffer
-    (as sums, bias sums and counters: none of them is touched otherwise) of a slot per CTA
-    column, then the slot-sum kernel adds those slots into dw and db."""
+def _faked_wgrad(monkeypatch, tile: CudaTile, need_db: bool):
+    """``gconv_cuda.wgrad`` of a small 3x3 C=64 problem with ``tile``, compiles and launches
+    faked on the CPU through PyTorch's launcher: (compiles, launches, dw, db)."""
     compiles, launches = fake_nvrtc(monkeypatch)
     monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
     x = _cl(torch.randn(2, 64, 8, 8))
     dy = _cl(torch.randn(2, 64, 8, 8))
     try:
-        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, need_db, PLAIN_SLOT)
+        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, need_db, tile)
     finally:
         gconv_cuda._kernel.cache_clear()
         gconv_slots.kernel.cache_clear()
+    return compiles, launches, dw, db
+
+
+@pytest.mark.parametrize("need_db", [False, True])
+def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_db):
+    """Faked compiles and launches (PyTorch's launcher): the tap kernel gets one slot buffer
+    (as sums, bias sums and counters: none of them is touched otherwise) of a slot per CTA
+    column, then the slot-sum kernel adds those slots into dw and db."""
+    compiles, launches, dw, db = _faked_wgrad(monkeypatch, PLAIN_SLOT, need_db)
     assert [name for name, _, _ in compiles] == ["tw_gconv_wgrad", "tw_gconv_wgrad_slot_sum"]
     assert "#define WSLOTS 1\n" in compiles[0][1]
     tap, total = launches
@@ -152,15 +159,7 @@ def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_d
 def test_tma_slot_tile_without_the_lean_launcher_runs_its_twin_with_slots(monkeypatch):
     """Without the lean launcher (no tensor maps) the TMA slot pick runs as its non-TMA twin,
     which keeps its slots, and the slot sum still follows it."""
-    compiles, launches = fake_nvrtc(monkeypatch)
-    monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
-    x = _cl(torch.randn(2, 64, 8, 8))
-    dy = _cl(torch.randn(2, 64, 8, 8))
-    try:
-        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, True, SLOT)
-    finally:
-        gconv_cuda._kernel.cache_clear()
-        gconv_slots.kernel.cache_clear()
+    compiles, launches, dw, db = _faked_wgrad(monkeypatch, SLOT, True)
     names = [name for name, _, _ in compiles]
     assert names == ["tw_gconv_wgrad", "tw_gconv_wgrad", "tw_gconv_wgrad_slot_sum"]
     twin = compiles[1][1]
