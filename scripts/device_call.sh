@@ -702,6 +702,9 @@ PY
     slot-tests-s49)  # session 49: every wgrad GPU test (eight groups) with the slot forms among
       # the candidates (group 3 has the cluster-sum tiles' test, its C=32 shape fixed to loop)
       TEST_LIMIT=${TEST_LIMIT:-300} par_tests all-wgrad-tests "${WGRAD_ALL_TESTS[@]}" ;;
+    wgrad-rest-s50)  # session 50: the wgrad GPU test groups 4-7 that session 49's call 2 cut at
+      # 280 s while they compiled (the warpgroup wgrad, the experimental tiles, the workspace)
+      TEST_LIMIT=${TEST_LIMIT:-400} par_tests wgrad-rest-tests "${WGRAD_ALL_TESTS[@]:6:8}" ;;
     wgrad-study-s49)  # session 49: issue 3's wgrad grid (3x3 C=64/128/256 and C=64 5x5/7x7,
       # N = 1-256, fp16 and bf16) against cuDNN, the slot forms among the candidates
       # shellcheck disable=SC2086
