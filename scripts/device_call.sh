@@ -702,6 +702,31 @@ PY
     slot-tests-s49)  # session 49: every wgrad GPU test (eight groups) with the slot forms among
       # the candidates (group 3 has the cluster-sum tiles' test, its C=32 shape fixed to loop)
       TEST_LIMIT=${TEST_LIMIT:-300} par_tests all-wgrad-tests "${WGRAD_ALL_TESTS[@]}" ;;
+    wgslot-s50)  # session 50: the warpgroup wgrad's slot forms (the deterministic mode's 5x5
+      # and 7x7 tiles): their GPU tests, then graph replay beside the atomic forms the fast mode
+      # picked in session 49's grid (C=64 5x5/7x7, N = 32, 128, 256), one process a kernel size
+      TEST_LIMIT=${TEST_LIMIT:-300} par_tests wgslot-tests \
+        tests/test_gconv_cuda.py "wgmma_slot_wgrad_tiles and not bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_slot_wgrad_tiles and bfloat16" \
+        tests/test_gconv_cuda.py "test_slot_wgrad_tiles and not bfloat16"
+      tiles=""
+      for t in cudawg_t4x64c16w10m2s4_ws cudawg_t2x64c16w9m2s8_ws cudawg_t4x64c16w9m2s4_ws; do
+        tiles="$tiles $t ${t}_slot"
+      done
+      for k in 5 7; do
+        # shellcheck disable=SC2086
+        timeout "${PROBE_LIMIT:-120}" python scripts/wgrad_ablate_probe.py --channels 64 \
+          --kernel $k --n ${WGSLOT_N:-32 128 256} --tile $tiles \
+          --json "$R/wgslot-k$k.json" >"$R/wgslot-k$k.log" 2>&1
+        echo "rc $?: wgslot ${k}x$k"
+        grep -E "^ablate|Error" "$R/wgslot-k$k.log"
+      done
+      pack ;;
+    det57-s50)  # session 50: the deterministic mode at C=64 5x5/7x7 (the warpgroup slot forms
+      # among its candidates) beside cuDNN
+      # shellcheck disable=SC2086
+      study gconv-s50-det57 "${STUDY_LIMIT:-300}" --channels 64 --kernels 5 7 --extra-kernels \
+        --passes wgrad --dtypes ${DTYPES:-fp16} --deterministic ;;
     wgrad-rest-s50)  # session 50: the wgrad GPU test groups 4-7 that session 49's call 2 cut at
       # 280 s while they compiled (the warpgroup wgrad, the experimental tiles, the workspace)
       TEST_LIMIT=${TEST_LIMIT:-400} par_tests wgrad-rest-tests "${WGRAD_ALL_TESTS[@]:6:8}" ;;

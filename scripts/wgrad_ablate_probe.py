@@ -16,6 +16,7 @@ graph replay as the study: each captured wgrad gets its own zeroed workspace (a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -37,6 +38,9 @@ def _tile(name: str) -> gconv_cuda.CudaTile:
     tiles |= {t.name: t for t in gconv_cuda.EXPERIMENTAL_WGRAD_TILES + gconv_cuda.SUMK_WGRAD_TILES}
     for c in SIDES:  # the slot forms (session 49) as fitted to each of the C
         tiles |= {t.name: t for t in gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma=True)}
+    # the warpgroup wgrad (5x5, 7x7) and its slot forms (session 50)
+    wg = gconv_cuda.WGMMA_WGRAD_TILES
+    tiles |= {t.name: t for t in wg + tuple(dataclasses.replace(t, slots=True) for t in wg)}
     if name not in tiles:
         raise ValueError(f"argument '--tile': {name!r} is none of {sorted(tiles)}")
     return tiles[name]

@@ -1320,29 +1320,67 @@ def test_slot_wgrad_tiles(dtype, rng_seed):
     assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) > 0
     assert split_ran, "no row-split slot tile ran"
     for n, c, h, w in ((32, 64, 56, 56), (32, 32, 56, 56)):  # 512 / 896 tiles: CTAs loop
-        x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, 3, 3, 1, 1, dtype)
-        db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
-        db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
-        for tile in gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma):
-            tag = f"wgrad n{n} c{c} {h}x{w} {tile.name} {dtype}"
-            bound = gconv_cuda.bind_wgrad(dy, x, 3, 3, 1, 1, True, tile, planned=True)
-            assert bound.slot_sum is not None, tag  # the slot path, not the workspace's
-            assert 1 < bound.grid[0] < n * -(-h // tile.th) * -(-w // tile.tw), tag
-            dw, db = bound(dy, x)
-            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
-            assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
-            dw2, db2 = bound(dy, x)
-            assert torch.equal(dw, dw2) and torch.equal(db, db2), f"run to run, {tag}"
-            graph = torch.cuda.CUDAGraph()
+        shape = (n, c, h, w, 3, 3, 1, 1)
+        tiles = gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma)
+        assert _check_slot_tiles_repeat(dtype, rng_seed, shape, tiles) == len(tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_wgmma_slot_wgrad_tiles(dtype, rng_seed):
+    """The warpgroup wgrad's slot forms (session 50; the deterministic mode's 5x5 and 7x7
+    tiles): the CTAs of every channel block store their channels of slot blockIdx.x, their bias
+    sums added over the warpgroup's warps in shared memory. On the odd shapes; with several
+    units a CTA and CTAs without any (they store zeros); bit for bit the same in two runs and
+    in a CUDA graph's replays."""
+    if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
+        pytest.skip("needs compute capability 9.0 with TMA")
+    tiles = [dataclasses.replace(t, slots=True) for t in gconv_cuda.WGMMA_WGRAD_TILES]
+
+    def tiles_for(c, r, s):
+        return [t for t in tiles if gconv_cuda.wgrad_tile_ok(c, r, s, t)]
+
+    assert _check_wgrad_tiles(dtype, rng_seed, tiles_for) >= 20
+    assert check_wgmma_wgrad_many_units(dtype, rng_seed, tiles) >= 8
+    ran = 0
+    # 600-1500 units on 132 CTAs a channel block; 257 units on 88 (2 CTAs an SM) or 176 (4)
+    # CTAs a channel block, the last 2 or 47 without a unit
+    for shape in ((300, 32, 7, 70, 7, 7, 3, 3), (257, 48, 9, 17, 6, 7, 5, 2)):
+        legal = tiles_for(shape[1], shape[4], shape[5])
+        ran += _check_slot_tiles_repeat(dtype, rng_seed, shape, legal)
+    assert ran >= 4
+
+
+def _check_slot_tiles_repeat(dtype, rng_seed, shape, tiles) -> int:
+    """Each slot tile of ``tiles`` on ``shape`` (n, c, h, w, r, s, pad_h, pad_w) with a bias,
+    where every CTA loops over several units: the slot path, three-way, bit for bit the same in
+    two runs and in two CUDA-graph replays, the workspace untouched. Returns the tiles run."""
+    n, c, h, w, r, s, ph, pw = shape
+    x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
+    db_same, db_ref = dy.float().sum((0, 2, 3)), dy.double().sum((0, 2, 3))
+    db_atol = 1e-3 * dy[:, 0].numel() ** 0.5
+    for tile in tiles:
+        tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} {tile.name} {dtype}"
+        bound = gconv_cuda.bind_wgrad(dy, x, r, s, ph, pw, True, tile, planned=True)
+        assert bound.slot_sum is not None, tag  # the slot path, not the workspace's
+        units = n * -(-dy.shape[3] // tile.tw) * (1 if tile.wgmma else -(-dy.shape[2] // tile.th))
+        assert 1 < bound.grid[0] < units, tag
+        dw, db = bound(dy, x)
+        assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+        assert_three_way(db, db_same, db_ref, db_atol, f"db {tag}", rng_seed)
+        dw2, db2 = bound(dy, x)
+        assert torch.equal(dw, dw2) and torch.equal(db, db2), f"run to run, {tag}"
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            dw3, db3 = bound(dy, x)
+        for _ in range(2):
+            dw3.fill_(float("nan"))
+            graph.replay()
             torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                dw3, db3 = bound(dy, x)
-            for _ in range(2):
-                dw3.fill_(float("nan"))
-                graph.replay()
-                torch.cuda.synchronize()
-                assert torch.equal(dw, dw3) and torch.equal(db, db3), f"graph replay, {tag}"
-            assert workspace.all_zero(), tag
+            assert torch.equal(dw, dw3) and torch.equal(db, db3), f"graph replay, {tag}"
+        assert workspace.all_zero(), tag
+    return len(tiles)
 
 
 # last in the file: a tile off the candidate list is the likeliest to leave a sticky CUDA error

@@ -1,5 +1,6 @@
 """The wgrad's slots (``CudaTile.slots``, ``ops.gconv_slots``; session 49), checked on the CPU:
-which tiles are legal, the deterministic wgrad's candidates, the source switches, the two
+which tiles are legal (the tap tiles', and since session 50 the warpgroup tiles'), the
+deterministic wgrad's candidates, the source switches, the two
 launches (faked) and their buffers, and, where nvcc is installed, the SASS: no reductions, no
 atomics, no fence; one plain store per sum; the slot-sum kernel's wait before its first load.
 The kernels' results are checked on the GPU (``test_gconv_cuda.py::test_slot_wgrad_tiles``)."""
@@ -21,6 +22,8 @@ from tilewise.ops.gconv_cuda import CudaTile
 PICK = CudaTile(16, 16, 64, 8, 1, 2, tma=1)
 SLOT = dataclasses.replace(PICK, slots=True)
 PLAIN_SLOT = CudaTile(8, 16, 32, 4, 4, 2, slots=True)
+WG = gconv_cuda.WGMMA_WGRAD_TILES[0]  # 16 channels, 2 warpgroups and 2 producer warps
+WG_SLOT = dataclasses.replace(WG, slots=True)
 NEEDS_SASS = pytest.mark.skipif(
     sass.NVCC is None or sass.cuobjdump() is None, reason="nvcc or cuobjdump missing"
 )
@@ -41,10 +44,14 @@ def test_slot_tiles_names_and_legality():
         dataclasses.replace(PLAIN_SLOT, rowpair=True),
         CudaTile(8, 16, 16, 2, 4, 2, cluster=8, slots=True),
         dataclasses.replace(SLOT, sumk=2),
-        dataclasses.replace(gconv_cuda.WGMMA_WGRAD_TILES[0], slots=True),  # no slots path
     )
     for tile in illegal:
         assert not gconv_cuda.wgrad_tile_ok(64, 3, 3, tile), tile.name
+    # the warpgroup wgrad's slot form (session 50): each warpgroup's sums are its own
+    assert WG_SLOT.name == WG.name + "_slot"
+    for r in (3, 5, 7):
+        assert gconv_cuda.wgrad_tile_ok(64, r, r, WG_SLOT), r
+    assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(WG_SLOT, sumk=2))
 
 
 @pytest.mark.parametrize("c", [8, 64, 256])
@@ -58,6 +65,14 @@ def test_slot_candidates_are_legal_slot_tiles(c, tma):
         if not tma:
             assert not any(t.tma for t in tiles), (c, r, tiles)
         assert len(set(tiles)) == len(tiles)
+        # with the warpgroup wgrad (it needs TMA): its slot forms first, at 5 rows or more
+        with_wg = gconv_cuda.slot_wgrad_candidates(c, r, s, tma, wgmma=True)
+        wg = [t for t in with_wg if t.wgmma]
+        assert with_wg[len(wg) :] == tiles
+        assert all(t.slots and gconv_cuda.wgrad_tile_ok(c, r, s, t) for t in wg)
+        offered = [t for t in gconv_cuda.WGMMA_WGRAD_TILES if c % t.cb == 0]
+        want = tma and r >= gconv_cuda.WGMMA_WGRAD_MIN_ROWS and offered
+        assert {t.name for t in wg} == ({f"{t.name}_slot" for t in offered} if want else set())
     # the 3x3 pick's slot form first, where TMA is there and C takes 64-channel blocks
     if tma and c % 64 == 0:
         assert gconv_cuda.slot_wgrad_candidates(c, 3, 3, tma)[0] == SLOT
@@ -77,6 +92,16 @@ def test_deterministic_choice_offers_slot_tiles_only_there():
     assert not any(isinstance(t, CudaTile) and t.slots for t in no_tma)
     none = gconv_wgrad._candidates(problem, 132, False, False, False, False, False)
     assert not any(isinstance(t, CudaTile) for t in none)
+    # 7x7 with the warpgroup wgrad: the deterministic mode has its slot forms (first), the fast
+    # mode its atomic forms only
+    p7 = dataclasses.replace(problem, r=7, s=7, pad_h=3, pad_w=3)
+    det = gconv_wgrad._candidates(p7, 132, False, True, False, True, True)
+    fast = gconv_wgrad._candidates(p7, 132, True, True, False, True, False)
+    det_wg = [t for t in det if isinstance(t, CudaTile) and t.wgmma]
+    fast_wg = [t for t in fast if isinstance(t, CudaTile) and t.wgmma]
+    assert det_wg and det[: len(det_wg)] == tuple(det_wg) and all(t.slots for t in det_wg)
+    assert fast_wg and not any(t.slots for t in fast_wg)
+    assert {t.name for t in det_wg} == {f"{t.name}_slot" for t in fast_wg}
 
 
 def test_source_switches_for_slots(monkeypatch):
@@ -118,15 +143,16 @@ def test_slot_sum_grid_and_words():
             assert f"#define DB_HALF {int(db_mode == 2)}\n" in src
 
 
-def _faked_wgrad(monkeypatch, tile: CudaTile, need_db: bool):
-    """``gconv_cuda.wgrad`` of a small 3x3 C=64 problem with ``tile``, compiles and launches
+def _faked_wgrad(monkeypatch, tile: CudaTile, need_db: bool, k: int = 3):
+    """``gconv_cuda.wgrad`` of a small k x k C=64 problem with ``tile``, compiles and launches
     faked on the CPU through PyTorch's launcher: (compiles, launches, dw, db)."""
     compiles, launches = fake_nvrtc(monkeypatch)
     monkeypatch.setattr(gconv_cuda, "_launcher", lambda kernel, signature, *dependent: None)
+    monkeypatch.setattr(gconv_cuda, "wgmma_usable", lambda x: True)
     x = _cl(torch.randn(2, 64, 8, 8))
     dy = _cl(torch.randn(2, 64, 8, 8))
     try:
-        dw, db = gconv_cuda.wgrad(dy, x, 3, 3, 1, 1, need_db, tile)
+        dw, db = gconv_cuda.wgrad(dy, x, k, k, k // 2, k // 2, need_db, tile)
     finally:
         gconv_cuda._kernel.cache_clear()
         gconv_slots.kernel.cache_clear()
@@ -154,6 +180,25 @@ def test_slot_tile_launches_the_tap_kernel_then_the_slot_sum(monkeypatch, need_d
     assert total["args"][:2] == [slots, dw] and total["args"][3:] == [64, grid_x]
     assert total["args"][2] is (db if need_db else dw)
     assert (db is None) is (not need_db)
+
+
+@pytest.mark.parametrize("need_db", [False, True])
+def test_wgmma_slot_tile_launches_the_warpgroup_kernel_then_the_slot_sum(monkeypatch, need_db):
+    """The warpgroup wgrad's slot form (faked, 7x7): one slot per CTA column, which the CTAs
+    of the 4 channel blocks (16 channels each) fill together; then the slot sum."""
+    compiles, launches, dw, db = _faked_wgrad(monkeypatch, WG_SLOT, need_db, k=7)
+    names = [name for name, _, _ in compiles]
+    assert names == ["tw_gconv_wgrad_wg", "tw_gconv_wgrad_slot_sum"]
+    assert "#define WSLOTS 1\n" in compiles[0][1] and "#define SLOT_EARLY 0\n" in compiles[0][1]
+    tap, total = launches
+    grid_x = tap["grid"][0]
+    assert tap["grid"] == (grid_x, 4, 1) and grid_x == 2  # 2 units (image, 64-column chunk)
+    slots = tap["args"][2]
+    assert slots.numel() == grid_x * gconv_slots.slot_words(64, 7, 7)
+    assert tap["args"][3] is slots and tap["args"][6] is slots and tap["args"][4] is dw
+    assert tuple(total["grid"]) == gconv_slots.sum_grid(64, 7, 7, need_db)[0]
+    assert total["args"][:2] == [slots, dw] and total["args"][3:] == [64, grid_x]
+    assert total["args"][2] is (db if need_db else dw)
 
 
 def test_tma_slot_tile_without_the_lean_launcher_runs_its_twin_with_slots(monkeypatch):

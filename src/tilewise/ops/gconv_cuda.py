@@ -580,7 +580,7 @@ def source(
         WSMEM=int(tile.wsmem),
         RED4=int(WGRAD_RED4 and not tile.slots),
         WSLOTS=int(tile.slots),
-        SLOT_EARLY=int(tile.slots and SLOT_TRIGGER == "early"),
+        SLOT_EARLY=int(tile.slots and not tile.wgmma and SLOT_TRIGGER == "early"),
         WABLATE=WGRAD_ABLATE,
         FIN_ORDER=FINISH_ORDERS.index(WGRAD_FINISH_ORDER),
         FIN_SMEM=finish_staging_bytes(r, s, tile) if entry.startswith("tw_gconv_wgrad") else 0,
@@ -1097,7 +1097,7 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     row-pair: row pairs, 16-pixel rows and accumulators that fit registers."""
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
-        plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk or tile.slots)
+        plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk)
         # tma 1: the rows by tensor copies from one producer warp's lane 0; 2: by producer warps
         # into a staging ring that the warpgroups re-lay out
         producers = tile.warps - 4 * groups
@@ -1183,10 +1183,8 @@ def wgrad_candidates(
 def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False, wgmma=False
 ) -> tuple:
-    wg = ()  # unfitted (their warps, a producer's included, are not one a group)
-    if wgmma and r >= WGMMA_WGRAD_MIN_ROWS:
-        wg = tuple(t for t in WGMMA_WGRAD_TILES if c % t.cb == 0)
-    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+    wg = _offered_wgmma_wgrad(c, r) if wgmma else ()
+    tiles = _offered_tma_wgrad(c) if tma else ()
     # their slot forms first (session 49, H200, 3x3: faster than the atomic form in all 7 of
     # the issue's cells timed, 7.9 against 10.2 us at C=64 N = 8, 38.9 against 39.2 at N = 128)
     tiles = tuple(dataclasses.replace(t, slots=True) for t in tiles) + tiles
@@ -1197,20 +1195,37 @@ def _wgrad_candidates(
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
 
 
-def slot_wgrad_candidates(c: int, r: int, s: int, tma: bool = False) -> tuple[CudaTile, ...]:
+def _offered_tma_wgrad(c: int) -> tuple[CudaTile, ...]:
+    """The ``TMA_WGRAD_TILES`` offered for C channels (unfitted)."""
+    return tuple(t for t in TMA_WGRAD_TILES if _offered(t, c))
+
+
+def _offered_wgmma_wgrad(c: int, r: int) -> tuple[CudaTile, ...]:
+    """The ``WGMMA_WGRAD_TILES`` offered for C channels and R kernel rows (as they are: their
+    warps, a producer's included, are not one a group)."""
+    if r < WGMMA_WGRAD_MIN_ROWS:
+        return ()
+    return tuple(t for t in WGMMA_WGRAD_TILES if c % t.cb == 0)
+
+
+def slot_wgrad_candidates(
+    c: int, r: int, s: int, tma: bool = False, wgmma: bool = False
+) -> tuple[CudaTile, ...]:
     """The deterministic wgrad's tiles for C channels and an R x S kernel: the slot forms
-    (``CudaTile.slots``) of the offered ``TMA_WGRAD_TILES`` (with ``tma``) and of the tap tiles of
-    ``WGRAD_TILES``, fitted to C and legal. Each CTA's sums and the slot-sum kernel's additions
-    run in an order fixed by the launch shapes (``gconv_slots``)."""
-    return _slot_wgrad_candidates(c, r, s, bool(tma))
+    (``CudaTile.slots``) of the offered ``WGMMA_WGRAD_TILES`` (with ``wgmma``: 5x5 and 7x7), of
+    the offered ``TMA_WGRAD_TILES`` (with ``tma``) and of the tap tiles of ``WGRAD_TILES``,
+    fitted to C and legal. Each CTA's sums and the slot-sum kernel's additions run in an order
+    fixed by the launch shapes (``gconv_slots``)."""
+    return _slot_wgrad_candidates(c, r, s, bool(tma), bool(tma and wgmma))
 
 
 @functools.lru_cache(maxsize=1024)
-def _slot_wgrad_candidates(c: int, r: int, s: int, tma: bool) -> tuple[CudaTile, ...]:
-    tiles = tuple(t for t in TMA_WGRAD_TILES if _offered(t, c)) if tma else ()
+def _slot_wgrad_candidates(c: int, r: int, s: int, tma: bool, wgmma: bool) -> tuple:
+    wg = tuple(dataclasses.replace(t, slots=True) for t in _offered_wgmma_wgrad(c, r) if wgmma)
+    tiles = _offered_tma_wgrad(c) if tma else ()
     tiles += tuple(t for t in WGRAD_TILES if not (t.rowpair or t.cluster))
     fitted = (_fitted(dataclasses.replace(t, slots=True), c, warp_per_group=True) for t in tiles)
-    return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
+    return tuple(dict.fromkeys(t for t in wg + tuple(fitted) if wgrad_tile_ok(c, r, s, t)))
 
 
 def wgrad_twin(tile: CudaTile, c: int, r: int, s: int) -> CudaTile:

@@ -281,7 +281,7 @@ def choose(
     with_cuda = not deterministic and cuda
     library = gconv_library.offered(x, deterministic)
     tma = cuda and gconv_cuda.tma_usable(x)
-    wgmma = with_cuda and tma and gconv_cuda.wgmma_usable(x)
+    wgmma = tma and gconv_cuda.wgmma_usable(x)  # the GPU takes the warpgroup wgrad
     slots = deterministic and cuda  # the NVRTC tiles whose sums run in a fixed order
     candidates = _candidates(problem, sms, with_cuda, tma, library, wgmma, slots)
     cold, warm_too = timing_mode(problem, "wgrad", l2_bytes(x.device))
@@ -335,7 +335,8 @@ def _candidates(
 ) -> tuple:
     base = wgrad_candidates(problem, sms)
     if slots:  # deterministic: the slot tiles (gconv_slots) before the Triton configs
-        base = gconv_cuda.slot_wgrad_candidates(problem.c, problem.r, problem.s, tma) + base
+        c, r, s = problem.c, problem.r, problem.s
+        base = gconv_cuda.slot_wgrad_candidates(c, r, s, tma, wgmma) + base
     if with_cuda:
         small = problem.n * problem.p * problem.q <= gconv_cuda.CLUSTER_MAX_PIXELS
         c, r, s = problem.c, problem.r, problem.s

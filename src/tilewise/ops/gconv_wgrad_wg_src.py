@@ -91,6 +91,9 @@ typedef unsigned long long u64;
 // consecutive pieces are 8 pixels of one group (a quarter warp's 16-byte accesses to 128
 // contiguous bytes of a group's row, and in the staging ring to 8 distinct bank quads through
 // the swizzle below)
+#if WSLOTS && ((WG_PROBE & 4) || SLOT_EARLY)
+#error "the warpgroup wgrad's slots are stored whole, and the slot sum triggered after them"
+#endif
 #if STAGED || (WG_PROBE & 128)
 #define PX(i) (8 * (((i) >> 3) / NG) + ((i) & 7))
 #define GR(i) (((i) >> 3) % NG)
@@ -153,6 +156,11 @@ __device__ __forceinline__ void st_sh16(u32 a, v4u32 v) {{
 }}
 __device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {{
     asm volatile("red.global.add.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
+                 :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}}
+// slots (``CudaTile.slots``): 4 sums by one plain 16-byte store
+__device__ __forceinline__ void st_global4(float* p, float a, float b, float c, float d) {{
+    asm volatile("st.global.v4.f32 [%0], {{%1, %2, %3, %4}};\n"
                  :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }}
 __device__ __forceinline__ void wgmma_ss(float* d, u64 da, u64 db, int accumulate) {{
@@ -559,6 +567,11 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     // D row 16 w4 + lane / 4 (+ 8 h): kernel row 7 - 2 w4 - h, out channel lane / 4; column
     // 8 i + 2 (lane % 4) + e: kernel column i, in channel 2 (lane % 4) + e
     const int o = c0 + 8 * g + (lane >> 2);
+#if WSLOTS
+    // slot blockIdx.x: R x S x C x 8 weight sums, then C bias sums (``gconv_slots``)
+    const long long dw_words = (long long)(R * S) * C * 8;
+    float* const slot = dw + (long long)blockIdx.x * (dw_words + C);
+#endif
     if (warp < 4 * NG) {{  // not the producer
         // 4 in channels an atomic (red.v4, a quarter of the L2 operations of scalar ones: the
         // kernel's tail, session 33): lane pairs swap halves, the even lane takes D row h = 0
@@ -570,16 +583,47 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
                         a3 = acc[4 * i + 3];
             const float s0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : a2, 1);
             const float s1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : a3, 1);
+#if WSLOTS
+            // slots: the same 4 sums, stored once into this CTA's slot (blockIdx.x; the CTAs of
+            // the other channel blocks store the other channels of it)
+            if (r < R)
+                st_global4(slot + ((long long)(r * S + i) * C + o) * 8 + 4 * ((lane & 3) >> 1),
+                           odd ? s0 : a0, odd ? s1 : a1, odd ? a2 : s0, odd ? a3 : s1);
+#else
             if (r < R && !(WG_PROBE & 4))
                 red_add4(dw + ((long long)(r * S + i) * C + o) * 8 + 4 * ((lane & 3) >> 1),
                          odd ? s0 : a0, odd ? s1 : a1, odd ? a2 : s0, odd ? a3 : s1);
+#endif
         }}
 #if HAS_BIAS
     dbs += __shfl_xor_sync(0xffffffffu, dbs, 8);
     dbs += __shfl_xor_sync(0xffffffffu, dbs, 16);
+#if !WSLOTS
     if (lane < 8) red_add(db + c0 + 8 * g + lane, dbs);
 #endif
+#endif
     }}
+#if WSLOTS
+#if HAS_BIAS
+    {{
+        // the bias sums of channel c0 + 8 g + lane: the warpgroup's 4 warps' in warp order,
+        // through shared memory (every MMA and copy is done once all threads are here)
+        float* const red = (float*)smem;
+        __syncthreads();
+        if (warp < 4 * NG && lane < 8) red[8 * warp + lane] = dbs;
+        __syncthreads();
+        if (tid < CB) {{
+            const float* p = red + 32 * (tid >> 3) + (tid & 7);
+            slot[dw_words + c0 + tid] = ((p[0] + p[8]) + p[16]) + p[24];
+        }}
+    }}
+#endif
+#if __CUDA_ARCH__ >= 900
+    // this CTA's part of its slot is stored: the slot-sum kernel may be launched once every CTA
+    // is here (it waits for this grid's end and its writes before reading)
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#else
 #if WG_PROBE & 8
     __syncthreads();
     STAMP(t_done);
@@ -591,6 +635,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     }}
 #endif
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
+#endif
 }}
 """
 )
