@@ -727,6 +727,11 @@ PY
       # shellcheck disable=SC2086
       study gconv-s50-det57 "${STUDY_LIMIT:-300}" --channels 64 --kernels 5 7 --extra-kernels \
         --passes wgrad --dtypes ${DTYPES:-fp16} --deterministic ;;
+    wgrad57-s50)  # session 50: issue 3's C=64 5x5/7x7 wgrad cells (fast mode: the warpgroup
+      # slot forms first among the candidates) beside cuDNN, against session 49's call 3
+      # shellcheck disable=SC2086
+      study gconv-s50-wgrad57 "${STUDY_LIMIT:-300}" --channels 64 --kernels 5 7 --extra-kernels \
+        --passes wgrad --dtypes ${DTYPES:-fp16 bf16} ;;
     wgrad-rest-s50)  # session 50: the wgrad GPU test groups 4-7 that session 49's call 2 cut at
       # 280 s while they compiled (the warpgroup wgrad, the experimental tiles, the workspace)
       TEST_LIMIT=${TEST_LIMIT:-400} par_tests wgrad-rest-tests "${WGRAD_ALL_TESTS[@]:6:8}" ;;

@@ -152,20 +152,23 @@ def test_wgmma_wgrad_shared_memory_matches_the_kernel_layout(tmp_path):
 def test_wgmma_wgrad_tiles_rules_and_offering():
     """The wgmma wgrad tiles: offered only with ``wgmma`` (compute capability 9.0 with TMA), for
     kernels of ``WGMMA_WGRAD_MIN_ROWS`` rows or more, unfitted (their channel block divides C),
-    first; legal only as the kernel is written (a warpgroup a group, 16-64 columns in 16s, up to
-    8 kernel rows, shared memory of all its CTAs within the SM's)."""
+    first, their slot forms (session 50) before them; legal only as the kernel is written (a
+    warpgroup a group, 16-64 columns in 16s, up to 8 kernel rows, shared memory of all its CTAs
+    within the SM's)."""
     wg = gconv_cuda.WGMMA_WGRAD_TILES
+    wg_slots = tuple(dataclasses.replace(t, slots=True) for t in wg)
     for r, s in ((5, 5), (7, 7), (6, 4), (7, 3)):
         with_wg = gconv_cuda.wgrad_candidates(64, r, s, tma=True, wgmma=True)
         plain = gconv_cuda.wgrad_candidates(64, r, s, tma=True, wgmma=False)
-        assert with_wg[: len(wg)] == wg and with_wg[len(wg) :] == plain, (r, s)
+        assert with_wg[: 2 * len(wg)] == wg_slots + wg, (r, s)
+        assert with_wg[2 * len(wg) :] == plain, (r, s)
         assert not any(t.wgmma for t in plain)
         assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, tma=False))
     for r, s in ((3, 3), (1, 1), (4, 7)):
         assert not any(t.wgmma for t in gconv_cuda.wgrad_candidates(64, r, s, True, True, True))
     # offered as they are where their channel block divides C (C=48: the 16-channel ones)
     c48 = [t for t in gconv_cuda.wgrad_candidates(48, 7, 7, True, True, True) if t.wgmma]
-    assert c48 == [t for t in wg if 48 % t.cb == 0]
+    assert c48 == [t for t in wg_slots + wg if 48 % t.cb == 0]
     assert any(gconv_cuda.wgrad_wg_producer(t) for t in c48)  # 9 warps kept, not refitted
     ok = CudaTile(4, 64, 16, 8, 3, 1, wsmem=True, wgmma=True)
     assert gconv_cuda.wgrad_tile_ok(64, 7, 7, ok) and gconv_cuda.wgrad_tile_ok(16, 8, 8, ok)

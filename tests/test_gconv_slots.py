@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -93,15 +94,17 @@ def test_deterministic_choice_offers_slot_tiles_only_there():
     none = gconv_wgrad._candidates(problem, 132, False, False, False, False, False)
     assert not any(isinstance(t, CudaTile) for t in none)
     # 7x7 with the warpgroup wgrad: the deterministic mode has its slot forms (first), the fast
-    # mode its atomic forms only
+    # mode its slot forms (first) and its atomic forms
     p7 = dataclasses.replace(problem, r=7, s=7, pad_h=3, pad_w=3)
     det = gconv_wgrad._candidates(p7, 132, False, True, False, True, True)
     fast = gconv_wgrad._candidates(p7, 132, True, True, False, True, False)
     det_wg = [t for t in det if isinstance(t, CudaTile) and t.wgmma]
     fast_wg = [t for t in fast if isinstance(t, CudaTile) and t.wgmma]
     assert det_wg and det[: len(det_wg)] == tuple(det_wg) and all(t.slots for t in det_wg)
-    assert fast_wg and not any(t.slots for t in fast_wg)
-    assert {t.name for t in det_wg} == {f"{t.name}_slot" for t in fast_wg}
+    assert fast[: len(det_wg)] == tuple(det_wg)
+    atomic = fast_wg[len(det_wg) :]
+    assert atomic and not any(t.slots for t in atomic)
+    assert {t.name for t in det_wg} == {f"{t.name}_slot" for t in atomic}
 
 
 def test_source_switches_for_slots(monkeypatch):
@@ -266,3 +269,44 @@ def test_slot_sum_waits_then_loads_in_batches(compiled):
     assert loads and ops.index("ACQBULK") < loads[0]
     first_add = next(i for i, o in enumerate(ops) if o.startswith("FADD") and i > loads[0])
     assert sum(i < first_add for i in loads) >= gconv_slots_src.BATCH  # a batch, then adds
+
+
+@pytest.fixture(scope="module")
+def compiled_wg(tmp_path_factory):
+    """SASS opcodes and ptxas logs of the offered warpgroup wgrad tiles' slot forms at 7x7
+    C=64 (fp16, an fp32 bias gradient), keyed by name; the first one's also without the bias,
+    and its atomic form's."""
+    if sass.NVCC is None or sass.cuobjdump() is None:
+        pytest.skip("nvcc or cuobjdump missing")
+    out = {}
+    runs = [(dataclasses.replace(t, slots=True), 1) for t in gconv_cuda.WGMMA_WGRAD_TILES]
+    runs += [(WG_SLOT, 0), (WG, 1)]
+    for tile, bias in runs:
+        src, entry = gconv_cuda.source(7, 7, tile, False, bias, False, "tw_gconv_wgrad")
+        assert entry == "tw_gconv_wgrad_wg"
+        cubin, log = sass.compile_cubin(src, tmp_path_factory.mktemp(tile.name), "sm_90a")
+        out[tile.name, bias] = sass.opcodes(cubin, entry), log
+    return out
+
+
+@NEEDS_SASS
+def test_wgmma_slot_tiles_store_each_sum_once_without_atomics(compiled_wg):
+    """The warpgroup slot forms at 7x7: a thread's 7 kernel columns x 4 sums by 7 16-byte plain
+    stores (the bias: one more, by the CTA's first CB threads); no reduction, atomic or
+    GPU-scope fence; no spills, no serialized wgmmas, registers within the SM's for its CTAs;
+    the trigger after every store; the same MMAs as the atomic form."""
+    for tile in gconv_cuda.WGMMA_WGRAD_TILES:
+        slot = dataclasses.replace(tile, slots=True)
+        ops, log = compiled_wg[slot.name, 1]
+        assert "0 bytes spill stores" in log and "serialized" not in log, slot.name
+        regs = int(re.search(r"Used (\d+) registers", log).group(1))
+        assert regs * tile.warps * 32 * tile.min_ctas <= 65536, (slot.name, regs)
+        assert _count(ops, "RED") == _count(ops, "ATOM") == _count(ops, "MEMBAR.SC.GPU") == 0
+        assert _count(ops, "STG.E.128") == 7 and _count(ops, "STG") == 8, slot.name
+        stores = [i for i, o in enumerate(ops) if o.startswith("STG")]
+        assert ops.count("PREEXIT") == 1 and ops.index("PREEXIT") > max(stores), slot.name
+    no_bias = compiled_wg[WG_SLOT.name, 0][0]
+    assert _count(no_bias, "STG") == _count(no_bias, "STG.E.128") == 7
+    atomic = compiled_wg[WG.name, 1][0]
+    assert _count(atomic, "RED") > 0 and "PREEXIT" not in atomic
+    assert _count(compiled_wg[WG_SLOT.name, 1][0], "HGMMA") == _count(atomic, "HGMMA") > 0

@@ -1049,6 +1049,7 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"slot-trigger {SLOT_TRIGGER}" if SLOT_TRIGGER != SLOT_TRIGGERS[0] else "")
         # the slot forms among the fast mode's candidates (session 49; derived, not a table)
         + "wgrad candidates: the TMA tiles' slot forms first"
+        + " and the warpgroup tiles' slot forms first (session 50)"
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1167,7 +1168,8 @@ def wgrad_candidates(
     forms (``CudaTile.slots``), and the
     ``CLUSTER_WGRAD_TILES`` and ``ROW_WGRAD_TILES`` for a ``small`` problem (at most
     ``CLUSTER_MAX_PIXELS``), and with ``wgmma`` (None: whether the current GPU takes sm_90a code
-    and TMA) the ``WGMMA_WGRAD_TILES`` for kernels of ``WGMMA_WGRAD_MIN_ROWS`` rows or more.
+    and TMA) the ``WGMMA_WGRAD_TILES`` and their slot forms for kernels of
+    ``WGMMA_WGRAD_MIN_ROWS`` rows or more.
     ``TILEWISE_EXPERIMENTAL_WGRAD=1`` adds ``EXPERIMENTAL_WGRAD_TILES`` (for timing studies; a
     choice already cached on disk is not timed again; its TMA tiles only with ``tma``)."""
     experimental = os.environ.get(ENV_EXPERIMENTAL_WGRAD) == "1"
@@ -1184,6 +1186,9 @@ def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False, wgmma=False
 ) -> tuple:
     wg = _offered_wgmma_wgrad(c, r) if wgmma else ()
+    # their slot forms first (session 50, H200, C=64 N = 32-256 probe: faster than the atomic
+    # form in all 18 cells timed, 5x5 by 3-21%, 7x7 by 12-33%: 72.9 against 91.8 us at 7x7 N=128)
+    wg = tuple(dataclasses.replace(t, slots=True) for t in wg) + wg
     tiles = _offered_tma_wgrad(c) if tma else ()
     # their slot forms first (session 49, H200, 3x3: faster than the atomic form in all 7 of
     # the issue's cells timed, 7.9 against 10.2 us at C=64 N = 8, 38.9 against 39.2 at N = 128)
