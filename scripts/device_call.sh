@@ -123,6 +123,19 @@ par_tests() {  # par_tests NAME (FILE KEXPR)...: one pytest process per pair, at
   pack
 }
 
+wgslot_probe() {  # wgslot_probe NAME TILES [ARGS...]: the wgrad probe at C=64 5x5 and 7x7
+  local name=$1 tiles=$2 k
+  shift 2
+  for k in 5 7; do
+    # shellcheck disable=SC2086
+    timeout "${PROBE_LIMIT:-120}" python scripts/wgrad_ablate_probe.py --channels 64 \
+      --kernel $k --n ${WGSLOT_N:-32 128 256} --tile $tiles "$@" \
+      --json "$R/$name-k$k.json" >"$R/$name-k$k.log" 2>&1
+    echo "rc $?: $name ${k}x$k"
+    grep -E "^ablate|Error" "$R/$name-k$k.log"
+  done
+}
+
 # (file, -k expression) pairs and study arguments the steps below share
 DWCL_TESTS=(
   tests/test_gconv_cuda.py "every_wgrad_tile and not bfloat16"
@@ -713,14 +726,15 @@ PY
       for t in cudawg_t4x64c16w10m2s4_ws cudawg_t2x64c16w9m2s8_ws cudawg_t4x64c16w9m2s4_ws; do
         tiles="$tiles $t ${t}_slot"
       done
-      for k in 5 7; do
-        # shellcheck disable=SC2086
-        timeout "${PROBE_LIMIT:-120}" python scripts/wgrad_ablate_probe.py --channels 64 \
-          --kernel $k --n ${WGSLOT_N:-32 128 256} --tile $tiles \
-          --json "$R/wgslot-k$k.json" >"$R/wgslot-k$k.log" 2>&1
-        echo "rc $?: wgslot ${k}x$k"
-        grep -E "^ablate|Error" "$R/wgslot-k$k.log"
-      done
+      wgslot_probe wgslot "$tiles"
+      pack ;;
+    wgslot-dwcl-s50)  # session 50: the same probe with dw written channels_last (the studies'
+      # layout; call 2's probe wrote it contiguous: the atomic forms read 4-27 us slower there
+      # than in the study, the slot forms as fast)
+      tiles=""
+      for t in cudawg_t4x64c16w10m2s4_ws cudawg_t2x64c16w9m2s8_ws; do tiles="$tiles $t ${t}_slot"; done
+      WGSLOT_N=${WGSLOT_N:-32 128} wgslot_probe wgslot-dwcl "$tiles" --dw-cl
+      WGSLOT_N=${WGSLOT_N:-32 128} wgslot_probe wgslot-dwcont "$tiles"
       pack ;;
     det57-s50)  # session 50: the deterministic mode at C=64 5x5/7x7 (the warpgroup slot forms
       # among its candidates) beside cuDNN
