@@ -1186,8 +1186,10 @@ def _wgrad_candidates(
     c: int, r: int, s: int, small: bool, experimental: bool, tma: bool = False, wgmma=False
 ) -> tuple:
     wg = _offered_wgmma_wgrad(c, r) if wgmma else ()
-    # their slot forms first (session 50, H200, C=64 N = 32-256 probe: faster than the atomic
-    # form in all 18 cells timed, 5x5 by 3-21%, 7x7 by 12-33%: 72.9 against 91.8 us at 7x7 N=128)
+    # their slot forms first (session 50, H200, C=64, graph replay: faster than the atomic form
+    # in every cell probed. With dw channels_last by 1.4-4.7 us (7x7 N=128 72.9 against 76.1);
+    # with dw contiguous by 4-20 us (92.9), where the atomic forms' finish costs 7-19 us more.
+    # Issue 3's study chose them in all 16 cells at N >= 32: 0.6-17% faster than session 49's)
     wg = tuple(dataclasses.replace(t, slots=True) for t in wg) + wg
     tiles = _offered_tma_wgrad(c) if tma else ()
     # their slot forms first (session 49, H200, 3x3: faster than the atomic form in all 7 of
@@ -1284,7 +1286,7 @@ class BoundWgrad(BoundLaunch):
     """``wgrad`` bound to one problem: ``(dy, x) -> (dw, db or None)``. ``slot_sum``: a slots
     tile's slot-sum launch (``gconv_slots``), after the tap kernel's."""
 
-    __slots__ = ("dw_shape", "dw_format", "db_dtype", "sums", "cluster", "slot_sum")
+    __slots__ = ("dw_shape", "dw_format", "db_dtype", "sums", "cluster", "slot_sum", "slot_numel")
 
     def __call__(self, dy, x) -> tuple[torch.Tensor, torch.Tensor | None]:
         dw = alloc.empty(*self.dw_shape, device=x.device, dtype=x.dtype,
@@ -1292,8 +1294,7 @@ class BoundWgrad(BoundLaunch):
         c = self.dw_shape[0]
         db = alloc.empty(c, device=x.device, dtype=self.db_dtype) if self.db_dtype else None
         if self.slot_sum is not None:  # no workspace: every slot word is stored, then summed
-            _, _, r, s = self.dw_shape
-            slots = gconv_slots.slot_buffer(self.grid[0], c, r, s, x.device)
+            slots = gconv_slots.slot_buffer(self.slot_numel, x.device)
             out_b = db if db is not None else dw
             self.launch([x, dy, slots, slots, dw, out_b, slots])
             self.slot_sum.launch([slots, dw, out_b])
@@ -1368,7 +1369,7 @@ def bind_wgrad(
     bound.db_dtype = db_dtype if need_db else None
     bound.sums = (copies * r * s * c * 8, copies * c, cblocks * rblocks)
     bound.cluster = bool(tile.cluster)
-    bound.slot_sum = None
+    bound.slot_sum, bound.slot_numel = None, grid_x * gconv_slots.slot_words(c, r, s)
     if tile.slots:  # the slot-sum kernel, a programmatic dependent of the tap kernel
         sum_kernel = gconv_slots.kernel(r, s, bf16, db_mode, dw_cl, dev)
         sum_grid, sum_block = gconv_slots.sum_grid(c, r, s, need_db)

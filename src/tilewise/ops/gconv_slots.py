@@ -31,11 +31,11 @@ def slot_words(c: int, r: int, s: int) -> int:
     return r * s * c * 8 + c
 
 
-def slot_buffer(nslots: int, c: int, r: int, s: int, device: torch.device) -> torch.Tensor:
-    """The slots of one launch (uninitialised: every word is stored before it is read; NaN
-    under ``alloc.poison_outputs``, so a test sees a word left unstored; from PyTorch's caching
-    allocator, so a CUDA graph keeps its own)."""
-    return alloc.empty(nslots * slot_words(c, r, s), device=device, dtype=torch.float32)
+def slot_buffer(numel: int, device: torch.device) -> torch.Tensor:
+    """The slots of one launch, ``numel`` fp32 words (slots x ``slot_words``; uninitialised:
+    every word is stored before it is read; NaN under ``alloc.poison_outputs``, so a test sees a
+    word left unstored; from PyTorch's caching allocator, so a CUDA graph keeps its own)."""
+    return alloc.empty(numel, device=device, dtype=torch.float32)
 
 
 Dim3 = tuple[int, int, int]
