@@ -1188,7 +1188,8 @@ def _wgrad_candidates(
     wg = _offered_wgmma_wgrad(c, r) if wgmma else ()
     # their slot forms first (session 50, H200, C=64, graph replay: faster than the atomic form
     # in every cell probed. With dw channels_last by 1.4-4.7 us (7x7 N=128 72.9 against 76.1);
-    # with dw contiguous by 4-20 us (92.9), where the atomic forms' finish costs 7-19 us more.
+    # with dw contiguous by 4-27 us (73.4 against 92.9), where the atomic forms read 3-17 us
+    # slower than with dw channels_last and the slot forms the same.
     # Issue 3's study chose them in all 16 cells at N >= 32: 0.6-17% faster than session 49's)
     wg = tuple(dataclasses.replace(t, slots=True) for t in wg) + wg
     tiles = _offered_tma_wgrad(c) if tma else ()
