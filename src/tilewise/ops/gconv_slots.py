@@ -1,5 +1,7 @@
 """The wgrad's slots (``CudaTile.slots``): the buffer the tap kernel's CTAs store their sums in,
-one slot each, and the slot-sum kernel (``gconv_slots_src``) that adds them up.
+one slot each (the warpgroup kernel's CTAs, since session 50: one slot a CTA column, each of its
+channel blocks' CTAs storing its channels), and the slot-sum kernel (``gconv_slots_src``) that
+adds them up.
 
 Why (session 48, H200, C=64 64x64 3x3 N = 8, clock stamps): the one-launch wgrad's 128 CTAs add
 their sums into the same 144 lines of the workspace, and the count that finds the last of them

@@ -1,14 +1,15 @@
 """CUDA C++ source of the wgrad's slot-sum kernel (``ops.gconv_slots`` compiles it).
 
-The tap wgrad with slots (``CudaTile.slots``) leaves one slot of fp32 sums per CTA column
-(``gridDim.x`` of them), each ``R x S x C x 8`` weight sums ([tap, out channel, in channel]) and
-then ``C`` bias sums. This kernel, launched as a programmatic dependent of it, adds the slots up
-and writes dw in the input dtype (contiguous [C, 8, R, S], or with ``DW_CL`` [C, R, S, 8]) and db
-(fp32, or the input dtype with ``DB_HALF``). Each warp of a CTA takes 32 consecutive elements
-over every ``SUM_WARPS``-th slot (``BATCH`` loads in flight before the first add); the CTA adds
-its warps' partials in warp order. The order of every addition is fixed by the launch shape
-alone, so the result does not vary from run to run. A ``str.format`` template: ``{R}``, ``{S}``,
-``{DW_CL}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}`` (literal braces doubled).
+The tap or warpgroup wgrad with slots (``CudaTile.slots``) leaves one slot of fp32 sums per CTA
+column (``gridDim.x`` of them), each ``R x S x C x 8`` weight sums ([tap, out channel, in
+channel]) and then ``C`` bias sums. This kernel, launched as a programmatic dependent of it,
+adds the slots up and writes dw in the input dtype (contiguous [C, 8, R, S], or with ``DW_CL``
+[C, R, S, 8]) and db (fp32, or the input dtype with ``DB_HALF``). Each warp of a CTA takes 32
+consecutive elements over every ``SUM_WARPS``-th slot (``BATCH`` loads in flight before the
+first add); the CTA adds its warps' partials in warp order. The order of every addition is fixed
+by the launch shape alone, so the result does not vary from run to run. A ``str.format``
+template: ``{R}``, ``{S}``, ``{DW_CL}``, ``{IS_BF16}``, ``{HAS_BIAS}``, ``{DB_HALF}`` (literal
+braces doubled).
 """
 
 #: warps of a slot-sum CTA (its 32 elements' slots split over them)

@@ -18,9 +18,11 @@ class CudaTile:
     channel block, summing through distributed shared memory (0: persistent CTAs and fp32 atomics).
     ``sumk`` (TMA tap wgrad, persistent CTAs): clusters of that many CTAs (2 or 4) add up their
     sums through distributed shared memory before the atomics, each sending a 1 / sumk share.
-    ``slots`` (tap wgrad, persistent CTAs, one warp a group): each CTA stores its sums into its
-    own slot (plain stores; no atomics, count or finish) and a dependent slot-sum kernel adds the
-    slots up in a fixed order (``gconv_slots``): a deterministic wgrad.
+    ``slots`` (tap wgrad, persistent CTAs, one warp a group; since session 50 the warpgroup
+    wgrad): each CTA stores its sums into its own slot (plain stores; no atomics, count or
+    finish; the warpgroup wgrad's CTAs of one column, one a channel block, share a slot, each
+    storing its channels) and a dependent slot-sum kernel adds the slots up in a fixed order
+    (``gconv_slots``): a deterministic wgrad.
     ``tma`` (row-pair fprop/dgrad; the tap wgrad): 1, the halo tiles (wgrad: and the dy tiles)
     arrive by Hopper's tensor copy (one ``cp.async.bulk.tensor`` per tile into a swizzled dense
     buffer) instead of per-chunk ``cp.async``; 2 (fprop/dgrad), the output tiles leave by it too.
