@@ -746,6 +746,11 @@ PY
       # shellcheck disable=SC2086
       study gconv-s50-wgrad57 "${STUDY_LIMIT:-300}" --channels 64 --kernels 5 7 --extra-kernels \
         --passes wgrad --dtypes ${DTYPES:-fp16 bf16} ;;
+    slot-final-s50)  # session 50, last call: both slot tests (tap and warpgroup, fp16) at the
+      # final host code (the slot buffer's size bound once)
+      TEST_LIMIT=${TEST_LIMIT:-150} par_tests slot-final \
+        tests/test_gconv_cuda.py "test_slot_wgrad_tiles and not bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_slot_wgrad_tiles and not bfloat16" ;;
     wgrad-rest-s50)  # session 50: the wgrad GPU test groups 4-7 that session 49's call 2 cut at
       # 280 s while they compiled (the warpgroup wgrad, the experimental tiles, the workspace)
       TEST_LIMIT=${TEST_LIMIT:-400} par_tests wgrad-rest-tests "${WGRAD_ALL_TESTS[@]:6:8}" ;;
