@@ -603,6 +603,16 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
 #endif
 #endif
     }}
+#if WG_PROBE & 8
+    __syncthreads();
+    STAMP(t_done);
+    if (tid == 0 || tid == 4 * NG * 32) {{
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        printf("TL %d %d %d %u %llu %llu %llu %u\n", blockIdx.x, blockIdx.y, tid ? 1 : 0, sm,
+               t_begin, t_loop, t_done, U);
+    }}
+#endif
 #if WSLOTS
 #if HAS_BIAS
     {{
@@ -624,16 +634,6 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 #else
-#if WG_PROBE & 8
-    __syncthreads();
-    STAMP(t_done);
-    if (tid == 0 || tid == 4 * NG * 32) {{
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        printf("TL %d %d %d %u %llu %llu %llu %u\n", blockIdx.x, blockIdx.y, tid ? 1 : 0, sm,
-               t_begin, t_loop, t_done, U);
-    }}
-#endif
     finish_wgrad(dw, db, dw_out, db_out, counters, C, c0, tid, (volatile unsigned*)smem);
 #endif
 }}
