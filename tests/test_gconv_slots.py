@@ -53,6 +53,11 @@ def test_slot_tiles_names_and_legality():
     for r in (3, 5, 7):
         assert gconv_cuda.wgrad_tile_ok(64, r, r, WG_SLOT), r
     assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(WG_SLOT, sumk=2))
+    # not the experimental tensor-copy or staged forms (their slot forms are untested)
+    for tile in gconv_cuda.EXPERIMENTAL_WGMMA_WGRAD_TILES:
+        if tile.tma:
+            assert gconv_cuda.wgrad_tile_ok(64, 7, 7, tile), tile.name
+            assert not gconv_cuda.wgrad_tile_ok(64, 7, 7, dataclasses.replace(tile, slots=True))
 
 
 @pytest.mark.parametrize("c", [8, 64, 256])

@@ -1049,7 +1049,6 @@ SOURCE_DIGEST = hashlib.sha1(
         + (f"slot-trigger {SLOT_TRIGGER}" if SLOT_TRIGGER != SLOT_TRIGGERS[0] else "")
         # the slot forms among the fast mode's candidates (session 49; derived, not a table)
         + "wgrad candidates: the TMA tiles' slot forms first"
-        + " and the warpgroup tiles' slot forms first (session 50)"
         + ("dynamic-tiles" if DYNAMIC_TILES else "")
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
@@ -1083,6 +1082,8 @@ WGRAD_WG_DIGEST = hashlib.sha1(
         + _wgmma_asm(False, 56, True, True)
         + _wgmma_asm(True, 56, True)
         + repr((WGMMA_WGRAD_TILES, EXPERIMENTAL_WGMMA_WGRAD_TILES, WGMMA_WGRAD_MIN_ROWS))
+        # the rule that offers their slot forms first (session 50; derived, not a table)
+        + "the warpgroup tiles' slot forms first"
     ).encode()
 ).hexdigest()[:8]
 #: the row-pair wgrad keeps 2 x (R / 2 + 1) x S accumulator fragments (4 registers each)
@@ -1099,6 +1100,9 @@ def wgrad_tile_ok(c: int, r: int, s: int, tile: CudaTile) -> bool:
     groups = tile.cb // 8
     if tile.wgmma:  # a warpgroup a group, 16-column k-steps, up to 8 kernel rows (its M)
         plain = not (tile.rowpair or tile.cluster or tile.tap_rows or tile.sumk)
+        # slots: on the tiles whose rows load by cp.async (the offered ones; the tensor-copy and
+        # staged forms are experimental and their slot forms untested)
+        plain = plain and not (tile.slots and tile.tma)
         # tma 1: the rows by tensor copies from one producer warp's lane 0; 2: by producer warps
         # into a staging ring that the warpgroups re-lay out
         producers = tile.warps - 4 * groups
@@ -1220,7 +1224,7 @@ def slot_wgrad_candidates(
     c: int, r: int, s: int, tma: bool = False, wgmma: bool = False
 ) -> tuple[CudaTile, ...]:
     """The deterministic wgrad's tiles for C channels and an R x S kernel: the slot forms
-    (``CudaTile.slots``) of the offered ``WGMMA_WGRAD_TILES`` (with ``wgmma``: 5x5 and 7x7), of
+    (``CudaTile.slots``) of the offered ``WGMMA_WGRAD_TILES`` (with ``wgmma``: 5+ kernel rows), of
     the offered ``TMA_WGRAD_TILES`` (with ``tma``) and of the tap tiles of ``WGRAD_TILES``,
     fitted to C and legal. Each CTA's sums and the slot-sum kernel's additions run in an order
     fixed by the launch shapes (``gconv_slots``)."""

@@ -619,6 +619,7 @@ tw_gconv_wgrad_wg(WGRAD_PARAMS WG_MAPS)
         // the bias sums of channel c0 + 8 g + lane: the warpgroup's 4 warps' in warp order,
         // through shared memory (every MMA and copy is done once all threads are here)
         float* const red = (float*)smem;
+        static_assert(4 * 32 * NG <= NG * GROUP_BYTES, "the sums stay in the groups' rings");
         __syncthreads();
         if (warp < 4 * NG && lane < 8) red[8 * warp + lane] = dbs;
         __syncthreads();
