@@ -1195,16 +1195,21 @@ def _wgrad_candidates(
     # with dw contiguous by 4-27 us (73.4 against 92.9), where the atomic forms read 3-17 us
     # slower than with dw channels_last and the slot forms the same.
     # Issue 3's study chose them in all 16 cells at N >= 32: 0.6-17% faster than session 49's)
-    wg = tuple(dataclasses.replace(t, slots=True) for t in wg) + wg
+    wg = _slot_forms(wg) + wg
     tiles = _offered_tma_wgrad(c) if tma else ()
     # their slot forms first (session 49, H200, 3x3: faster than the atomic form in all 7 of
     # the issue's cells timed, 7.9 against 10.2 us at C=64 N = 8, 38.9 against 39.2 at N = 128)
-    tiles = tuple(dataclasses.replace(t, slots=True) for t in tiles) + tiles
+    tiles = _slot_forms(tiles) + tiles
     tiles += WGRAD_TILES + (CLUSTER_WGRAD_TILES + ROW_WGRAD_TILES if small else ())
     if experimental:
         tiles += tuple(t for t in EXPERIMENTAL_WGRAD_TILES if tma or not t.tma)
     fitted = wg + tuple(_fitted(t, c, warp_per_group=True) for t in tiles)
     return tuple(dict.fromkeys(t for t in fitted if wgrad_tile_ok(c, r, s, t)))
+
+
+def _slot_forms(tiles: tuple[CudaTile, ...]) -> tuple[CudaTile, ...]:
+    """The slot forms (``CudaTile.slots``) of ``tiles``, in their order."""
+    return tuple(dataclasses.replace(t, slots=True) for t in tiles)
 
 
 def _offered_tma_wgrad(c: int) -> tuple[CudaTile, ...]:
@@ -1233,10 +1238,10 @@ def slot_wgrad_candidates(
 
 @functools.lru_cache(maxsize=1024)
 def _slot_wgrad_candidates(c: int, r: int, s: int, tma: bool, wgmma: bool) -> tuple:
-    wg = tuple(dataclasses.replace(t, slots=True) for t in _offered_wgmma_wgrad(c, r) if wgmma)
+    wg = _slot_forms(_offered_wgmma_wgrad(c, r)) if wgmma else ()
     tiles = _offered_tma_wgrad(c) if tma else ()
     tiles += tuple(t for t in WGRAD_TILES if not (t.rowpair or t.cluster))
-    fitted = (_fitted(dataclasses.replace(t, slots=True), c, warp_per_group=True) for t in tiles)
+    fitted = (_fitted(t, c, warp_per_group=True) for t in _slot_forms(tiles))
     return tuple(dict.fromkeys(t for t in wg + tuple(fitted) if wgrad_tile_ok(c, r, s, t)))
 
 

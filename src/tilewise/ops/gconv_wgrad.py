@@ -334,12 +334,11 @@ def _candidates(
     slots: bool = False,
 ) -> tuple:
     base = wgrad_candidates(problem, sms)
+    c, r, s = problem.c, problem.r, problem.s
     if slots:  # deterministic: the slot tiles (gconv_slots) before the Triton configs
-        c, r, s = problem.c, problem.r, problem.s
         base = gconv_cuda.slot_wgrad_candidates(c, r, s, tma, wgmma) + base
     if with_cuda:
         small = problem.n * problem.p * problem.q <= gconv_cuda.CLUSTER_MAX_PIXELS
-        c, r, s = problem.c, problem.r, problem.s
         tiles = gconv_cuda.wgrad_candidates(c, r, s, small, tma, wgmma)
         base = tiles + base
     return base + (gconv_library.CUDNN,) if library else base
