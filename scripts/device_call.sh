@@ -715,6 +715,23 @@ PY
     slot-tests-s49)  # session 49: every wgrad GPU test (eight groups) with the slot forms among
       # the candidates (group 3 has the cluster-sum tiles' test, its C=32 shape fixed to loop)
       TEST_LIMIT=${TEST_LIMIT:-300} par_tests all-wgrad-tests "${WGRAD_ALL_TESTS[@]}" ;;
+    grid-s51)  # session 51: persistent grids cut to the CTAs the GPU holds at once. Each
+      # candidate whose grid changed, timed with both grids (and checked against PyTorch) at
+      # MBConv's C=1024 16x16 3x3 and issue 3's C=256 16x16 5x5/7x7 (GRID_CELLS: probe
+      # invocations "SHAPES|KERNELS|N|PASSES" split on ';')
+      IFS=';' read -ra cells <<<"${GRID_CELLS:-1024:16|3|64 256|fprop wgrad;256:16|5 7|64 256|wgrad fprop}"
+      k=0
+      for cell in "${cells[@]}"; do
+        k=$((k + 1))
+        IFS='|' read -r shapes kernels ns passes <<<"$cell"
+        # shellcheck disable=SC2086
+        timeout "${PROBE_LIMIT:-200}" python scripts/resident_grid_probe.py --shapes $shapes \
+          --kernels $kernels --n $ns --passes $passes ${GRID_ARGS:-} \
+          --json "$R/grid-probe-$k.json" >"$R/grid-probe-$k.log" 2>&1
+        echo "rc $?: grid probe $k ($cell)"
+        grep -E "^best|^\*|Error" "$R/grid-probe-$k.log" | cut -c1-200
+        pack
+      done ;;
     wgslot-s50)  # session 50: the warpgroup wgrad's slot forms (the deterministic mode's 5x5
       # and 7x7 tiles): their GPU tests, then graph replay beside the atomic forms the fast mode
       # picked in session 49's grid (C=64 5x5/7x7, N = 32, 128, 256), one process a kernel size

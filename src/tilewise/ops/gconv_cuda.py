@@ -710,6 +710,51 @@ def pad_for_occupancy(
     return padded
 
 
+#: "0" keeps a persistent launch's CTAs a channel block at ``min_ctas`` an SM rounded up to whole
+#: channel blocks even where the GPU cannot hold them all at once (the rule before session 51)
+ENV_RESIDENT_GRID = "TILEWISE_GCONV_RESIDENT_GRID"
+#: the rule in force (read once; a probe may set it between binds to time both)
+RESIDENT_GRID = os.environ.get(ENV_RESIDENT_GRID, "1") != "0"
+
+
+def resident_grid_x(wanted: int, blocks: int, per_sm: int | None, sms: int) -> int:
+    """CTAs a channel block (grid x) of a persistent launch over ``blocks`` channel (and row)
+    blocks: ``wanted`` where the whole grid fits the GPU at once (``per_sm`` CTAs an SM; None:
+    not known), else the most that do (at least 1).
+
+    Why (session 51, offline: ptxas's registers and the kernels' shared memory): rounding
+    ``min_ctas`` x SMs up to whole channel blocks asks for more CTAs than fit where C has many
+    blocks (C=1024: the 64-channel TMA wgrad tile 9 x 16 = 144 CTAs of one an SM; C=256: every
+    warpgroup wgrad tile 17 x 16 = 272 of two an SM), and so do tiles whose registers or shared
+    memory hold fewer than ``min_ctas`` an SM (5x5/7x7 tap tiles). Each CTA walks a fixed share
+    of the tiles, so the CTAs that found no room start when the first ones end: a second round
+    as long as the first for a few CTAs."""
+    if per_sm is None or per_sm <= 0 or wanted * blocks <= per_sm * sms:
+        return wanted
+    return max(1, per_sm * sms // blocks)
+
+
+#: the driver's CTAs an SM per (kernel, threads, shared memory), asked once
+_RESIDENT: dict[tuple[int, int, int], int | None] = {}
+
+
+def _resident_per_sm(kernel, threads: int, smem: int, device: int) -> int | None:
+    """CTAs of ``kernel`` an SM of CUDA device ``device`` holds
+    (``cuda_launch.max_active_blocks``); None without a CUDA device, without ``RESIDENT_GRID``,
+    or where the driver does not say."""
+    if not RESIDENT_GRID or not torch.cuda.is_available():
+        return None
+    key = (id(kernel), threads, smem)  # the compiled kernels are kept for the process (_kernel)
+    if key not in _RESIDENT:
+        try:
+            with cuda_launch.on_device(device):  # the kernel's context
+                _RESIDENT[key] = cuda_launch.max_active_blocks(kernel, threads, smem)
+        except Exception as exc:  # a faked or foreign kernel object: the grid as asked
+            log.info("tilewise gconv_cuda: no occupancy for a launch (%s)", exc)
+            _RESIDENT[key] = None
+    return _RESIDENT[key]
+
+
 @functools.lru_cache(maxsize=16)  # asked on every bind of a launch
 def _device_smem(device: int) -> tuple[int, int]:
     """(shared memory per SM, the per-CTA opt-in limit) of CUDA device ``device``; the Hopper
@@ -858,8 +903,10 @@ def bind_fprop(
         kernel = _kernel(r, s, tile, x.dtype == torch.bfloat16, bias is not None, dgrad, dev)
     tiles_h, tiles_w = cdiv(ho, tile.th), cdiv(wo, tile.tw)
     n_tiles = n * tiles_h * tiles_w
-    cblocks = c // tile.cb
-    grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * num_sms(x.device), cblocks)))
+    cblocks, sms = c // tile.cb, num_sms(x.device)
+    grid_x = max(1, min(n_tiles, cdiv(tile.min_ctas * sms, cblocks)))
+    most = _resident_per_sm(kernel, tile.warps * 32, smem_bytes(r, s, tile), dev)
+    grid_x = resident_grid_x(grid_x, cblocks, most, sms)
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles, *weight.stride()]
     maps = []
     if tile.roll:  # a copy an input row; a copy a warpgroup's channels of an output row
@@ -871,7 +918,7 @@ def bind_fprop(
             maps.append((3, tile.cb, tile.tw, tile.th))
     grid, block = (grid_x, cblocks, 1), (tile.warps * 32, 1, 1)
     dependent = tile.rowpair and dependent_launch(x.device)
-    per_sm = cdiv(grid_x * cblocks, num_sms(x.device))  # CTAs an SM holds for one wave
+    per_sm = cdiv(grid_x * cblocks, sms)  # CTAs an SM holds for one wave
     smem = launch_smem(r, s, tile, dependent, per_sm, *_device_smem(dev))
     if dynamic_tiles(tile):  # the counters ride after the four tensors
         return BoundDynamicFprop(kernel, _signature(tile), grid, block, smem, dev, scalars, 5,
@@ -1053,6 +1100,8 @@ SOURCE_DIGEST = hashlib.sha1(
         # the launch rule the timings depend on (session 41: launch_smem; a choice timed with
         # TILEWISE_GCONV_OCCUPANCY_CAP=0 is stored under the same key)
         + "launch_smem: dependent row-pair launches capped at the CTAs an SM needs"
+        # session 51: persistent grids cut to what the GPU holds at once (resident_grid_x)
+        + ("grids all resident" if RESIDENT_GRID else "")
     ).encode()
 ).hexdigest()[:10]
 
@@ -1361,11 +1410,15 @@ def bind_wgrad(
     if tile.cluster:
         grid_x = tile.cluster
     else:
-        ctas = cdiv(tile.min_ctas * num_sms(x.device), cblocks * rblocks)
+        sms = num_sms(x.device)
+        ctas = cdiv(tile.min_ctas * sms, cblocks * rblocks)
         grid_x = max(1, min(n_tiles, ctas))
         if tile.sumk:  # whole clusters, all resident at once (a CTA without tiles adds zeros)
             with cuda_launch.on_device(dev):  # the kernel's context
                 grid_x = _sum_grid(kernel, grid_x, ctas, cblocks * rblocks, tile, smem)
+        else:
+            most = _resident_per_sm(kernel, tile.warps * 32, smem, dev)
+            grid_x = resident_grid_x(grid_x, cblocks * rblocks, most, sms)
     scalars = [hi, wi, ho, wo, c, pad_h, pad_w, tiles_h, tiles_w, n_tiles]
     maps = []
     if maps_in and tile.wgmma:  # a group's input row and dy row

@@ -69,6 +69,21 @@ def max_active_clusters(
     return most.value if result == 0 else None
 
 
+def max_active_blocks(kernel: Any, threads: int, shared_mem: int, lib: Any = None) -> int | None:
+    """How many CTAs of ``threads`` threads and ``shared_mem`` bytes of dynamic shared memory one
+    SM holds at once for ``kernel`` (``cuOccupancyMaxActiveBlocksPerMultiprocessor``: its
+    registers, shared memory and threads together), or None where the driver does not say."""
+    lib = lib if lib is not None else torch.cuda._utils._get_gpu_runtime_library()
+    most = ctypes.c_int()
+    try:
+        result = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(most), kernel.func, ctypes.c_int(threads), ctypes.c_size_t(shared_mem)
+        )
+    except AttributeError:  # a driver without the call
+        return None
+    return most.value if result == 0 else None
+
+
 class Launcher:
     """``cuLaunchKernel`` for one compiled kernel with a fixed argument signature.
 
