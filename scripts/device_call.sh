@@ -11,10 +11,22 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src TILEWISE_CACHE_DIR=$PWD/.tw-cache PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.triton-cache
-[ -f .triton-cache.tgz ] && tar xzf .triton-cache.tgz
+# the caches may be gzip or xz (session 51: xz packs each to ~1.5 MB against 12-15 MB, which kept
+# the tree with both under the device tool's 64 MiB); Python's tarfile reads either
+untar() {
+  python - "$1" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:  # gzip or xz, as the name says nothing
+    try:
+        t.extractall(filter="tar")
+    except TypeError:  # a Python without extraction filters
+        t.extractall()
+PY
+}
+[ -f .triton-cache.tgz ] && untar .triton-cache.tgz
 # the NVRTC binaries the last call compiled (session 43: a fresh machine spent a test step's
 # whole 420 s compiling), as the Triton cache: copy $OUT/nvrtc-cache.tgz to .nvrtc-cache.tgz
-[ -f .nvrtc-cache.tgz ] && tar xzf .nvrtc-cache.tgz
+[ -f .nvrtc-cache.tgz ] && untar .nvrtc-cache.tgz
 R=$(mktemp -d)
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

@@ -28,7 +28,7 @@ export PYTHONUNBUFFERED=1
 # a Triton compile cache from an earlier call (device_call.sh's bundle), carried as a tarball
 if [ -f .triton-cache.tgz ]; then
   export TRITON_CACHE_DIR=$PWD/.triton-cache
-  tar xzf .triton-cache.tgz
+  tar xf .triton-cache.tgz  # gzip or xz (session 51), as tar finds
 fi
 PY=${PYTHON:-python3}
 

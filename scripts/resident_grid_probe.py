@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import torch
 import torch.nn.functional as F
@@ -83,12 +84,28 @@ def _candidates(c: int, k: int, pass_: str) -> tuple:
     return gconv_cuda.candidates(c, k, k, tma=True, wgmma=True)
 
 
+_ASKED: list = []  # what the driver said at each bind (the probe's wrapper records it)
+_resident_per_sm = gconv_cuda._resident_per_sm
+
+
+def _recording_resident_per_sm(*args):
+    _ASKED.append(_resident_per_sm(*args))
+    return _ASKED[-1]
+
+
+gconv_cuda._resident_per_sm = _recording_resident_per_sm
+
+
 def _bound_grid(grid_of, tile, resident: bool):
+    """The launch's grid under either rule, and the driver's CTAs an SM that the bind used
+    (None under the old rule)."""
     gconv_cuda.RESIDENT_GRID = resident
+    _ASKED.clear()
     try:
-        return tuple(grid_of(tile))
+        grid = tuple(grid_of(tile))
     finally:
         gconv_cuda.RESIDENT_GRID = True
+    return grid, (_ASKED[-1] if _ASKED else None)
 
 
 def _time(fn, sets, tile, resident: bool) -> float:
@@ -99,21 +116,22 @@ def _time(fn, sets, tile, resident: bool) -> float:
         gconv_cuda.RESIDENT_GRID = True
 
 
-def probe_cell(c, hw, k, n, pass_, copy_bw, dw_cl, only_changed) -> list[dict]:
+def probe_cell(c, hw, k, n, pass_, copy_bw, dw_cl, only_changed, only=None) -> list[dict]:
     sets, call, grid_of, error = _cell_fns(c, hw, k, n, pass_, dw_cl)
     nbytes = 2 * sets[0][0].nbytes
     rows = []
     for tile in _candidates(c, k, pass_):
         try:
-            old, new = _bound_grid(grid_of, tile, False), _bound_grid(grid_of, tile, True)
+            old, _ = _bound_grid(grid_of, tile, False)
+            new, per_sm = _bound_grid(grid_of, tile, True)
         except ValueError as exc:  # a tile this GPU or launcher cannot run here
             print(f"  skip {tile.name}: {exc}")
             continue
         changed = old != new
-        if only_changed and not changed:
+        if (only_changed and not changed) or (only and not re.search(only, tile.name)):
             continue
         row = {"c": c, "hw": hw, "k": k, "n": n, "pass": pass_, "tile": tile.name,
-               "grid_old": old, "grid_new": new, "changed": changed}  # fmt: skip
+               "grid_old": old, "grid_new": new, "changed": changed, "per_sm": per_sm}  # fmt: skip
         row["us_new"] = _time(call(tile), sets, tile, True)
         row["us_old"] = _time(call(tile), sets, tile, False) if changed else row["us_new"]
         row["err_new"] = error(tile)
@@ -123,7 +141,8 @@ def probe_cell(c, hw, k, n, pass_, copy_bw, dw_cl, only_changed) -> list[dict]:
         mark = "*" if changed else " "
         print(
             f"{mark} C={c} {hw}x{hw} {k}x{k} N={n} {pass_} {tile.name:40s} "
-            f"grid {old} -> {new}: {row['us_old']:8.1f} -> {row['us_new']:8.1f} us "
+            f"grid {old} -> {new} ({per_sm} an SM): "
+            f"{row['us_old']:8.1f} -> {row['us_new']:8.1f} us "
             f"({row['frac_old']:.3f} -> {row['frac_new']:.3f} of copy) err {row['err_new']:.1e}"
         )
     if rows:
@@ -145,6 +164,7 @@ def main() -> None:
     ap.add_argument("--passes", nargs="+", default=["fprop", "wgrad"], choices=PASSES)
     ap.add_argument("--dw-contiguous", action="store_true", help="dw contiguous (default: cl)")
     ap.add_argument("--only-changed", action="store_true", help="time only the changed tiles")
+    ap.add_argument("--only", default=None, help="time only tiles whose name matches")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -157,7 +177,15 @@ def main() -> None:
             for n in args.n:
                 for pass_ in args.passes:
                     rows += probe_cell(
-                        c, hw, k, n, pass_, copy_bw, not args.dw_contiguous, args.only_changed
+                        c,
+                        hw,
+                        k,
+                        n,
+                        pass_,
+                        copy_bw,
+                        not args.dw_contiguous,
+                        args.only_changed,
+                        args.only,
                     )
                     if args.json:  # written as it goes: a call cut at its limit keeps the rest
                         with open(args.json, "w") as f:
