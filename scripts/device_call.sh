@@ -744,6 +744,16 @@ PY
         grep -E "^best|^\*|Error" "$R/grid-probe-$k.log" | cut -c1-200
         pack
       done ;;
+    grid-study-s51)  # session 51: the GPU tests of the cut grids, then issue 3's C=256 16x16
+      # 3x3 cells (every pass, fp16) with the grids cut (rule on) and as before
+      # (TILEWISE_GCONV_RESIDENT_GRID=0), one study each in the same call, against cuDNN
+      gpu_tests "${TEST_LIMIT:-120}" tests/test_gconv_grid.py
+      for rule in 1 0; do
+        # shellcheck disable=SC2086
+        TILEWISE_GCONV_RESIDENT_GRID=$rule study "gconv-s51-c256-grid$rule" \
+          "${STUDY_LIMIT:-170}" --channels 256 --kernels 3 --n ${STUDY_N:-8 32 64 128 256} \
+          --dtypes fp16
+      done ;;
     wgslot-s50)  # session 50: the warpgroup wgrad's slot forms (the deterministic mode's 5x5
       # and 7x7 tiles): their GPU tests, then graph replay beside the atomic forms the fast mode
       # picked in session 49's grid (C=64 5x5/7x7, N = 32, 128, 256), one process a kernel size

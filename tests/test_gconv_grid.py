@@ -12,7 +12,8 @@ import sys
 
 import pytest
 import torch
-from checks import fake_nvrtc
+from checks import assert_three_way, fake_nvrtc
+from test_gconv_cuda import _check_tiles, _wgrad_problem
 
 from tilewise.ops import gconv_cuda, gconv_slots
 from tilewise.ops.gconv_cuda import CudaTile
@@ -129,3 +130,68 @@ def test_rule_switch_is_part_of_the_source_digest():
         digests[value] = out
     assert digests["0"][1] == "False" and digests["1"][1] == "True"
     assert digests["0"][0] != digests["1"][0]
+
+
+# --- the GPU: tiles whose grids the rule cuts, at full size --------------------------------
+
+#: (case as test_gconv_cuda's: n, c, h, w, r, s, pad_h, pad_w, bias; tile names) where the
+#: old rule asked for more CTAs than an H100/H200 (132 SMs) holds: MBConv's C=1024 layer (the
+#: 64-channel tiles: 9 or 17 a channel block, one or two an SM) and issue 3's C=256 7x7 wgrad
+FPROP_CUT = ((24, 1024, 16, 16, 3, 3, 1, 1, True),
+             ("cudarp_t16x16c64w8m1s2_tma2", "cudarp_t8x16c64w8m2s3_tma2"))  # fmt: skip
+WGRAD_CUT = (
+    ((24, 1024, 16, 16, 3, 3, 1, 1, True),
+     ("cuda_t16x16c64w8m1s2_tma1", "cuda_t16x16c64w8m1s2_tma1_slot")),
+    ((40, 256, 16, 16, 7, 7, 3, 3, True), ("cudawg_t4x16c32w18m1s4_ws_slot",)),
+)  # fmt: skip
+
+
+def _named(tiles, names) -> list[CudaTile]:
+    found = [t for t in tiles if t.name in names]
+    assert len(found) == len(names), (names, [t.name for t in tiles])
+    return found
+
+
+def _assert_resident(bound, tile: CudaTile, blocks: int, r: int, s: int, wgrad: bool) -> bool:
+    """The launch's grid is the rule's for this GPU; returns whether the rule cut it."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    smem = gconv_cuda.wgrad_smem_bytes(r, s, tile) if wgrad else gconv_cuda.smem_bytes(r, s, tile)
+    per_sm = gconv_cuda._resident_per_sm(bound.kernel, tile.warps * 32, smem, 0)
+    asked = -(-tile.min_ctas * sms // blocks)
+    assert per_sm, tile.name
+    assert bound.grid[0] == gconv_cuda.resident_grid_x(asked, blocks, per_sm, sms), tile.name
+    assert bound.grid[0] * blocks <= max(per_sm * sms, blocks), tile.name
+    return bound.grid[0] < asked
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cut_grids_compute_the_conv(dtype, rng_seed):
+    """fprop, dgrad, wgrad and db of the tiles whose grids the rule cuts, by the three-way rule
+    against fp64 (their CTAs walk more tiles each than under the old grids), and each launch's
+    grid as the rule says for this GPU."""
+    cut = 0
+    case, names = FPROP_CUT
+    n, c, h, w, r, s, ph, pw, _ = case
+    tiles = _named(gconv_cuda.candidates(c, r, s, tma=True, wgmma=True), names)
+    _check_tiles(case, dtype, rng_seed, tiles)
+    x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
+    wt = torch.randn(c, 8, r, s, device="cuda", dtype=dtype)
+    for tile in tiles:
+        bound = gconv_cuda.bind_fprop(x, wt, None, torch.empty_like(x), ph, pw, tile)
+        cut += _assert_resident(bound, tile, c // tile.cb, r, s, False)
+    for case, names in WGRAD_CUT:
+        n, c, h, w, r, s, ph, pw, _ = case
+        x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
+        db_ref, db_same = dy.double().sum((0, 2, 3)), dy.float().sum((0, 2, 3))
+        tiles = _named(gconv_cuda.wgrad_candidates(c, r, s, False, True, True), names)
+        for tile in tiles:
+            tag = f"wgrad n{n} c{c} {h}x{w} k{r}x{s} {tile.name} {dtype}"
+            dw, db = gconv_cuda.wgrad(dy, x, r, s, ph, pw, True, tile, torch.float32, True)
+            assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
+            assert_three_way(db, db_same, db_ref, 1e-3, f"db {tag}", rng_seed, ulps=1)
+            bound = gconv_cuda.bind_wgrad(dy, x, r, s, ph, pw, True, tile, dw_cl=True)
+            cut += _assert_resident(bound, tile, c // tile.cb, r, s, True)
+    # on 132 SMs every one of these grids is cut (on other GPUs: as many as the rule says)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert cut == 5
