@@ -744,6 +744,16 @@ PY
         grep -E "^best|^\*|Error" "$R/grid-probe-$k.log" | cut -c1-200
         pack
       done ;;
+    tests-s51)  # session 51: the grouped conv's GPU tests with the persistent grids cut
+      # (resident_grid_x): fprop/dgrad tiles, the many-tiles tests, every wgrad group, the op
+      # tests (full sizes, 200 training steps) and the capture tests, one process a group
+      TEST_LIMIT=${TEST_LIMIT:-420} par_tests tests-s51 \
+        tests/test_gconv_cuda.py "every_tile_fprop_and_dgrad and not bfloat16" \
+        tests/test_gconv_cuda.py "every_tile_fprop_and_dgrad and bfloat16" \
+        tests/test_gconv_cuda.py "over_many_tiles or tma_pipeline or dependent_launches or dynamic_tiles or edge_shapes" \
+        tests/test_gconv.py "not compile" \
+        tests/test_capture.py "" \
+        "${WGRAD_ALL_TESTS[@]:0:12}" ;;
     grid-study-s51)  # session 51: the GPU tests of the cut grids, then issue 3's C=256 16x16
       # 3x3 cells (every pass, fp16) with the grids cut (rule on) and as before
       # (TILEWISE_GCONV_RESIDENT_GRID=0), one study each in the same call, against cuDNN
