@@ -754,6 +754,11 @@ PY
         tests/test_gconv.py "not compile" \
         tests/test_capture.py "" \
         "${WGRAD_ALL_TESTS[@]:0:12}" ;;
+    tests3-s51)  # session 51: the 12 tests of tests-s51's group 3 that its 420 s limit cut
+      TEST_LIMIT=${TEST_LIMIT:-300} par_tests tests3-s51 \
+        tests/test_gconv_cuda.py "(edge_shapes and n3c16 and bfloat16) or tma_pipeline or dependent_launches" \
+        tests/test_gconv_cuda.py "dynamic_tiles or (wide_kernel_row_pair and not bfloat16)" \
+        tests/test_gconv_cuda.py "wide_kernel_row_pair and bfloat16" ;;
     grid-study-s51)  # session 51: the GPU tests of the cut grids, then issue 3's C=256 16x16
       # 3x3 cells (every pass, fp16) with the grids cut (rule on) and as before
       # (TILEWISE_GCONV_RESIDENT_GRID=0), one study each in the same call, against cuDNN
