@@ -754,6 +754,18 @@ PY
         tests/test_gconv.py "not compile" \
         tests/test_capture.py "" \
         "${WGRAD_ALL_TESTS[@]:0:12}" ;;
+    slotsum-s51)  # session 51: the slot sum with 16-byte loads (4 slots a warp at once, one
+      # batch): both slot tests (fp16), then the 3x3 pick's slot form at C=64 N = 8/32 with the
+      # profiler's kernel times (session 49: the slot sum 2.2 us at N = 8)
+      TEST_LIMIT=${TEST_LIMIT:-130} par_tests slotsum-tests \
+        tests/test_gconv_cuda.py "test_slot_wgrad_tiles and not bfloat16" \
+        tests/test_gconv_cuda.py "wgmma_slot_wgrad_tiles and not bfloat16"
+      timeout "${PROBE_LIMIT:-60}" python scripts/wgrad_ablate_probe.py --channels 64 --n 8 32 \
+        --tile cuda_t16x16c64w8m1s2_tma1 cuda_t16x16c64w8m1s2_tma1_slot --profile \
+        --json "$R/slotsum-c64.json" >"$R/slotsum-c64.log" 2>&1
+      echo "rc $?: slot sum probe"
+      grep -E "^ablate|profiler|Error" "$R/slotsum-c64.log"
+      pack ;;
     tests3-s51)  # session 51: the 12 tests of tests-s51's group 3 that its 420 s limit cut
       TEST_LIMIT=${TEST_LIMIT:-300} par_tests tests3-s51 \
         tests/test_gconv_cuda.py "(edge_shapes and n3c16 and bfloat16) or tma_pipeline or dependent_launches" \
