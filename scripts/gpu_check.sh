@@ -28,7 +28,8 @@ export PYTHONUNBUFFERED=1
 # a Triton compile cache from an earlier call (device_call.sh's bundle), carried as a tarball
 if [ -f .triton-cache.tgz ]; then
   export TRITON_CACHE_DIR=$PWD/.triton-cache
-  tar xf .triton-cache.tgz  # gzip or xz (session 51), as tar finds
+  # gzip or xz (session 51): Python's tarfile reads either, with no xz binary needed
+  python3 -c "import tarfile; tarfile.open('.triton-cache.tgz').extractall()"
 fi
 PY=${PYTHON:-python3}
 

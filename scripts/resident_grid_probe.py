@@ -99,21 +99,21 @@ gconv_cuda._resident_per_sm = _recording_resident_per_sm
 def _bound_grid(grid_of, tile, resident: bool):
     """The launch's grid under either rule, and the driver's CTAs an SM that the bind used
     (None under the old rule)."""
-    gconv_cuda.RESIDENT_GRID = resident
+    before, gconv_cuda.RESIDENT_GRID = gconv_cuda.RESIDENT_GRID, resident
     _ASKED.clear()
     try:
         grid = tuple(grid_of(tile))
     finally:
-        gconv_cuda.RESIDENT_GRID = True
+        gconv_cuda.RESIDENT_GRID = before
     return grid, (_ASKED[-1] if _ASKED else None)
 
 
 def _time(fn, sets, tile, resident: bool) -> float:
-    gconv_cuda.RESIDENT_GRID = resident
+    before, gconv_cuda.RESIDENT_GRID = gconv_cuda.RESIDENT_GRID, resident
     try:
         return time_calls(fn, sets).median_s * 1e6
     finally:
-        gconv_cuda.RESIDENT_GRID = True
+        gconv_cuda.RESIDENT_GRID = before
 
 
 def probe_cell(c, hw, k, n, pass_, copy_bw, dw_cl, only_changed, only=None) -> list[dict]:

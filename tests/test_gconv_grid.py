@@ -5,6 +5,8 @@ GPU by ``scripts/resident_grid_probe.py`` (each new grid against PyTorch) and th
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import os
 import subprocess
@@ -17,6 +19,7 @@ from test_gconv_cuda import _check_tiles, _wgrad_problem
 
 from tilewise.ops import gconv_cuda, gconv_slots
 from tilewise.ops.gconv_cuda import CudaTile
+from tilewise.runtime import cuda_launch
 
 
 def test_resident_grid_x_cuts_only_grids_that_do_not_fit():
@@ -109,12 +112,61 @@ def test_fprop_grid_is_cut_to_the_resident_ctas(monkeypatch, dgrad):
 
 
 def test_no_occupancy_without_cuda_or_with_the_rule_off(monkeypatch):
-    """The driver is asked only with a CUDA device and the rule on; else the grid is as asked."""
+    """The driver is asked only with a CUDA device, the rule on and a real function handle;
+    else the grid is as asked."""
+
+    class Kernel:
+        func = ctypes.c_void_p(0xF00D)
+
+    asked = []
+    monkeypatch.setattr(gconv_cuda, "_RESIDENT", {})
+    monkeypatch.setattr(gconv_cuda.cuda_launch, "on_device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(
+        gconv_cuda.cuda_launch, "max_active_blocks", lambda *a: asked.append(a) or 3
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gconv_cuda._resident_per_sm(object(), 128, 1024, 0) is None
+    assert gconv_cuda._resident_per_sm(Kernel(), 128, 1024, 0) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gconv_cuda, "RESIDENT_GRID", False)
-    assert gconv_cuda._resident_per_sm(object(), 128, 1024, 0) is None
+    assert gconv_cuda._resident_per_sm(Kernel(), 128, 1024, 0) is None
+    monkeypatch.setattr(gconv_cuda, "RESIDENT_GRID", True)
+    assert gconv_cuda._resident_per_sm(object(), 128, 1024, 0) is None  # no handle: a fake
+    assert not asked
+    kernel = Kernel()
+    for _ in range(3):  # asked once per kernel, threads and shared memory
+        assert gconv_cuda._resident_per_sm(kernel, 128, 1024, 0) == 3
+    assert gconv_cuda._resident_per_sm(kernel, 256, 1024, 0) == 3
+    assert [a[1:] for a in asked] == [(128, 1024), (256, 1024)]
+    # the cache keeps the kernel, so its id stays its own while the answer stands
+    assert all(entry[0] is kernel for entry in gconv_cuda._RESIDENT.values())
+
+
+class _Driver:
+    """A fake ``cuOccupancyMaxActiveBlocksPerMultiprocessor``: writes ``most`` through the
+    by-reference int, returns ``result`` and keeps what it was given."""
+
+    def __init__(self, most: int, result: int = 0) -> None:
+        self.most, self.result, self.seen = most, result, None
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, pmost, func, threads, smem):  # noqa: N802
+        self.seen = (func, threads.value, smem.value)
+        ctypes.cast(pmost, ctypes.POINTER(ctypes.c_int)).contents.value = self.most
+        return self.result
+
+
+def test_max_active_blocks_reads_the_driver():
+    """``cuda_launch.max_active_blocks``: the driver's count where it answers 0 (success), None
+    where it fails or lacks the call; threads and shared memory reach it as given."""
+
+    class Kernel:
+        func = ctypes.c_void_p(0xF00D)
+
+    drv = _Driver(5)
+    assert cuda_launch.max_active_blocks(Kernel(), 128, 40528, lib=drv) == 5
+    assert drv.seen == (Kernel.func, 128, 40528)
+    assert cuda_launch.max_active_blocks(Kernel(), 128, 0, lib=_Driver(0)) == 0
+    assert cuda_launch.max_active_blocks(Kernel(), 128, 0, lib=_Driver(5, result=1)) is None
+    assert cuda_launch.max_active_blocks(Kernel(), 128, 0, lib=object()) is None
 
 
 def test_rule_switch_is_part_of_the_source_digest():
@@ -153,15 +205,14 @@ def _named(tiles, names) -> list[CudaTile]:
 
 
 def _assert_resident(bound, tile: CudaTile, blocks: int, r: int, s: int, wgrad: bool) -> bool:
-    """The launch's grid is the rule's for this GPU; returns whether the rule cut it."""
+    """The launch's whole grid fits the GPU at once, by the driver's count for its kernel;
+    returns whether it is smaller than the old rule's (``min_ctas`` x SMs rounded up)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     smem = gconv_cuda.wgrad_smem_bytes(r, s, tile) if wgrad else gconv_cuda.smem_bytes(r, s, tile)
-    per_sm = gconv_cuda._resident_per_sm(bound.kernel, tile.warps * 32, smem, 0)
-    asked = -(-tile.min_ctas * sms // blocks)
+    per_sm = cuda_launch.max_active_blocks(bound.kernel, tile.warps * 32, smem)
     assert per_sm, tile.name
-    assert bound.grid[0] == gconv_cuda.resident_grid_x(asked, blocks, per_sm, sms), tile.name
-    assert bound.grid[0] * blocks <= max(per_sm * sms, blocks), tile.name
-    return bound.grid[0] < asked
+    assert bound.grid[0] * blocks <= max(per_sm * sms, blocks), (tile.name, bound.grid, per_sm)
+    return bound.grid[0] < -(-tile.min_ctas * sms // blocks)
 
 
 @pytest.mark.gpu
@@ -169,17 +220,24 @@ def _assert_resident(bound, tile: CudaTile, blocks: int, r: int, s: int, wgrad: 
 def test_cut_grids_compute_the_conv(dtype, rng_seed):
     """fprop, dgrad, wgrad and db of the tiles whose grids the rule cuts, by the three-way rule
     against fp64 (their CTAs walk more tiles each than under the old grids), and each launch's
-    grid as the rule says for this GPU."""
+    whole grid resident at once by the driver's count for the very kernel checked."""
+    if not gconv_cuda.RESIDENT_GRID:
+        pytest.skip("TILEWISE_GCONV_RESIDENT_GRID=0: the old grids")
+    if not gconv_cuda.wgmma_usable(torch.empty(0, device="cuda")):
+        pytest.skip("needs compute capability 9.0 with TMA (the tiles are TMA and wgmma tiles)")
     cut = 0
     case, names = FPROP_CUT
     n, c, h, w, r, s, ph, pw, _ = case
     tiles = _named(gconv_cuda.candidates(c, r, s, tma=True, wgmma=True), names)
-    _check_tiles(case, dtype, rng_seed, tiles)
+    _check_tiles(case, dtype, rng_seed, tiles)  # fprop with a bias, dgrad without
     x = _cl(torch.randn(n, c, h, w, device="cuda", dtype=dtype))
     wt = torch.randn(c, 8, r, s, device="cuda", dtype=dtype)
+    b = torch.randn(c, device="cuda", dtype=dtype)
     for tile in tiles:
-        bound = gconv_cuda.bind_fprop(x, wt, None, torch.empty_like(x), ph, pw, tile)
-        cut += _assert_resident(bound, tile, c // tile.cb, r, s, False)
+        for bias, dgrad in ((b, False), (None, True)):  # the kernels _check_tiles ran
+            out = torch.empty_like(x)
+            bound = gconv_cuda.bind_fprop(x, wt, bias, out, ph, pw, tile, dgrad)
+            cut += _assert_resident(bound, tile, c // tile.cb, r, s, False)
     for case, names in WGRAD_CUT:
         n, c, h, w, r, s, ph, pw, _ = case
         x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
@@ -192,6 +250,6 @@ def test_cut_grids_compute_the_conv(dtype, rng_seed):
             assert_three_way(db, db_same, db_ref, 1e-3, f"db {tag}", rng_seed, ulps=1)
             bound = gconv_cuda.bind_wgrad(dy, x, r, s, ph, pw, True, tile, dw_cl=True)
             cut += _assert_resident(bound, tile, c // tile.cb, r, s, True)
-    # on 132 SMs every one of these grids is cut (on other GPUs: as many as the rule says)
+    # on 132 SMs every one of these grids is cut (fprop and dgrad: two kernels a tile)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        assert cut == 5
+        assert cut == 7

@@ -724,35 +724,40 @@ def resident_grid_x(wanted: int, blocks: int, per_sm: int | None, sms: int) -> i
 
     Why (session 51, offline: ptxas's registers and the kernels' shared memory): rounding
     ``min_ctas`` x SMs up to whole channel blocks asks for more CTAs than fit where C has many
-    blocks (C=1024: the 64-channel TMA wgrad tile 9 x 16 = 144 CTAs of one an SM; C=256: every
-    warpgroup wgrad tile 17 x 16 = 272 of two an SM), and so do tiles whose registers or shared
-    memory hold fewer than ``min_ctas`` an SM (5x5/7x7 tap tiles). Each CTA walks a fixed share
-    of the tiles, so the CTAs that found no room start when the first ones end: a second round
-    as long as the first for a few CTAs."""
+    blocks (C=1024: the 64-channel TMA wgrad tile 9 x 16 = 144 CTAs of one an SM; C=256: the
+    warpgroup wgrad tiles of two CTAs an SM 17 x 16 = 272), and so do tiles whose registers or
+    shared memory hold fewer than ``min_ctas`` an SM (e.g. 5x5/7x7 tap tiles). Each CTA walks a
+    fixed share of the tiles, so the CTAs that found no room start when the first ones end: a
+    second round as long as the first for a few CTAs."""
     if per_sm is None or per_sm <= 0 or wanted * blocks <= per_sm * sms:
         return wanted
     return max(1, per_sm * sms // blocks)
 
 
-#: the driver's CTAs an SM per (kernel, threads, shared memory), asked once
-_RESIDENT: dict[tuple[int, int, int], int | None] = {}
+#: the driver's CTAs an SM per (kernel id, threads, shared memory), asked once; each entry keeps
+#: its kernel, so no other kernel can take that id while the answer stands
+_RESIDENT: dict[tuple[int, int, int], tuple[object, int | None]] = {}
 
 
 def _resident_per_sm(kernel, threads: int, smem: int, device: int) -> int | None:
     """CTAs of ``kernel`` an SM of CUDA device ``device`` holds
     (``cuda_launch.max_active_blocks``); None without a CUDA device, without ``RESIDENT_GRID``,
-    or where the driver does not say."""
-    if not RESIDENT_GRID or not torch.cuda.is_available():
+    for a kernel without a function handle (the CPU tests' fakes), or where the driver does not
+    say (logged once)."""
+    if not RESIDENT_GRID or not torch.cuda.is_available() or not getattr(kernel, "func", None):
         return None
-    key = (id(kernel), threads, smem)  # the compiled kernels are kept for the process (_kernel)
+    key = (id(kernel), threads, smem)
     if key not in _RESIDENT:
         try:
             with cuda_launch.on_device(device):  # the kernel's context
-                _RESIDENT[key] = cuda_launch.max_active_blocks(kernel, threads, smem)
-        except Exception as exc:  # a faked or foreign kernel object: the grid as asked
+                most = cuda_launch.max_active_blocks(kernel, threads, smem)
+        except Exception as exc:  # a foreign kernel object: the grid as asked
+            most = None
             log.info("tilewise gconv_cuda: no occupancy for a launch (%s)", exc)
-            _RESIDENT[key] = None
-    return _RESIDENT[key]
+        if most is None:
+            _log_once("tilewise gconv_cuda: the driver gives no occupancy; grids as asked")
+        _RESIDENT[key] = (kernel, most)
+    return _RESIDENT[key][1]
 
 
 @functools.lru_cache(maxsize=16)  # asked on every bind of a launch
