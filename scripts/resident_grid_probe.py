@@ -16,6 +16,7 @@ either rule, as the autotuner would see them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 
@@ -171,25 +172,14 @@ def main() -> None:
     copy_bw = measure_copy_bandwidth()
     print(f"copy {copy_bw / 1e12:.3f} TB/s")
     rows = []
-    for spec in args.shapes:
+    cells = itertools.product(args.shapes, args.kernels, args.n, args.passes)
+    for spec, k, n, pass_ in cells:  # the cell order: shape, kernel, batch, pass
         c, hw = (int(v) for v in spec.split(":"))
-        for k in args.kernels:
-            for n in args.n:
-                for pass_ in args.passes:
-                    rows += probe_cell(
-                        c,
-                        hw,
-                        k,
-                        n,
-                        pass_,
-                        copy_bw,
-                        not args.dw_contiguous,
-                        args.only_changed,
-                        args.only,
-                    )
-                    if args.json:  # written as it goes: a call cut at its limit keeps the rest
-                        with open(args.json, "w") as f:
-                            json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f)
+        dw_cl = not args.dw_contiguous
+        rows += probe_cell(c, hw, k, n, pass_, copy_bw, dw_cl, args.only_changed, args.only)
+        if args.json:  # written as it goes: a call cut at its limit keeps the rest
+            with open(args.json, "w") as f:
+                json.dump({"env": environment(), "copy_bw": copy_bw, "rows": rows}, f)
 
 
 if __name__ == "__main__":
