@@ -29,7 +29,14 @@ export PYTHONUNBUFFERED=1
 if [ -f .triton-cache.tgz ]; then
   export TRITON_CACHE_DIR=$PWD/.triton-cache
   # gzip or xz (session 51): Python's tarfile reads either, with no xz binary needed
-  python3 -c "import tarfile; tarfile.open('.triton-cache.tgz').extractall()"
+  python3 -c "
+import tarfile
+with tarfile.open('.triton-cache.tgz') as t:
+    try:
+        t.extractall(filter='tar')
+    except TypeError:  # a Python without extraction filters
+        t.extractall()
+"
 fi
 PY=${PYTHON:-python3}
 

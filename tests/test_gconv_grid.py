@@ -204,12 +204,12 @@ def _named(tiles, names) -> list[CudaTile]:
     return found
 
 
-def _assert_resident(bound, tile: CudaTile, blocks: int, r: int, s: int, wgrad: bool) -> bool:
-    """The launch's whole grid fits the GPU at once, by the driver's count for its kernel;
+def _assert_resident(bound, tile: CudaTile, blocks: int) -> bool:
+    """The launch's whole grid fits the GPU at once, by the driver's count for its kernel, its
+    block and the shared memory it asks for (a dependent launch's padded size included);
     returns whether it is smaller than the old rule's (``min_ctas`` x SMs rounded up)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    smem = gconv_cuda.wgrad_smem_bytes(r, s, tile) if wgrad else gconv_cuda.smem_bytes(r, s, tile)
-    per_sm = cuda_launch.max_active_blocks(bound.kernel, tile.warps * 32, smem)
+    per_sm = cuda_launch.max_active_blocks(bound.kernel, bound.block[0], bound.smem)
     assert per_sm, tile.name
     assert bound.grid[0] * blocks <= max(per_sm * sms, blocks), (tile.name, bound.grid, per_sm)
     return bound.grid[0] < -(-tile.min_ctas * sms // blocks)
@@ -237,7 +237,7 @@ def test_cut_grids_compute_the_conv(dtype, rng_seed):
         for bias, dgrad in ((b, False), (None, True)):  # the kernels _check_tiles ran
             out = torch.empty_like(x)
             bound = gconv_cuda.bind_fprop(x, wt, bias, out, ph, pw, tile, dgrad)
-            cut += _assert_resident(bound, tile, c // tile.cb, r, s, False)
+            cut += _assert_resident(bound, tile, c // tile.cb)
     for case, names in WGRAD_CUT:
         n, c, h, w, r, s, ph, pw, _ = case
         x, dy, ref, same, atol = _wgrad_problem(n, c, h, w, r, s, ph, pw, dtype)
@@ -249,7 +249,7 @@ def test_cut_grids_compute_the_conv(dtype, rng_seed):
             assert_three_way(dw, same, ref, atol, tag, rng_seed, ulps=1)
             assert_three_way(db, db_same, db_ref, 1e-3, f"db {tag}", rng_seed, ulps=1)
             bound = gconv_cuda.bind_wgrad(dy, x, r, s, ph, pw, True, tile, dw_cl=True)
-            cut += _assert_resident(bound, tile, c // tile.cb, r, s, True)
+            cut += _assert_resident(bound, tile, c // tile.cb)
     # on 132 SMs every one of these grids is cut (fprop and dgrad: two kernels a tile)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert cut == 7
